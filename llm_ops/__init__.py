@@ -1,0 +1,42 @@
+"""llm-ops: dataframe operators for batch LLM inference.
+
+>>> import llm_ops
+>>> sorted(llm_ops.STATUSES)[:3]
+['cached', 'failed', 'ok']
+"""
+
+from ._cache import CACHE_ENV, default_cache_path
+from ._key import canonical_json, request_key
+from ._operator import llm_complete, llm_complete_async
+from ._report import STATUSES, RunReport
+from .exceptions import (
+    CacheError,
+    CacheLockedError,
+    ConfigError,
+    JobAbortedError,
+    LlmOpsError,
+    MissingApiKeyError,
+    RowsFailedError,
+    TemplateError,
+)
+
+__all__ = [
+    "CACHE_ENV",
+    "STATUSES",
+    "CacheError",
+    "CacheLockedError",
+    "ConfigError",
+    "JobAbortedError",
+    "LlmOpsError",
+    "MissingApiKeyError",
+    "RowsFailedError",
+    "RunReport",
+    "TemplateError",
+    "canonical_json",
+    "default_cache_path",
+    "llm_complete",
+    "llm_complete_async",
+    "request_key",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,218 @@
+"""The cache database: a DuckDB file holding ``llm_cache`` and ``llm_runs``.
+
+Location: the ``cache=`` argument, else the ``LLM_OPS_CACHE`` environment variable, else
+``$XDG_CACHE_HOME/llm-ops/cache.duckdb`` (``~/.cache/llm-ops/cache.duckdb``).
+
+DuckDB lets one process hold a file open for writing and locks every other process out, readers
+included. So connections here are short: opened for one lookup or one batch of writes and closed
+at once, and opening retries for a while when another process holds the lock. Between flushes an
+analyst can open the file read-only.
+
+The schema only changes through the numbered migrations in :data:`MIGRATIONS`; the versions
+applied are recorded in ``llm_ops_migrations``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from .exceptions import CacheError, CacheLockedError
+
+CACHE_ENV = "LLM_OPS_CACHE"
+
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (
+        1,
+        "create llm_cache",
+        """
+        CREATE TABLE llm_cache (
+            key VARCHAR PRIMARY KEY,       -- "v1:" + sha256 of the canonical request JSON
+            model VARCHAR NOT NULL,
+            endpoint VARCHAR NOT NULL,     -- normalised base URL, never credentials
+            request JSON NOT NULL,         -- the canonical request that was hashed
+            status VARCHAR NOT NULL,       -- ok | truncated
+            response_text VARCHAR,
+            response_json JSON,            -- parsed structured output, when one was asked for
+            finish_reason VARCHAR,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            latency_ms DOUBLE,
+            attempts INTEGER,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+        )
+        """,
+    ),
+    (
+        2,
+        "create llm_runs",
+        """
+        CREATE TABLE llm_runs (
+            run_id VARCHAR PRIMARY KEY,
+            started_at TIMESTAMPTZ NOT NULL,
+            finished_at TIMESTAMPTZ NOT NULL,
+            model VARCHAR NOT NULL,
+            endpoint VARCHAR NOT NULL,
+            rows BIGINT NOT NULL,
+            distinct_requests BIGINT NOT NULL,
+            cache_hits BIGINT NOT NULL,
+            requests_sent BIGINT NOT NULL,
+            retries BIGINT NOT NULL,
+            statuses MAP(VARCHAR, BIGINT) NOT NULL,
+            prompt_tokens BIGINT NOT NULL,
+            completion_tokens BIGINT NOT NULL,
+            wall_seconds DOUBLE NOT NULL,
+            outcome VARCHAR NOT NULL,      -- completed | aborted
+            error VARCHAR
+        )
+        """,
+    ),
+)
+
+CACHE_COLUMNS = (
+    "key", "model", "endpoint", "request", "status", "response_text", "response_json",
+    "finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "attempts",
+)
+_CACHE_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
+        ("request", pa.string()), ("status", pa.string()), ("response_text", pa.string()),
+        ("response_json", pa.string()), ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
+        ("latency_ms", pa.float64()), ("attempts", pa.int32()),
+    ]
+)
+
+
+def default_cache_path() -> Path:
+    """The per-user default cache file, used when neither ``cache=`` nor the env var is set."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llm-ops" / "cache.duckdb"
+
+
+def resolve_cache_path(cache: str | os.PathLike[str] | bool | None) -> Path | None:
+    """``cache=`` argument → path, or ``None`` when caching is off."""
+    if cache is False:
+        return None
+    if cache is None or cache is True:
+        env = os.environ.get(CACHE_ENV)
+        return Path(env).expanduser() if env else default_cache_path()
+    return Path(os.fspath(cache)).expanduser()
+
+
+def _is_lock_error(exc: duckdb.Error) -> bool:
+    return "lock" in str(exc).lower()
+
+
+@contextmanager
+def connect(
+    path: Path, *, read_only: bool = False, lock_timeout: float = 30.0
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short-lived connection to the cache file, migrated, retried while another holds it."""
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + lock_timeout
+    delay = 0.01
+    while True:
+        try:
+            con = duckdb.connect(
+                str(path),
+                read_only=read_only,
+                config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+            )
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc):
+                raise CacheError(f"cannot open the cache {path}: {exc}") from exc
+            if time.monotonic() >= deadline:
+                raise CacheLockedError(
+                    f"the cache {path} is held by another process (DuckDB allows one writer and "
+                    f"locks out everyone else while it writes); waited {lock_timeout:.0f}s. "
+                    "Close the other connection, or point this job at another file with cache=... "
+                    f"or {CACHE_ENV}."
+                ) from exc
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 0.5)
+    try:
+        if not read_only:
+            migrate(con)
+        yield con
+    except duckdb.Error as exc:
+        raise CacheError(f"cache {path}: {exc}") from exc
+    finally:
+        con.close()
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply the migrations not yet recorded; returns the schema version."""
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS llm_ops_migrations ("
+        "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
+        "applied_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp)"
+    )
+    # fetchall, not fetchone: DuckDB keeps a partly fetched result open on the connection
+    current = int(con.execute("SELECT coalesce(max(version), 0) FROM llm_ops_migrations")
+                  .fetchall()[0][0])
+    for version, name, sql in MIGRATIONS:
+        if version <= current:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(sql)
+            con.execute(
+                "INSERT INTO llm_ops_migrations (version, name) VALUES (?, ?)", [version, name]
+            )
+            con.execute("COMMIT")
+        except duckdb.Error:
+            con.execute("ROLLBACK")
+            raise
+        current = version
+    return current
+
+
+def lookup(path: Path, keys: pa.Table) -> pa.Table:
+    """Cached answers for the ``key`` column of ``keys``: one join, not one query per key."""
+    if not path.exists():
+        return _CACHE_SCHEMA.empty_table()
+    with connect(path) as con:
+        con.register("wanted_keys", keys)
+        columns = ", ".join(f"c.{name}" for name in CACHE_COLUMNS)
+        result = con.sql(
+            f"SELECT {columns} FROM llm_cache c SEMI JOIN wanted_keys w ON c.key = w.key"
+        ).to_arrow_table()
+        con.unregister("wanted_keys")
+    return result
+
+
+def write_answers(path: Path, rows: list[Mapping[str, Any]]) -> None:
+    """Insert answers; a key already present keeps its first answer."""
+    if not rows:
+        return
+    batch = pa.Table.from_pylist(list(rows), schema=_CACHE_SCHEMA)
+    names = ", ".join(CACHE_COLUMNS)
+    with connect(path) as con:
+        con.register("new_answers", batch)
+        con.execute(
+            f"INSERT INTO llm_cache ({names}) SELECT {names} FROM new_answers "
+            "ON CONFLICT DO NOTHING"
+        )
+        con.unregister("new_answers")
+
+
+def record_run(path: Path, run: Mapping[str, Any]) -> None:
+    """Append one row to ``llm_runs``."""
+    names = list(run)
+    with connect(path) as con:
+        placeholders = ", ".join("?" for _ in names)
+        con.execute(
+            f"INSERT INTO llm_runs ({', '.join(names)}) VALUES ({placeholders})",
+            [run[name] for name in names],
+        )

@@ -1,0 +1,278 @@
+"""The dispatch engine: sends distinct requests concurrently and classifies every outcome.
+
+The official ``openai`` SDK is the HTTP client, with its own retries off so that retrying is
+owned here, in :meth:`Dispatcher._attempt_loop`. Responses are read raw and only the fields we
+use are taken from the JSON, which skips the SDK's model construction on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+
+from .exceptions import JobAbortedError
+
+RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+ABORT_STATUS = frozenset({401, 403})
+_SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One distinct request: its key, the chat messages and the canonical request JSON."""
+
+    key: str
+    messages: list[dict[str, str]]
+    request_json: str
+
+
+@dataclass
+class Outcome:
+    """What became of one request."""
+
+    key: str
+    status: str  # ok | truncated | rejected | failed
+    text: str | None = None
+    error: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: float = 0.0
+    attempts: int = 0
+    request_json: str = ""
+
+
+@dataclass
+class EngineSettings:
+    """Transport settings: never part of a request key."""
+
+    concurrency: int = 32
+    max_attempts: int = 5
+    timeout: float = 60.0
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+
+
+@dataclass
+class Counters:
+    """Live counters of one job, readable while it runs."""
+
+    sent: int = 0
+    retries: int = 0
+    done: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove an API key (and anything shaped like one) from a message."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _SECRET_LIKE.sub("***", text)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class _Retryable(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Final(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _retry_after(response: httpx2.Response) -> float | None:
+    headers = response.headers
+    millis = headers.get("retry-after-ms")
+    seconds = headers.get("retry-after")
+    try:
+        if millis is not None:
+            return float(millis) / 1000
+        if seconds is not None:
+            return float(seconds)
+    except ValueError:
+        return None
+    return None
+
+
+def _error_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return exc.message
+
+
+class Dispatcher:
+    """Sends requests through one ``AsyncOpenAI`` client and reports each :class:`Outcome`."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        params: dict[str, Any],
+        settings: EngineSettings,
+    ):
+        self.settings = settings
+        self.model = model
+        self.params = {k: v for k, v in params.items() if v is not None}
+        self.counters = Counters()
+        self._api_key = api_key
+        self._aborted: JobAbortedError | None = None
+        limits = httpx2.Limits(
+            max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
+        )
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=settings.timeout,
+            http_client=openai.DefaultAioHttpClient(limits=limits, timeout=settings.timeout),
+        )
+
+    async def run(
+        self,
+        requests: Iterable[Request],
+        on_outcome: Callable[[Outcome], Awaitable[None]],
+    ) -> None:
+        """Send every request, calling ``on_outcome`` once per request as answers arrive.
+
+        Raises :class:`JobAbortedError` after in-flight requests settle if the endpoint refused
+        the credentials; requests not yet started are then never sent.
+        """
+        work = iter(requests)
+        try:
+            workers = [
+                asyncio.create_task(self._worker(work, on_outcome))
+                for _ in range(self.settings.concurrency)
+            ]
+            await asyncio.gather(*workers)
+        finally:
+            await self.client.close()
+        if self._aborted is not None:
+            raise self._aborted
+
+    async def _worker(
+        self, work: Iterator[Request], on_outcome: Callable[[Outcome], Awaitable[None]]
+    ) -> None:
+        for request in work:
+            if self._aborted is not None:
+                return
+            outcome = await self._attempt_loop(request)
+            if self._aborted is not None and outcome.status == "aborted":
+                return
+            self.counters.done += 1
+            self.counters.by_status[outcome.status] = (
+                self.counters.by_status.get(outcome.status, 0) + 1
+            )
+            await on_outcome(outcome)
+
+    async def _attempt_loop(self, request: Request) -> Outcome:
+        started = time.perf_counter()
+        last_error = "no attempt made"
+        for attempt in range(1, self.settings.max_attempts + 1):
+            if attempt > 1:
+                self.counters.retries += 1
+            try:
+                outcome = await self._attempt(request)
+            except _Retryable as exc:
+                last_error = str(exc)
+                if attempt < self.settings.max_attempts:
+                    await asyncio.sleep(self._backoff(attempt, exc.retry_after))
+                continue
+            except _Final as exc:
+                outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
+            outcome.attempts = attempt
+            outcome.latency_ms = (time.perf_counter() - started) * 1000
+            outcome.request_json = request.request_json
+            return outcome
+        return Outcome(
+            key=request.key,
+            status="failed",
+            error=f"gave up after {self.settings.max_attempts} attempts: {last_error}",
+            attempts=self.settings.max_attempts,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            request_json=request.request_json,
+        )
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        ceiling = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** (attempt - 1))
+        delay = random.uniform(0, ceiling)  # full jitter
+        return max(delay, retry_after) if retry_after is not None else delay
+
+    async def _attempt(self, request: Request) -> Outcome:
+        self.counters.sent += 1
+        try:
+            raw = await self.client.chat.completions.with_raw_response.create(
+                model=self.model, messages=request.messages, **self.params  # type: ignore[arg-type]
+            )
+            payload = raw.content
+        except openai.APIStatusError as exc:
+            raise self._classify_status(exc) from exc
+        except openai.APITimeoutError as exc:
+            raise _Retryable(f"timed out after {self.settings.timeout:g}s") from exc
+        except openai.APIConnectionError as exc:
+            raise _Retryable(redact(f"connection error: {exc}", self._api_key)) from exc
+        return self._parse(request.key, payload)
+
+    def _classify_status(self, exc: openai.APIStatusError) -> Exception:
+        status = exc.status_code
+        message = _one_line(redact(f"HTTP {status}: {_error_message(exc)}", self._api_key))
+        if status in ABORT_STATUS:
+            self._aborted = JobAbortedError(
+                f"the endpoint refused the credentials ({message}); the job was stopped and "
+                "nothing more was sent. Check the API key (api_key= or OPENAI_API_KEY) and "
+                "its permissions for this model."
+            )
+            return _Final("aborted", message)
+        if status in RETRYABLE_STATUS:
+            return _Retryable(message, _retry_after(exc.response))
+        return _Final("rejected", message)
+
+    def _parse(self, key: str, payload: bytes) -> Outcome:
+        try:
+            body = json.loads(payload)
+            choice = body["choices"][0]
+            text = choice["message"]["content"]
+            finish_reason = choice.get("finish_reason")
+            usage = body.get("usage") or {}
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            preview = _one_line(payload[:120].decode("utf-8", "replace"), 120)
+            raise _Retryable(f"malformed response body: {preview!r}") from exc
+        if not isinstance(text, str):
+            raise _Final("rejected", f"the answer has no text content (finish_reason "
+                                     f"{finish_reason!r})")
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.counters.prompt_tokens += prompt_tokens
+        self.counters.completion_tokens += completion_tokens
+        truncated = finish_reason == "length"
+        return Outcome(
+            key=key,
+            status="truncated" if truncated else "ok",
+            text=text,
+            error="the answer was cut at max_tokens (finish_reason 'length')" if truncated else None,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )

@@ -1,0 +1,95 @@
+"""The run report: what one job did, returned to Python and recorded in ``llm_runs``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+STATUSES = ("ok", "cached", "skipped", "rejected", "failed", "truncated")
+"""Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
+
+ok
+    answered by the endpoint during this job
+cached
+    answer taken from the cache, nothing sent
+skipped
+    a referenced column was null; nothing sent
+rejected
+    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429); not retried
+failed
+    no answer after all retries (timeouts, connection errors, 429, 5xx, malformed bodies)
+truncated
+    the answer stopped at ``max_tokens`` (finish_reason ``length``); the partial text is kept
+"""
+
+FAILED_STATUSES = frozenset({"rejected", "failed"})
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """Counts, tokens and timing of one job.
+
+    Attributes
+    ----------
+    rows
+        Rows in the input.
+    distinct_requests
+        Distinct requests after dedupe (rows with a null input are not requests).
+    cache_hits
+        Distinct requests answered from the cache.
+    requests_sent
+        HTTP requests made, retries included.
+    retries
+        Attempts beyond the first.
+    statuses
+        Rows per status (see :data:`llm_ops.STATUSES`).
+    prompt_tokens, completion_tokens
+        Tokens billed for requests sent during this job (cache hits cost nothing).
+    wall_seconds
+        Time from the call to the answer, planning and cache writes included.
+    outcome
+        ``"completed"`` or ``"aborted"`` (the endpoint stopped the job).
+    """
+
+    run_id: str
+    started_at: datetime
+    finished_at: datetime
+    model: str
+    endpoint: str
+    rows: int
+    distinct_requests: int
+    cache_hits: int
+    requests_sent: int
+    retries: int
+    statuses: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+    outcome: str = "completed"
+    error: str | None = None
+
+    @property
+    def failed_rows(self) -> int:
+        """Rows that got no answer (``rejected`` or ``failed``)."""
+        return sum(n for status, n in self.statuses.items() if status in FAILED_STATUSES)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain values, as stored in ``llm_runs``."""
+        return asdict(self)
+
+    def __str__(self) -> str:
+        statuses = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if v) or "none"
+        lines = [
+            f"llm-ops run {self.run_id} ({self.outcome}) · model {self.model} · {self.endpoint}",
+            f"  rows               {self.rows:>10,}",
+            f"  distinct requests  {self.distinct_requests:>10,}",
+            f"  cache hits         {self.cache_hits:>10,}",
+            f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
+            f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}",
+            f"  wall time          {self.wall_seconds:>10.2f} s",
+            f"  rows by status     {statuses}",
+        ]
+        if self.error:
+            lines.append(f"  error              {self.error}")
+        return "\n".join(lines)

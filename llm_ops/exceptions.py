@@ -1,0 +1,88 @@
+"""The exceptions llm-ops raises.
+
+Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches them all::
+
+    LlmOpsError
+    ├── ConfigError            misuse, raised before any request is sent
+    │   ├── TemplateError      the prompt template is malformed or references bad columns
+    │   └── MissingApiKeyError a remote endpoint and no API key
+    ├── CacheError             the cache database cannot be opened or written
+    │   └── CacheLockedError   another process holds the cache file
+    ├── JobAbortedError        the endpoint stopped the whole job (401/403, quota)
+    └── RowsFailedError        ``on_error="raise"`` and some rows did not get an answer
+
+Errors raised by the ``openai`` SDK, DuckDB or the operating system are mapped to this tree at one
+boundary and chained with ``raise ... from exc``; messages never contain an API key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CacheError",
+    "CacheLockedError",
+    "ConfigError",
+    "JobAbortedError",
+    "LlmOpsError",
+    "MissingApiKeyError",
+    "RowsFailedError",
+    "TemplateError",
+]
+
+
+class LlmOpsError(Exception):
+    """Base class of every error raised by llm-ops."""
+
+
+class ConfigError(LlmOpsError, ValueError):
+    """An argument is wrong; nothing was sent. The message says what to change."""
+
+
+class TemplateError(ConfigError):
+    """The prompt or system template is malformed or references columns it cannot use."""
+
+
+class MissingApiKeyError(ConfigError):
+    """A remote endpoint was chosen without an API key."""
+
+
+class CacheError(LlmOpsError):
+    """The cache database could not be opened, migrated or written."""
+
+
+class CacheLockedError(CacheError):
+    """Another process holds the cache file open for writing."""
+
+
+class JobAbortedError(LlmOpsError):
+    """The endpoint refused the whole job (bad credentials, no quota); nothing more was sent.
+
+    Answers received before the refusal are in the cache.
+    """
+
+
+class RowsFailedError(LlmOpsError):
+    """Raised by ``on_error="raise"`` after the job finished and every answer was cached.
+
+    Attributes
+    ----------
+    rows
+        Positions (0-based) of the rows that did not get an answer.
+    errors
+        The error message of each of those rows, in the same order.
+    """
+
+    def __init__(self, rows: Sequence[int], errors: Sequence[str], statuses: Sequence[str]):
+        self.rows = list(rows)
+        self.errors = list(errors)
+        self.statuses = list(statuses)
+        shown = "\n".join(
+            f"  row {row}: {status}: {error}"
+            for row, status, error in zip(self.rows[:10], self.statuses, self.errors, strict=False)
+        )
+        more = f"\n  ... and {len(self.rows) - 10} more" if len(self.rows) > 10 else ""
+        super().__init__(
+            f"{len(self.rows)} row(s) did not get an answer; everything answered is cached, "
+            f"so a rerun only sends these rows:\n{shown}{more}"
+        )

@@ -1,0 +1,119 @@
+"""A local OpenAI-compatible endpoint for development, demos and tests.
+
+This is a **simulator**, not a model: it answers ``/v1/chat/completions`` with a deterministic
+function of the request (:func:`expected_reply`) and fills in ``usage``, so pipelines can be run,
+tested and benchmarked on a laptop with no network, no GPU and no API key.
+
+Start it from Python::
+
+    from llm_ops.testing import LocalEndpoint
+
+    with LocalEndpoint() as endpoint:
+        df.pipe(llm_complete, prompt="...", model="sim", base_url=endpoint.base_url)
+        endpoint.stats()["requests"]
+
+or from a shell: ``python -m llm_ops.testing --port 8765``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import urllib.request
+from types import TracebackType
+from typing import Any
+
+from ._server import Simulator, SimulatorConfig, expected_reply, reply_for, serve
+
+__all__ = [
+    "DEFAULT_PORT",
+    "LocalEndpoint",
+    "Simulator",
+    "SimulatorConfig",
+    "expected_reply",
+    "reply_for",
+    "serve",
+]
+
+DEFAULT_PORT = 8765
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class LocalEndpoint:
+    """The simulator running in its own process on 127.0.0.1, as a context manager.
+
+    Parameters
+    ----------
+    port
+        Port to bind; 0 picks a free one.
+    latency
+        Seconds each answer waits.
+    api_key
+        When set, requests must carry this key or get HTTP 401.
+    """
+
+    def __init__(self, *, port: int = 0, latency: float = 0.0, api_key: str | None = None):
+        self.config = SimulatorConfig(latency=latency, api_key=api_key)
+        self.port = port
+        self._process: subprocess.Popen[str] | None = None
+        self.base_url = ""
+
+    def start(self, timeout: float = 30.0) -> LocalEndpoint:
+        """Start the server process and wait until it accepts connections."""
+        command = [sys.executable, "-m", "llm_ops.testing", "--port", str(self.port),
+                   "--config", json.dumps(self.config.__dict__)]
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self._stdout().readline()))
+        reader.start()
+        reader.join(timeout)
+        if not line or not line[0].startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"the local endpoint did not start: {line[0] if line else ''!r}")
+        self.base_url = line[0].split()[-1]
+        return self
+
+    def _stdout(self) -> Any:
+        assert self._process is not None and self._process.stdout is not None
+        return self._process.stdout
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start or the last :meth:`reset`: requests, by_status, ..."""
+        return self._call("GET", "stats")
+
+    def reset(self) -> dict[str, Any]:
+        """Zero the counters."""
+        return self._call("POST", "reset")
+
+    def _call(self, method: str, what: str) -> dict[str, Any]:
+        root = self.base_url.removesuffix("/v1")
+        request = urllib.request.Request(f"{root}/_sim/{what}", method=method, data=b"" if method == "POST" else None)
+        with _NO_PROXY.open(request, timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+        return result
+
+    def stop(self) -> None:
+        """Stop the server process."""
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._process.stdout is not None:
+                self._process.stdout.close()
+            self._process = None
+
+    def __enter__(self) -> LocalEndpoint:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
