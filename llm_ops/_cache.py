@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,7 @@ def lookup(path: Path, keys: pa.Table) -> pa.Table:
     return result
 
 
-def write_answers(path: Path, rows: list[Mapping[str, Any]]) -> None:
+def write_answers(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert answers; a key already present keeps its first answer."""
     if not rows:
         return

@@ -23,6 +23,7 @@ from .exceptions import JobAbortedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
+TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
 _SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
 
 
@@ -271,7 +272,7 @@ class Dispatcher:
             key=key,
             status="truncated" if truncated else "ok",
             text=text,
-            error="the answer was cut at max_tokens (finish_reason 'length')" if truncated else None,
+            error=TRUNCATED_MESSAGE if truncated else None,
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,

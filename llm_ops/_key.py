@@ -85,7 +85,7 @@ def request_key(request: Mapping[str, Any]) -> str:
     Examples
     --------
     >>> request_key({"model": "m", "messages": [{"role": "user", "content": "hi"}]})[:11]
-    'v1:8b7a52e9'
+    'v1:6d139f14'
     """
     digest = hashlib.sha256(canonical_json(request).encode("utf-8")).hexdigest()
     return f"{KEY_VERSION}:{digest}"

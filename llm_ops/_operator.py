@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 import duckdb
@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import _cache
-from ._engine import Dispatcher, EngineSettings, Outcome, Request, redact
+from ._engine import TRUNCATED_MESSAGE, Dispatcher, EngineSettings, Outcome, Request, redact
 from ._key import (
     UPPERCASE_ESCAPE_PATTERN,
     build_request,
@@ -184,7 +184,8 @@ def _plan(frame: pl.DataFrame, job: _Job) -> _Plan:
     system_expr = job.system.expr() if job.system else pl.lit(None, dtype=pl.String)
     texts = frame.select(job.prompt.expr().alias("prompt"), system_expr.alias("system"))
     expression, parameters = key_sql(
-        endpoint=job.base_url, model=job.model, params=job.params, with_system=job.system is not None
+        endpoint=job.base_url, model=job.model, params=job.params,
+        with_system=job.system is not None,
     )
     null_check = "prompt IS NULL" + (" OR system IS NULL" if job.system else "")
     con = duckdb.connect(config={"autoinstall_known_extensions": False,
@@ -257,7 +258,7 @@ def _lookup(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:
         pl.when(pl.col("status") == "truncated").then(pl.lit("truncated"))
         .otherwise(pl.lit("cached")).alias("status"),
         pl.when(pl.col("status") == "truncated")
-        .then(pl.lit("the cached answer was cut at max_tokens (finish_reason 'length')"))
+        .then(pl.lit(f"{TRUNCATED_MESSAGE} (from the cache)"))
         .otherwise(pl.lit(None, dtype=pl.String)).alias("error"),
     )
 
@@ -414,7 +415,7 @@ def _same_kind(original: Frame, result: pl.DataFrame) -> Frame:
     if isinstance(original, pl.LazyFrame):
         return result.lazy()
     if isinstance(original, pa.Table):
-        return result.to_arrow()
+        return cast(Frame, result.to_arrow())
     return result
 
 
@@ -529,18 +530,21 @@ def llm_complete(
     >>> from llm_ops.testing import LocalEndpoint
     >>> reviews = pl.DataFrame({"text": ["Lovely dress", None, "Lovely dress"]})
     >>> with LocalEndpoint() as endpoint:
-    ...     reviews.pipe(llm_complete, prompt="Summarize: {text}", model="sim",
-    ...                  base_url=endpoint.base_url, cache=False)
-    shape: (3, 4)
-    ┌──────────────┬─────────────────────────────────┬───────────────────┬─────────────────────────────────┐
-    │ text         ┆ completion                      ┆ completion_status ┆ completion_error                │
-    │ ---          ┆ ---                             ┆ ---               ┆ ---                             │
-    │ str          ┆ str                             ┆ enum              ┆ str                             │
-    ╞══════════════╪═════════════════════════════════╪═══════════════════╪═════════════════════════════════╡
-    │ Lovely dress ┆ sim #5e0fa1ac: Summarize: Love… ┆ ok                ┆ null                            │
-    │ null         ┆ null                            ┆ skipped           ┆ column 'text' is null; row not… │
-    │ Lovely dress ┆ sim #5e0fa1ac: Summarize: Love… ┆ ok                ┆ null                            │
-    └──────────────┴─────────────────────────────────┴───────────────────┴─────────────────────────────────┘
+    ...     out = reviews.pipe(llm_complete, prompt="Summarize: {text}", model="sim",
+    ...                        base_url=endpoint.base_url, cache=False)
+    >>> out.select("completion_status", "completion_error")
+    shape: (3, 2)
+    ┌───────────────────┬─────────────────────────────────┐
+    │ completion_status ┆ completion_error                │
+    │ ---               ┆ ---                             │
+    │ enum              ┆ str                             │
+    ╞═══════════════════╪═════════════════════════════════╡
+    │ ok                ┆ null                            │
+    │ skipped           ┆ column 'text' is null; row not… │
+    │ ok                ┆ null                            │
+    └───────────────────┴─────────────────────────────────┘
+    >>> out["completion"][0]
+    'sim #a9d110f4: Summarize: Lovely dress'
     """
     args = {k: v for k, v in locals().items() if k not in ("df", "return_report")}
     result, report = _run_sync(_complete(df, args))

@@ -64,7 +64,8 @@ def parse_template(source: str, *, what: str = "prompt") -> Template:
         parsed = list(string.Formatter().parse(source))
     except ValueError as exc:
         raise TemplateError(
-            f"{what} template {source!r} is malformed ({exc}); write literal braces as {{{{ and }}}}"
+            f"{what} template {source!r} is malformed ({exc}); "
+            "write literal braces as {{ and }}"
         ) from exc
     parts: list[tuple[str, str | None]] = []
     for literal, field, spec, conversion in parsed:

@@ -61,7 +61,9 @@ class LocalEndpoint:
         self.base_url = ""
 
     def start(self, timeout: float = 30.0) -> LocalEndpoint:
-        """Start the server process and wait until it accepts connections."""
+        """Start the server process and wait until it accepts connections (once)."""
+        if self._process is not None:
+            return self
         command = [sys.executable, "-m", "llm_ops.testing", "--port", str(self.port),
                    "--config", json.dumps(self.config.__dict__)]
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -71,7 +73,9 @@ class LocalEndpoint:
         reader.join(timeout)
         if not line or not line[0].startswith("listening on "):
             self.stop()
-            raise RuntimeError(f"the local endpoint did not start: {line[0] if line else ''!r}")
+            raise RuntimeError(
+                f"the local endpoint did not start on port {self.port} (is it in use?)"
+            )
         self.base_url = line[0].split()[-1]
         return self
 
@@ -89,7 +93,8 @@ class LocalEndpoint:
 
     def _call(self, method: str, what: str) -> dict[str, Any]:
         root = self.base_url.removesuffix("/v1")
-        request = urllib.request.Request(f"{root}/_sim/{what}", method=method, data=b"" if method == "POST" else None)
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(f"{root}/_sim/{what}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:
             result: dict[str, Any] = json.load(response)
         return result

@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> None:
     config = SimulatorConfig(**json.loads(args.config))
     if args.latency is not None:
         config.latency = args.latency
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, host=args.host, port=args.port))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(config, host=args.host, port=args.port))
+    except OSError as exc:
+        raise SystemExit(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
 
 
 if __name__ == "__main__":

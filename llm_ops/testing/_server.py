@@ -3,8 +3,14 @@
 It is not a model: every answer is a deterministic function of the request (see
 :func:`expected_reply`), so a test can check that each row got the answer to its own prompt.
 
-Per-request behaviour is set by directives inside the user message, e.g.
-``"[[sim:status=400]] hello"`` answers HTTP 400 and ``"[[sim:latency=0.2]]"`` waits 200 ms.
+Per-request behaviour is set by directives inside the user message:
+
+``[[sim:status=400]]``
+    answer with this HTTP status and an OpenAI-shaped error body
+``[[sim:latency=0.2]]``
+    wait this many seconds before answering
+``[[sim:fail_times=2]]`` (with optional ``[[sim:fail_status=503]]``, default 500)
+    fail the first two requests carrying this exact prompt, then answer normally
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -48,6 +54,10 @@ def _user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
+def _digest(messages: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
 def reply_for(
     messages: list[dict[str, Any]], *, model: str, max_tokens: int | None = None
 ) -> tuple[str, str, int]:
@@ -56,10 +66,7 @@ def reply_for(
     The text names the model, carries a digest of all the messages and echoes the first
     words of the last user message; one word is one token.
     """
-    digest = hashlib.sha256(
-        json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
-    ).hexdigest()[:8]
-    words = [f"{model}", f"#{digest}:", *_user_text(messages).split()[:REPLY_WORDS]]
+    words = [f"{model}", f"#{_digest(messages)[:8]}:", *_user_text(messages).split()[:REPLY_WORDS]]
     if max_tokens is not None and len(words) > max_tokens:
         return " ".join(words[:max_tokens]), "length", max_tokens
     return " ".join(words), "stop", len(words)
@@ -73,7 +80,7 @@ def expected_reply(
     Examples
     --------
     >>> expected_reply("Summarize: nice dress", model="sim")
-    'sim #5ab1b8f4: Summarize: nice dress'
+    'sim #c61cbfec: Summarize: nice dress'
     """
     messages = [{"role": "user", "content": prompt}]
     if system is not None:
@@ -146,9 +153,9 @@ class Simulator:
         return response
 
     async def _answer(self, request: web.Request) -> web.Response:
-        if self.config.api_key is not None:
-            if request.headers.get("Authorization") != f"Bearer {self.config.api_key}":
-                return _error(401, "Incorrect API key provided.", "invalid_request_error",
+        key = self.config.api_key
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            return _error(401, "Incorrect API key provided.", "invalid_request_error",
                               "invalid_api_key")
         try:
             body = json.loads(await request.read())
@@ -158,7 +165,8 @@ class Simulator:
             return _error(400, "body must be JSON with 'model' and 'messages'",
                           "invalid_request_error")
         text = _user_text(messages)
-        self.prompts[hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()] += 1
+        digest = _digest(messages)
+        self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
         latency = float(directives.get("latency", self.config.latency))
         if latency > 0:
@@ -166,6 +174,9 @@ class Simulator:
         if "status" in directives:
             status = int(directives["status"])
             return _error(status, f"simulated error {status}", "invalid_request_error")
+        if self.prompts[digest] <= int(directives.get("fail_times", 0)):
+            status = int(directives.get("fail_status", 500))
+            return _error(status, f"simulated transient error {status}", "server_error")
         reply, finish_reason, completion_tokens = reply_for(
             messages, model=model, max_tokens=body.get("max_tokens")
         )
@@ -198,8 +209,7 @@ async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int =
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    server = site._server
-    assert server is not None and server.sockets  # noqa: S101 - just started
+    server = cast(asyncio.Server, site._server)
     bound = server.sockets[0].getsockname()[1]
     print(f"listening on http://{host}:{bound}/v1", flush=True)
     try:

@@ -1,0 +1,52 @@
+"""The DuckDB cache file: location, migrations, runs table, write-through."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from llm_ops import default_cache_path
+
+DF = pl.DataFrame({"text": ["a", "b"]})
+
+
+def _query(path, sql):
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+def test_migrations_are_numbered_and_recorded(complete, cache):
+    DF.pipe(complete, prompt="{text}")
+    assert _query(cache, "SELECT version, name FROM llm_ops_migrations ORDER BY 1") == [
+        (1, "create llm_cache"), (2, "create llm_runs")]
+
+
+def test_every_run_is_recorded(complete, cache):
+    DF.pipe(complete, prompt="{text}")
+    DF.pipe(complete, prompt="{text}")
+    assert _query(cache, "SELECT cache_hits, requests_sent FROM llm_runs ORDER BY started_at") == [
+        (0, 2), (2, 0)]
+
+
+def test_cache_false_writes_no_file_and_always_sends(complete, cache, endpoint):
+    DF.pipe(complete, prompt="{text}", cache=False)
+    DF.pipe(complete, prompt="{text}", cache=False)
+    assert endpoint.stats()["requests"] == 4
+    assert not cache.exists()
+
+
+def test_env_var_sets_the_location(complete, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_OPS_CACHE", str(tmp_path / "env.duckdb"))
+    DF.pipe(complete, prompt="{text}", cache=None)
+    assert (tmp_path / "env.duckdb").exists()
+
+
+def test_default_location_is_per_user(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_path() == tmp_path / "llm-ops" / "cache.duckdb"
+
+
+def test_small_flush_batches_store_every_answer(complete, cache):
+    df = pl.DataFrame({"text": [str(i) for i in range(20)]})
+    df.pipe(complete, prompt="{text}", flush_every=5, concurrency=2)
+    assert _query(cache, "SELECT count(*) FROM llm_cache") == [(20,)]
