@@ -8,6 +8,7 @@
 from ._cache import CACHE_ENV, default_cache_path
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
+from ._progress import Progress
 from ._report import STATUSES, RunReport
 from .exceptions import (
     CacheError,
@@ -29,6 +30,7 @@ __all__ = [
     "JobAbortedError",
     "LlmOpsError",
     "MissingApiKeyError",
+    "Progress",
     "RowsFailedError",
     "RunReport",
     "TemplateError",

@@ -19,10 +19,12 @@ from typing import Any
 import httpx2
 import openai
 
+from ._limits import AdaptiveConcurrency, RateLimiter
 from .exceptions import JobAbortedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
+DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
 _SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
 
@@ -34,6 +36,7 @@ class Request:
     key: str
     messages: list[dict[str, str]]
     request_json: str
+    rows: int = 1  # input rows waiting for this answer
 
 
 @dataclass
@@ -49,7 +52,6 @@ class Outcome:
     completion_tokens: int = 0
     latency_ms: float = 0.0
     attempts: int = 0
-    request_json: str = ""
 
 
 @dataclass
@@ -59,17 +61,22 @@ class EngineSettings:
     concurrency: int = 32
     max_attempts: int = 5
     timeout: float = 60.0
+    rpm: float | None = None
+    tpm: float | None = None
     backoff_base: float = 0.5
     backoff_max: float = 30.0
 
 
 @dataclass
 class Counters:
-    """Live counters of one job, readable while it runs."""
+    """Live counters of one job, readable while it runs (``Dispatcher.counters``)."""
 
+    total: int = 0
     sent: int = 0
     retries: int = 0
     done: int = 0
+    rate_limited: int = 0
+    timeouts: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
@@ -113,6 +120,13 @@ def _retry_after(response: httpx2.Response) -> float | None:
     return None
 
 
+def _error_code(exc: openai.APIStatusError) -> str | None:
+    body = exc.body
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    code = inner.get("code") or inner.get("type") if isinstance(inner, dict) else None
+    return str(code) if code else None
+
+
 def _error_message(exc: openai.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict):
@@ -123,7 +137,11 @@ def _error_message(exc: openai.APIStatusError) -> str:
 
 
 class Dispatcher:
-    """Sends requests through one ``AsyncOpenAI`` client and reports each :class:`Outcome`."""
+    """Sends requests through one ``AsyncOpenAI`` client and reports each :class:`Outcome`.
+
+    Every attempt waits for a rate budget (:class:`RateLimiter`) and a concurrency slot
+    (:class:`AdaptiveConcurrency`); retrying is decided in one place, :meth:`_attempt_loop`.
+    """
 
     def __init__(
         self,
@@ -138,8 +156,11 @@ class Dispatcher:
         self.model = model
         self.params = {k: v for k, v in params.items() if v is not None}
         self.counters = Counters()
+        self.concurrency = AdaptiveConcurrency(settings.concurrency)
+        self.limiter = RateLimiter(rpm=settings.rpm, tpm=settings.tpm)
         self._api_key = api_key
         self._aborted: JobAbortedError | None = None
+        self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
         limits = httpx2.Limits(
             max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
         )
@@ -154,48 +175,67 @@ class Dispatcher:
     async def run(
         self,
         requests: Iterable[Request],
-        on_outcome: Callable[[Outcome], Awaitable[None]],
+        on_outcome: Callable[[Request, Outcome], Awaitable[None]],
     ) -> None:
-        """Send every request, calling ``on_outcome`` once per request as answers arrive.
+        """Send every request, calling ``on_outcome(request, outcome)`` as answers arrive.
 
-        Raises :class:`JobAbortedError` after in-flight requests settle if the endpoint refused
-        the credentials; requests not yet started are then never sent.
+        Raises :class:`JobAbortedError` once in-flight requests settle if the endpoint refused
+        the job (credentials, quota); requests not yet started are then never sent.
         """
         work = iter(requests)
+        workers = [
+            asyncio.create_task(self._worker(work, on_outcome))
+            for _ in range(self.settings.concurrency)
+        ]
         try:
-            workers = [
-                asyncio.create_task(self._worker(work, on_outcome))
-                for _ in range(self.settings.concurrency)
-            ]
             await asyncio.gather(*workers)
         finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
             await self.client.close()
         if self._aborted is not None:
             raise self._aborted
 
     async def _worker(
-        self, work: Iterator[Request], on_outcome: Callable[[Outcome], Awaitable[None]]
+        self, work: Iterator[Request], on_outcome: Callable[[Request, Outcome], Awaitable[None]]
     ) -> None:
         for request in work:
             if self._aborted is not None:
                 return
             outcome = await self._attempt_loop(request)
-            if self._aborted is not None and outcome.status == "aborted":
+            if outcome.status == "aborted":
                 return
             self.counters.done += 1
             self.counters.by_status[outcome.status] = (
                 self.counters.by_status.get(outcome.status, 0) + 1
             )
-            await on_outcome(outcome)
+            await on_outcome(request, outcome)
+
+    def estimate_tokens(self, request: Request) -> int:
+        """Admission cost: about four characters a token, plus the completion budget."""
+        chars = sum(len(m["content"]) for m in request.messages)
+        return chars // 4 + 4 * len(request.messages) + self._completion_budget
 
     async def _attempt_loop(self, request: Request) -> Outcome:
         started = time.perf_counter()
+        estimate = self.estimate_tokens(request)
         last_error = "no attempt made"
+        if self.limiter.too_large(estimate):
+            outcome = Outcome(
+                key=request.key, status="failed", attempts=0,
+                error=f"the request needs about {estimate:,} tokens (prompt + max_tokens), more "
+                      f"than the whole tokens-per-minute budget ({self.limiter.tpm:,.0f}); "
+                      "shorten the prompt or lower max_tokens",
+            )
+            return outcome
         for attempt in range(1, self.settings.max_attempts + 1):
+            if self._aborted is not None:
+                return Outcome(key=request.key, status="aborted")
             if attempt > 1:
                 self.counters.retries += 1
             try:
-                outcome = await self._attempt(request)
+                outcome = await self._attempt(request, estimate)
             except _Retryable as exc:
                 last_error = str(exc)
                 if attempt < self.settings.max_attempts:
@@ -205,7 +245,6 @@ class Dispatcher:
                 outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
             outcome.attempts = attempt
             outcome.latency_ms = (time.perf_counter() - started) * 1000
-            outcome.request_json = request.request_json
             return outcome
         return Outcome(
             key=request.key,
@@ -213,7 +252,6 @@ class Dispatcher:
             error=f"gave up after {self.settings.max_attempts} attempts: {last_error}",
             attempts=self.settings.max_attempts,
             latency_ms=(time.perf_counter() - started) * 1000,
-            request_json=request.request_json,
         )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
@@ -221,7 +259,9 @@ class Dispatcher:
         delay = random.uniform(0, ceiling)  # full jitter
         return max(delay, retry_after) if retry_after is not None else delay
 
-    async def _attempt(self, request: Request) -> Outcome:
+    async def _attempt(self, request: Request, estimate: int) -> Outcome:
+        await self.limiter.admit(estimate)
+        await self.concurrency.acquire()
         self.counters.sent += 1
         try:
             raw = await self.client.chat.completions.with_raw_response.create(
@@ -229,26 +269,51 @@ class Dispatcher:
             )
             payload = raw.content
         except openai.APIStatusError as exc:
+            self.limiter.observe(exc.response.headers)
             raise self._classify_status(exc) from exc
         except openai.APITimeoutError as exc:
+            self.counters.timeouts += 1
+            self.concurrency.on_overload()
             raise _Retryable(f"timed out after {self.settings.timeout:g}s") from exc
         except openai.APIConnectionError as exc:
             raise _Retryable(redact(f"connection error: {exc}", self._api_key)) from exc
-        return self._parse(request.key, payload)
+        finally:
+            self.concurrency.release()
+        self.limiter.observe(raw.headers)
+        outcome = self._parse(request.key, payload)
+        self.concurrency.on_success()
+        self.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
+        return outcome
 
     def _classify_status(self, exc: openai.APIStatusError) -> Exception:
         status = exc.status_code
         message = _one_line(redact(f"HTTP {status}: {_error_message(exc)}", self._api_key))
         if status in ABORT_STATUS:
-            self._aborted = JobAbortedError(
+            self._abort(
                 f"the endpoint refused the credentials ({message}); the job was stopped and "
                 "nothing more was sent. Check the API key (api_key= or OPENAI_API_KEY) and "
                 "its permissions for this model."
             )
             return _Final("aborted", message)
+        if status == 429 and _error_code(exc) == "insufficient_quota":
+            self._abort(
+                f"the account is out of quota ({message}); the job was stopped and nothing more "
+                "was sent. Add credit or raise the quota, then rerun: answers so far are cached."
+            )
+            return _Final("aborted", message)
         if status in RETRYABLE_STATUS:
-            return _Retryable(message, _retry_after(exc.response))
+            retry_after = _retry_after(exc.response)
+            if status == 429:
+                self.counters.rate_limited += 1
+                self.concurrency.on_overload()
+                if retry_after is not None:
+                    self.limiter.pause(retry_after)
+            return _Retryable(message, retry_after)
         return _Final("rejected", message)
+
+    def _abort(self, message: str) -> None:
+        if self._aborted is None:
+            self._aborted = JobAbortedError(message)
 
     def _parse(self, key: str, payload: bytes) -> Outcome:
         try:
@@ -258,7 +323,7 @@ class Dispatcher:
             finish_reason = choice.get("finish_reason")
             usage = body.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            preview = _one_line(payload[:120].decode("utf-8", "replace"), 120)
+            preview = _one_line(payload[:80].decode("utf-8", "replace"), 80)
             raise _Retryable(f"malformed response body: {preview!r}") from exc
         if not isinstance(text, str):
             raise _Final("rejected", f"the answer has no text content (finish_reason "

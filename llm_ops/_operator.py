@@ -6,9 +6,10 @@ import asyncio
 import concurrent.futures
 import ipaddress
 import os
+import sys
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,12 +31,14 @@ from ._key import (
     normalize_base_url,
     request_key,
 )
+from ._progress import Progress, TerminalDisplay, Tracker, resolve_progress
 from ._report import FAILED_STATUSES, STATUSES, RunReport
 from ._template import Template, check_columns, parse_template
 from .exceptions import ConfigError, JobAbortedError, MissingApiKeyError, RowsFailedError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
 CachePath = str | os.PathLike[str] | bool | None
+ProgressOption = bool | Callable[[Progress], None] | None
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 STATUS_DTYPE = pl.Enum(STATUSES)
@@ -58,6 +61,7 @@ class _Job:
     on_error: str
     flush_every: int
     flush_seconds: float
+    progress: Callable[[Progress], None] | None
 
     @property
     def status_column(self) -> str:
@@ -105,6 +109,9 @@ def _make_job(
     on_error: str,
     flush_every: int,
     flush_seconds: float,
+    rpm: float | None,
+    tpm: float | None,
+    progress: bool | Callable[[Progress], None] | None,
 ) -> _Job:
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
@@ -132,8 +139,14 @@ def _make_job(
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high
         ):
             raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    for name, value in (("timeout", timeout), ("flush_seconds", flush_seconds)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    for name, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
+        ):
+            raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
 
@@ -161,11 +174,13 @@ def _make_job(
         cache_path=_cache.resolve_cache_path(cache),
         params={k: v for k, v in params.items() if v is not None},
         settings=EngineSettings(
-            concurrency=concurrency, max_attempts=max_attempts, timeout=float(timeout)
+            concurrency=concurrency, max_attempts=max_attempts, timeout=float(timeout),
+            rpm=rpm, tpm=tpm,
         ),
         on_error=on_error,
         flush_every=flush_every,
         flush_seconds=flush_seconds,
+        progress=resolve_progress(progress),
     )
 
 
@@ -174,9 +189,9 @@ class _Plan:
     """Per-row keys and the distinct requests to answer."""
 
     row_keys: pl.DataFrame  # one row per input row: key (null when skipped), skip_reason
-    distinct: pl.DataFrame  # key, system, prompt
+    distinct: pl.DataFrame  # key, system, prompt, rows (how many input rows share it)
     hits: pl.DataFrame  # key, text, status, error
-    misses: pl.DataFrame  # key, system, prompt
+    misses: pl.DataFrame  # key, system, prompt, rows
 
 
 def _plan(frame: pl.DataFrame, job: _Job) -> _Plan:
@@ -199,8 +214,8 @@ def _plan(frame: pl.DataFrame, job: _Job) -> _Plan:
         keys = _fix_escaped_keys(keys, texts, job)
         con.register("keyed", pl.concat([texts, keys], how="horizontal").to_arrow())
         distinct = con.sql(
-            "SELECT key, any_value(system) AS system, any_value(prompt) AS prompt "
-            "FROM keyed WHERE key IS NOT NULL GROUP BY key"
+            "SELECT key, any_value(system) AS system, any_value(prompt) AS prompt, "
+            "count(*)::BIGINT AS rows FROM keyed WHERE key IS NOT NULL GROUP BY key"
         ).pl()
     finally:
         con.close()
@@ -264,46 +279,55 @@ def _lookup(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:
 
 
 class _AnswerSink:
-    """Collects outcomes and writes cacheable answers through to the cache in batches."""
+    """Collects outcomes and writes cacheable answers through to the cache in batches.
+
+    A full batch makes the worker that filled it wait for the write, so a worker never has a
+    new request in flight while more than ``flush_every`` answers are unwritten: a crash loses
+    at most ``concurrency + flush_every`` paid answers. :meth:`flush_periodically` bounds
+    how long an answer waits when answers trickle in.
+    """
 
     def __init__(self, job: _Job):
         self.job = job
         self.outcomes: list[Outcome] = []
         self._pending: list[dict[str, Any]] = []
-        self._last_flush = time.monotonic()
         self._lock = asyncio.Lock()
         self._endpoint = normalize_base_url(job.base_url)
 
-    async def add(self, outcome: Outcome) -> None:
+    async def add(self, request: Request, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
         if self.job.cache_path is None or outcome.status not in _CACHEABLE:
             return
         self._pending.append(
             {
                 "key": outcome.key, "model": self.job.model, "endpoint": self._endpoint,
-                "request": outcome.request_json, "status": outcome.status,
+                "request": request.request_json, "status": outcome.status,
                 "response_text": outcome.text, "response_json": None,
                 "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
                 "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
             }
         )
-        due = time.monotonic() - self._last_flush >= self.job.flush_seconds
-        if (len(self._pending) >= self.job.flush_every or due) and not self._lock.locked():
+        if len(self._pending) >= self.job.flush_every:
             await self.flush()
 
     async def flush(self) -> None:
         async with self._lock:
             batch, self._pending = self._pending, []
-            self._last_flush = time.monotonic()
             if batch and self.job.cache_path is not None:
                 await asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch)
 
+    async def flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.job.flush_seconds)
+            await self.flush()
+
 
 def _requests(misses: pl.DataFrame, job: _Job) -> Iterator[Request]:
-    for key, system, prompt in misses.iter_rows():
+    for key, system, prompt, rows in misses.iter_rows():
         request = _request(job, system, prompt)
-        yield Request(key=key, messages=request["messages"], request_json=canonical_json(request))
+        yield Request(key=key, messages=request["messages"], request_json=canonical_json(request),
+                      rows=rows)
 
 
 def _join_back(plan: _Plan, sink: _AnswerSink, job: _Job) -> pl.DataFrame:
@@ -330,6 +354,32 @@ def _join_back(plan: _Plan, sink: _AnswerSink, job: _Job) -> pl.DataFrame:
     )
 
 
+async def _dispatch(plan: _Plan, job: _Job, sink: _AnswerSink, dispatcher: Dispatcher) -> None:
+    """Send the misses, publishing progress while they are in flight."""
+    tracker = Tracker(
+        rows=plan.row_keys.height,
+        rows_settled=plan.row_keys.height - int(plan.misses["rows"].sum()),
+        requests=plan.misses.height,
+        dispatcher=dispatcher,
+    )
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        tracker.rows_done += request.rows
+        await sink.add(request, outcome)
+
+    helpers = [asyncio.create_task(sink.flush_periodically())]
+    if job.progress is not None:
+        helpers.append(asyncio.create_task(tracker.publish(job.progress)))
+    try:
+        await dispatcher.run(_requests(plan.misses, job), on_outcome)
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if isinstance(job.progress, TerminalDisplay):
+            job.progress.close()
+
+
 async def _run(frame: pl.DataFrame, job: _Job) -> tuple[pl.DataFrame, RunReport]:
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
@@ -339,18 +389,21 @@ async def _run(frame: pl.DataFrame, job: _Job) -> tuple[pl.DataFrame, RunReport]
         base_url=job.base_url, api_key=job.api_key, model=job.model, params=job.params,
         settings=job.settings,
     )
-    aborted: JobAbortedError | None = None
+    stopped: BaseException | None = None
     try:
-        await dispatcher.run(_requests(plan.misses, job), sink.add)
-    except JobAbortedError as exc:
-        aborted = exc
+        await _dispatch(plan, job, sink, dispatcher)
+    except (JobAbortedError, asyncio.CancelledError) as exc:
+        # Interrupted (Ctrl-C) or refused: keep what was paid for, then report and re-raise.
+        stopped = exc
     finally:
         await sink.flush()
     columns = await asyncio.to_thread(_join_back, plan, sink, job)
     counts = columns[job.status_column].value_counts()
-    statuses = {s: 0 for s in STATUSES} | {
-        str(s): int(n) for s, n in counts.iter_rows()
-    }
+    statuses = {s: 0 for s in STATUSES} | {str(s): int(n) for s, n in counts.iter_rows()}
+    if stopped is None:
+        outcome = "completed"
+    else:
+        outcome = "aborted" if isinstance(stopped, JobAbortedError) else "interrupted"
     report = RunReport(
         run_id=uuid.uuid4().hex[:12],
         started_at=started_at,
@@ -366,13 +419,15 @@ async def _run(frame: pl.DataFrame, job: _Job) -> tuple[pl.DataFrame, RunReport]
         prompt_tokens=dispatcher.counters.prompt_tokens,
         completion_tokens=dispatcher.counters.completion_tokens,
         wall_seconds=time.perf_counter() - clock,
-        outcome="aborted" if aborted else "completed",
-        error=str(aborted) if aborted else None,
+        outcome=outcome,
+        error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
     )
     if job.cache_path is not None:
         await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
-    if aborted is not None:
-        raise aborted
+    if stopped is not None:
+        if isinstance(stopped, asyncio.CancelledError):
+            print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)
+        raise stopped
     if job.on_error == "raise" and report.failed_rows:
         _raise_failed_rows(columns, job)
     return columns, report
@@ -444,7 +499,8 @@ def llm_complete(
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., return_report: Literal[False] = ...,
+    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 def llm_complete(
@@ -453,7 +509,8 @@ def llm_complete(
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., return_report: Literal[True],
+    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
     df: Frame,
@@ -477,6 +534,9 @@ def llm_complete(
     on_error: Literal["null", "raise"] = "null",
     flush_every: int = 256,
     flush_seconds: float = 1.0,
+    rpm: float | None = None,
+    tpm: float | None = None,
+    progress: ProgressOption = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -520,6 +580,12 @@ def llm_complete(
     flush_every, flush_seconds
         Answers are written to the cache once this many are pending or this many seconds
         passed, so a killed job keeps what it paid for.
+    rpm, tpm
+        Requests and tokens per minute to stay under. The endpoint's ``x-ratelimit-*`` headers
+        are followed too; the tighter limit wins.
+    progress
+        ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
+        on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -558,7 +624,8 @@ async def llm_complete_async(
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., return_report: Literal[False] = ...,
+    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 async def llm_complete_async(
@@ -567,7 +634,8 @@ async def llm_complete_async(
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., return_report: Literal[True],
+    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
@@ -591,6 +659,9 @@ async def llm_complete_async(
     on_error: Literal["null", "raise"] = "null",
     flush_every: int = 256,
     flush_seconds: float = 1.0,
+    rpm: float | None = None,
+    tpm: float | None = None,
+    progress: ProgressOption = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""

@@ -19,7 +19,8 @@ def server() -> Iterator[LocalEndpoint]:
 
 @pytest.fixture
 def endpoint(server: LocalEndpoint) -> LocalEndpoint:
-    """The session's simulator with its counters zeroed."""
+    """The session's simulator with default behaviour and its counters zeroed."""
+    server.configure()
     server.reset()
     return server
 

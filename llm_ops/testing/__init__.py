@@ -22,13 +22,15 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
-from ._server import Simulator, SimulatorConfig, expected_reply, reply_for, serve
+from ._server import FAULT_KINDS, Simulator, SimulatorConfig, expected_reply, reply_for, serve
 
 __all__ = [
     "DEFAULT_PORT",
+    "FAULT_KINDS",
     "LocalEndpoint",
     "Simulator",
     "SimulatorConfig",
@@ -48,14 +50,12 @@ class LocalEndpoint:
     ----------
     port
         Port to bind; 0 picks a free one.
-    latency
-        Seconds each answer waits.
-    api_key
-        When set, requests must carry this key or get HTTP 401.
+    **config
+        Fields of :class:`SimulatorConfig`: ``latency``, ``rpm``, ``fault_rate``, ``api_key``, ...
     """
 
-    def __init__(self, *, port: int = 0, latency: float = 0.0, api_key: str | None = None):
-        self.config = SimulatorConfig(latency=latency, api_key=api_key)
+    def __init__(self, *, port: int = 0, **config: Any):
+        self.config = SimulatorConfig(**config)
         self.port = port
         self._process: subprocess.Popen[str] | None = None
         self.base_url = ""
@@ -65,7 +65,7 @@ class LocalEndpoint:
         if self._process is not None:
             return self
         command = [sys.executable, "-m", "llm_ops.testing", "--port", str(self.port),
-                   "--config", json.dumps(self.config.__dict__)]
+                   "--config", json.dumps(asdict(self.config))]
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self._stdout().readline()))
@@ -91,9 +91,14 @@ class LocalEndpoint:
         """Zero the counters."""
         return self._call("POST", "reset")
 
-    def _call(self, method: str, what: str) -> dict[str, Any]:
+    def configure(self, **config: Any) -> None:
+        """Replace the running server's behaviour: unnamed fields take their defaults."""
+        self.config = SimulatorConfig(**config)
+        self._call("POST", "config", asdict(self.config))
+
+    def _call(self, method: str, what: str, payload: Any = None) -> dict[str, Any]:
         root = self.base_url.removesuffix("/v1")
-        data = b"" if method == "POST" else None
+        data = json.dumps(payload).encode() if method == "POST" else None
         request = urllib.request.Request(f"{root}/_sim/{what}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:
             result: dict[str, Any] = json.load(response)

@@ -20,7 +20,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", type=float, default=None, help="seconds per answer")
     parser.add_argument("--config", default="{}", help="SimulatorConfig fields as JSON")
     args = parser.parse_args(argv)
-    config = SimulatorConfig(**json.loads(args.config))
+    fields = json.loads(args.config)
+    if "fault_kinds" in fields:
+        fields["fault_kinds"] = tuple(fields["fault_kinds"])
+    config = SimulatorConfig(**fields)
     if args.latency is not None:
         config.latency = args.latency
     try:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
+import random
 import re
 import time
 from collections import Counter
@@ -30,20 +32,87 @@ _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
 
 
+FAULT_KINDS = ("500", "503", "429", "drop", "truncated_json", "html")
+
+
 @dataclass
 class SimulatorConfig:
-    """How the simulated endpoint behaves.
+    """How the simulated endpoint behaves; every field can be changed while it runs.
 
     Attributes
     ----------
     latency
         Seconds every answer waits before it is sent.
+    latency_per_token
+        Extra seconds per output token.
+    slots
+        Answers computed at once (a server with fixed batch capacity); the rest queue.
+    rpm, tpm
+        Requests and tokens per minute. Over the limit the answer is 429 with ``Retry-After``
+        and ``retry-after-ms``; ``x-ratelimit-*`` headers are sent on every answer.
+    rate_window
+        Seconds of budget the limits allow in one burst (OpenAI: 60).
+    rate_limit_headers
+        Send ``x-ratelimit-*`` headers (429s keep their ``Retry-After`` either way).
+    fault_rate
+        Share of attempts answered with a fault drawn from ``fault_kinds``: ``500``, ``503``,
+        ``429`` (without headers), ``drop`` (connection closed mid-response),
+        ``truncated_json`` (200 with half a body) or ``html`` (200 with an HTML error page).
+    hang_rate
+        Share of attempts that never answer.
+    seed
+        Seed of the fault draws.
+    insufficient_quota
+        Answer every request with a 429 ``insufficient_quota`` error.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
     """
 
     latency: float = 0.0
+    latency_per_token: float = 0.0
+    slots: int | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    rate_window: float = 60.0
+    rate_limit_headers: bool = True
+    fault_rate: float = 0.0
+    fault_kinds: tuple[str, ...] = FAULT_KINDS
+    hang_rate: float = 0.0
+    seed: int = 0
+    insufficient_quota: bool = False
     api_key: str | None = None
+
+
+class _Bucket:
+    """A token bucket refilled continuously at ``limit`` per minute."""
+
+    def __init__(self, limit: int, window: float):
+        self.limit = limit
+        self.capacity = max(1.0, limit * window / 60)
+        self.level = self.capacity
+        self.stamp = time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.limit / 60)
+        self.stamp = now
+
+    def take(self, amount: float) -> float:
+        """Take ``amount`` if available and return 0, else return seconds until it is."""
+        self._refill()
+        if amount <= self.level:
+            self.level -= amount
+            return 0.0
+        return (amount - self.level) * 60 / self.limit
+
+    def headers(self, kind: str) -> dict[str, str]:
+        self._refill()
+        reset = (self.capacity - self.level) * 60 / self.limit
+        return {
+            f"x-ratelimit-limit-{kind}": str(self.limit),
+            f"x-ratelimit-remaining-{kind}": str(int(self.level)),
+            f"x-ratelimit-reset-{kind}": f"{reset:.3f}s",
+        }
 
 
 def _user_text(messages: list[dict[str, Any]]) -> str:
@@ -101,23 +170,39 @@ class Simulator:
     """The request handlers and the counters they keep."""
 
     def __init__(self, config: SimulatorConfig):
-        self.config = config
+        self.configure(config)
         self.reset()
+
+    def configure(self, config: SimulatorConfig) -> None:
+        self.config = config
+        self._random = random.Random(config.seed)
+        self._slots = asyncio.Semaphore(config.slots) if config.slots else None
+        self._requests_bucket = _Bucket(config.rpm, config.rate_window) if config.rpm else None
+        self._tokens_bucket = _Bucket(config.tpm, config.rate_window) if config.tpm else None
 
     def reset(self) -> None:
         self.requests = 0
         self.by_status: Counter[int] = Counter()
+        self.faults: Counter[str] = Counter()
         self.prompts: Counter[str] = Counter()
+        self.answered: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.completion_tokens = 0
+        self.prompt_tokens = 0
 
     def stats(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "faults": dict(self.faults),
             "distinct_prompts": len(self.prompts),
             "max_prompt_repeats": max(self.prompts.values(), default=0),
+            "answered": sum(self.answered.values()),
+            "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
             "config": asdict(self.config),
         }
 
@@ -127,6 +212,7 @@ class Simulator:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/_sim/stats", self.get_stats)
         app.router.add_post("/_sim/reset", self.post_reset)
+        app.router.add_post("/_sim/config", self.post_config)
         return app
 
     async def get_stats(self, request: web.Request) -> web.Response:
@@ -136,12 +222,19 @@ class Simulator:
         self.reset()
         return web.json_response(self.stats())
 
+    async def post_config(self, request: web.Request) -> web.Response:
+        fields = await request.json()
+        if "fault_kinds" in fields:
+            fields["fault_kinds"] = tuple(fields["fault_kinds"])
+        self.configure(SimulatorConfig(**fields))
+        return web.json_response(asdict(self.config))
+
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": "llm-ops"}]}
         )
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -152,11 +245,74 @@ class Simulator:
         self.by_status[response.status] += 1
         return response
 
-    async def _answer(self, request: web.Request) -> web.Response:
+    def _rate_headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if not self.config.rate_limit_headers:
+            return headers
+        if self._requests_bucket:
+            headers.update(self._requests_bucket.headers("requests"))
+        if self._tokens_bucket:
+            headers.update(self._tokens_bucket.headers("tokens"))
+        return headers
+
+    def _admit(self, tokens: int) -> web.Response | None:
+        """A 429 with ``Retry-After`` when a budget is spent, else ``None`` (budget taken)."""
+        waits = []
+        if self._requests_bucket:
+            waits.append(self._requests_bucket.take(1))
+        if self._tokens_bucket:
+            waits.append(self._tokens_bucket.take(tokens))
+        wait = max(waits, default=0.0)
+        if wait <= 0:
+            return None
+        if self._requests_bucket and waits[0] == 0:  # give back what was taken
+            self._requests_bucket.level += 1
+        if self._tokens_bucket and waits[-1] == 0:
+            self._tokens_bucket.level += tokens
+        self.faults["rate_limited"] += 1
+        response = _error(429, f"Rate limit reached; try again in {wait:.3f}s.", "requests",
+                          "rate_limit_exceeded")
+        response.headers.update(self._rate_headers())
+        response.headers["retry-after"] = str(max(1, math.ceil(wait)))
+        response.headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
+        return response
+
+    async def _fault(self, request: web.Request) -> web.StreamResponse | None:
+        draw = self._random.random()
+        if draw < self.config.hang_rate:
+            self.faults["hang"] += 1
+            await asyncio.sleep(3600)
+        if draw >= self.config.hang_rate + self.config.fault_rate or not self.config.fault_kinds:
+            return None
+        kind = self._random.choice(self.config.fault_kinds)
+        self.faults[kind] += 1
+        if kind in ("500", "503"):
+            return _error(int(kind), f"simulated fault {kind}", "server_error")
+        if kind == "429":
+            return _error(429, "simulated overload", "server_error")
+        if kind == "truncated_json":
+            return web.Response(body=b'{"id": "chatcmpl-sim", "choices": [{"ind', status=200,
+                                content_type="application/json")
+        if kind == "html":
+            return web.Response(text="<html><body><h1>502 Bad Gateway</h1></body></html>",
+                                status=200, content_type="text/html")
+        # drop: promise a body, send part of it, close the connection
+        response = web.StreamResponse(status=200, headers={"Content-Length": "4096"})
+        response.content_type = "application/json"
+        await response.prepare(request)
+        await response.write(b'{"id": "chatcmpl-sim", ')
+        if request.transport is not None:
+            request.transport.close()
+        return response
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             return _error(401, "Incorrect API key provided.", "invalid_request_error",
-                              "invalid_api_key")
+                          "invalid_api_key")
+        if self.config.insufficient_quota:
+            return _error(429, "You exceeded your current quota.", "insufficient_quota",
+                          "insufficient_quota")
         try:
             body = json.loads(await request.read())
             model = body["model"]
@@ -168,8 +324,22 @@ class Simulator:
         digest = _digest(messages)
         self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
+        reply, finish_reason, completion_tokens = reply_for(
+            messages, model=model, max_tokens=body.get("max_tokens")
+        )
+        prompt_tokens = _estimate_tokens(messages)
+        refused = self._admit(prompt_tokens + (body.get("max_tokens") or completion_tokens))
+        if refused is not None:
+            return refused
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
         latency = float(directives.get("latency", self.config.latency))
-        if latency > 0:
+        latency += self.config.latency_per_token * completion_tokens
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(latency)
+        elif latency > 0:
             await asyncio.sleep(latency)
         if "status" in directives:
             status = int(directives["status"])
@@ -177,11 +347,10 @@ class Simulator:
         if self.prompts[digest] <= int(directives.get("fail_times", 0)):
             status = int(directives.get("fail_status", 500))
             return _error(status, f"simulated transient error {status}", "server_error")
-        reply, finish_reason, completion_tokens = reply_for(
-            messages, model=model, max_tokens=body.get("max_tokens")
-        )
-        prompt_tokens = _estimate_tokens(messages)
-        return web.json_response(
+        self.answered[digest] += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        response = web.json_response(
             {
                 "id": f"chatcmpl-sim-{self.requests}",
                 "object": "chat.completion",
@@ -201,11 +370,13 @@ class Simulator:
                 },
             }
         )
+        response.headers.update(self._rate_headers())
+        return response
 
 
 async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
     """Serve until cancelled; prints ``listening on <base_url>`` once the socket is bound."""
-    runner = web.AppRunner(Simulator(config).app(), access_log=None)
+    runner = web.AppRunner(Simulator(config).app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()

@@ -1,0 +1,236 @@
+"""Flow control shared by every sender of one job: adaptive concurrency and rate budgets.
+
+Both are single-event-loop objects (no thread safety needed) and both are per endpoint, so a
+``Retry-After`` from one answer pauses every sender together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Mapping
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float | None:
+    """OpenAI's reset durations: ``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1.5"`` → seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+class AdaptiveConcurrency:
+    """AIMD: start at the ceiling, halve on overload, grow back on success.
+
+    Growth is additive (about +1 per window of successes) for ``calm`` seconds after the
+    last decrease, then +1 per success (TCP's slow start) so a lifted limit is regained in a
+    few round trips rather than minutes.
+    """
+
+    def __init__(self, ceiling: int, *, cooldown: float = 1.0, calm: float = 2.0):
+        self.ceiling = ceiling
+        self.limit = float(ceiling)
+        self.in_flight = 0
+        self.cooldown = cooldown
+        self.calm = calm
+        self._last_decrease = -max(cooldown, calm)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def current(self) -> int:
+        return max(1, int(self.limit))
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.current:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.current - self.in_flight
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    def on_success(self) -> None:
+        if self.limit < self.ceiling:
+            recent = time.monotonic() - self._last_decrease < self.calm
+            step = 1.0 / self.limit if recent else 1.0
+            self.limit = min(float(self.ceiling), self.limit + step)
+            self._wake()
+
+    def on_overload(self) -> None:
+        """Halve, at most once per cooldown, so one burst of 429s is one decrease."""
+        now = time.monotonic()
+        if now - self._last_decrease >= self.cooldown:
+            self.limit = max(1.0, self.limit / 2)
+            self._last_decrease = now
+
+
+class _Budget:
+    """A per-minute budget paced as a token bucket holding ``burst`` seconds of it."""
+
+    def __init__(self, per_minute: float, burst: float):
+        self.per_minute = per_minute
+        self.capacity = max(1.0, per_minute * burst / 60)
+        self.level = self.capacity
+        self.stamp = time.monotonic()
+        self.burst = burst
+
+    def set_rate(self, per_minute: float) -> None:
+        self._refill()
+        self.per_minute = per_minute
+        self.capacity = max(1.0, per_minute * self.burst / 60)
+        self.level = min(self.level, self.capacity)
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        if now > self.stamp:
+            self.level = min(self.capacity, self.level + (now - self.stamp) * self.per_minute / 60)
+            self.stamp = now
+
+    def wait_for(self, amount: float) -> float:
+        self._refill()
+        need = min(amount, self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) * 60 / self.per_minute
+
+    def take(self, amount: float) -> None:
+        self.level -= amount  # may go negative for a request larger than one burst
+
+    def empty_until(self, moment: float) -> None:
+        self.level = 0.0
+        self.stamp = max(self.stamp, moment)
+
+
+class RateLimiter:
+    """Requests/min and tokens/min budgets, user-set or learned from ``x-ratelimit-*`` headers.
+
+    The tighter of the two wins. A ``Retry-After`` pauses every sender until it has passed and
+    empties the budgets, so traffic resumes at the paced rate rather than all at once.
+    """
+
+    def __init__(self, *, rpm: float | None, tpm: float | None, burst: float = 1.0):
+        self.user_rpm, self.user_tpm = rpm, tpm
+        self.learned_rpm: float | None = None
+        self.learned_tpm: float | None = None
+        self.burst = burst
+        self.paused_until = 0.0
+        self.requests: _Budget | None = _Budget(rpm, burst) if rpm else None
+        self.tokens: _Budget | None = _Budget(tpm, burst) if tpm else None
+
+    @property
+    def rpm(self) -> float | None:
+        return _tighter(self.user_rpm, self.learned_rpm)
+
+    @property
+    def tpm(self) -> float | None:
+        return _tighter(self.user_tpm, self.learned_tpm)
+
+    def too_large(self, tokens: int) -> bool:
+        """A request that could never fit in one minute of the token budget."""
+        return self.tpm is not None and tokens > self.tpm
+
+    async def admit(self, tokens: int) -> None:
+        """Wait until a pause is over and both budgets can pay for this request, then pay."""
+        while True:
+            now = time.monotonic()
+            if now < self.paused_until:
+                # Spread the restart so senders do not come back as one herd.
+                await asyncio.sleep(self.paused_until - now + random.uniform(0, 0.05))
+                continue
+            wait = max(
+                self.requests.wait_for(1) if self.requests else 0.0,
+                self.tokens.wait_for(tokens) if self.tokens else 0.0,
+            )
+            if wait <= 0:
+                break
+            await asyncio.sleep(wait)
+        if self.requests:
+            self.requests.take(1)
+        if self.tokens:
+            self.tokens.take(tokens)
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token budget once ``usage`` tells what a request really cost."""
+        if self.tokens:
+            self.tokens.level = min(self.tokens.capacity, self.tokens.level + estimated - actual)
+
+    def pause(self, seconds: float) -> None:
+        """Stop every sender for ``seconds`` (a ``Retry-After``)."""
+        until = time.monotonic() + seconds
+        if until > self.paused_until:
+            self.paused_until = until
+            for budget in (self.requests, self.tokens):
+                if budget:
+                    budget.empty_until(until)
+
+    def observe(self, headers: Mapping[str, str]) -> None:
+        """Learn limits from ``x-ratelimit-*`` headers; pause when a budget is spent."""
+        for kind in ("requests", "tokens"):
+            limit = headers.get(f"x-ratelimit-limit-{kind}")
+            if limit is None:
+                continue
+            try:
+                value = float(limit)
+            except ValueError:
+                continue
+            if value > 0:
+                self._learn(kind, value)
+            remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
+            if remaining is not None and remaining.strip() == "0" and reset:
+                # The reset is the time to a full budget; one request's worth is enough.
+                self.pause(min(reset, 60 / value if kind == "requests" and value > 0 else 1.0))
+
+    def _learn(self, kind: str, per_minute: float) -> None:
+        if kind == "requests":
+            if self.learned_rpm == per_minute:
+                return
+            self.learned_rpm = per_minute
+            rate, budget = self.rpm, self.requests
+        else:
+            if self.learned_tpm == per_minute:
+                return
+            self.learned_tpm = per_minute
+            rate, budget = self.tpm, self.tokens
+        assert rate is not None
+        if budget is None:
+            budget = _Budget(rate, self.burst)
+            budget.level = 0.0  # we have no idea what was already spent: start paced
+            if kind == "requests":
+                self.requests = budget
+            else:
+                self.tokens = budget
+        else:
+            budget.set_rate(rate)
+
+
+def _tighter(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

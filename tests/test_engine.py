@@ -1,0 +1,157 @@
+"""The dispatch engine under faults, rate limits, refusals and crashes (real HTTP, real files)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import polars as pl
+import pytest
+
+from llm_ops import JobAbortedError, Progress
+from llm_ops._limits import RateLimiter, parse_duration
+from llm_ops._progress import TerminalDisplay
+from llm_ops.testing import expected_reply
+
+
+def _rows(n, prefix="row"):
+    return pl.DataFrame({"text": [f"{prefix} {i}" for i in range(n)]})
+
+
+def test_faults_and_hangs_leave_every_row_answered_or_failed(complete, endpoint):
+    endpoint.configure(fault_rate=0.10, hang_rate=0.05, seed=7)
+    out = _rows(3000).pipe(complete, prompt="{text}", timeout=1.0, concurrency=64,
+                           max_attempts=6)
+    assert out.height == 3000
+    assert set(out["completion_status"].unique()) <= {"ok", "failed"}
+    ok = out.filter(pl.col("completion_status") == "ok")
+    assert ok["completion"].to_list() == [expected_reply(t, model="sim") for t in ok["text"]]
+    assert out.filter(pl.col("completion_status") == "failed")["completion_error"].null_count() == 0
+    assert ok.height >= 2990
+
+
+def test_goodput_under_a_request_rate_limit(complete, endpoint):
+    endpoint.configure(rpm=1200, rate_window=1.0)
+    out, report = _rows(120).pipe(complete, prompt="{text}", concurrency=32, return_report=True)
+    assert out["completion_status"].to_list() == ["ok"] * 120
+    assert 120 / report.wall_seconds * 60 >= 0.9 * 1200
+
+
+def test_retry_after_pauses_every_sender(complete, endpoint):
+    endpoint.configure(rpm=60, rate_window=1.0, rate_limit_headers=False)
+    out = _rows(4).pipe(complete, prompt="{text}", concurrency=4, max_attempts=4)
+    assert out["completion_status"].to_list() == ["ok"] * 4
+    # Retrying on backoff alone, without waiting out Retry-After, would exhaust four attempts.
+    assert endpoint.stats()["by_status"]["429"] <= 6
+
+
+def test_concurrency_comes_back_after_the_limit_lifts(complete, endpoint):
+    endpoint.configure(rpm=600, rate_window=0.5, rate_limit_headers=False, latency=0.02)
+    seen: list[Progress] = []
+
+    def watch(progress: Progress) -> None:
+        seen.append(progress)
+        if progress.rate_limited and endpoint.config.rpm:
+            endpoint.configure(latency=0.02)  # the limit lifts
+
+    _rows(1500).pipe(complete, prompt="{text}", concurrency=16, progress=watch)
+    assert min(p.concurrency for p in seen) < 16
+    assert seen[-1].concurrency == 16
+
+
+def test_a_request_larger_than_the_token_budget_fails_at_once(complete, endpoint):
+    out = pl.DataFrame({"text": ["x" * 2000]}).pipe(complete, prompt="{text}", tpm=300)
+    assert out["completion_status"].to_list() == ["failed"]
+    assert "more than the whole tokens-per-minute budget" in out["completion_error"][0]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_insufficient_quota_stops_the_job(complete, endpoint):
+    endpoint.configure(insufficient_quota=True)
+    with pytest.raises(JobAbortedError, match="out of quota"):
+        _rows(50).pipe(complete, prompt="{text}", concurrency=2)
+    assert endpoint.stats()["requests"] <= 2
+
+
+def test_progress_callback_sees_the_job_finish(complete):
+    seen: list[Progress] = []
+    _rows(20).pipe(complete, prompt="{text}", progress=seen.append)
+    assert (seen[-1].rows_done, seen[-1].requests_done) == (20, 20)
+
+
+def test_terminal_display_redraws_one_line():
+    stream = io.StringIO()
+    display = TerminalDisplay(stream)
+    snapshot = Progress(10, 5, 10, 5, 6, 1, 0, 0, 100, 50, 8, 1.0)
+    display(snapshot)
+    display.close()
+    assert stream.getvalue().startswith("\rllm-ops rows 5/10 · 5 req/s")
+    assert stream.getvalue().endswith("\n")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02),
+                                               ("1.5", 1.5), ("soon", None)])
+def test_parse_reset_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_a_pause_holds_every_sender():
+    async def scenario() -> float:
+        limiter = RateLimiter(rpm=None, tpm=None)
+        limiter.pause(0.2)
+        started = time.monotonic()
+        await asyncio.gather(*(limiter.admit(1) for _ in range(3)))
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) >= 0.2
+
+
+JOB = """
+import sys, polars as pl
+from llm_ops import llm_complete
+base_url, cache = sys.argv[1], sys.argv[2]
+df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.05]]" for i in range(400)]})
+df.pipe(llm_complete, prompt="{text}", model="sim", base_url=base_url, cache=cache,
+        concurrency=16, flush_every=8, flush_seconds=0.2, progress=False)
+"""
+
+
+def _start_job(endpoint, cache):
+    return subprocess.Popen([sys.executable, "-c", JOB, endpoint.base_url, str(cache)],
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_answers(endpoint, count):
+    deadline = time.monotonic() + 60
+    while endpoint.stats()["answered"] < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_killed_job_rerun_resends_only_what_was_not_flushed(complete, endpoint, cache):
+    job = _start_job(endpoint, cache)
+    _wait_for_answers(endpoint, 150)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.05]]" for i in range(400)]})
+    out = df.pipe(complete, prompt="{text}", concurrency=16, flush_every=8)
+    assert set(out["completion_status"].unique()) == {"ok", "cached"}
+    assert endpoint.stats()["requests"] <= 400 + 16 + 8
+
+
+def test_sigint_flushes_and_reports(endpoint, cache):
+    job = _start_job(endpoint, cache)
+    _wait_for_answers(endpoint, 100)
+    job.send_signal(signal.SIGINT)
+    _, stderr = job.communicate(timeout=30)
+    assert job.returncode != 0
+    assert "interrupted; answers so far are cached" in stderr
+    with duckdb.connect(str(cache), read_only=True) as con:
+        cached = con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+        outcome = con.execute("SELECT outcome FROM llm_runs").fetchall()
+    assert cached >= 100 - 16
+    assert outcome == [("interrupted",)]
