@@ -28,6 +28,11 @@ import pyarrow as pa
 from .exceptions import CacheError, CacheLockedError
 
 CACHE_ENV = "LLM_OPS_CACHE"
+# Extensions cannot be downloaded here (and should not be, silently, anywhere).
+NO_EXTENSION_DOWNLOADS: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -126,7 +131,7 @@ def connect(
             con = duckdb.connect(
                 str(path),
                 read_only=read_only,
-                config={"autoinstall_known_extensions": False, "autoload_known_extensions": False},
+                config=NO_EXTENSION_DOWNLOADS,
             )
             break
         except duckdb.Error as exc:

@@ -1,0 +1,170 @@
+"""Validated arguments of one job, shared by every entry point."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import polars as pl
+
+from . import _cache
+from ._engine import EngineSettings, redact
+from ._key import build_request, messages_for, normalize_base_url
+from ._progress import Progress, resolve_progress
+from ._template import Template, check_columns, parse_template
+from .exceptions import ConfigError, MissingApiKeyError
+
+CachePath = str | os.PathLike[str] | bool | None
+ProgressOption = bool | Callable[[Progress], None] | None
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Validated arguments of one call: what to send, where, and how."""
+
+    prompt: Template
+    system: Template | None
+    model: str
+    output: str
+    base_url: str
+    api_key: str
+    cache_path: Path | None
+    params: dict[str, Any]
+    settings: EngineSettings
+    on_error: str
+    flush_every: int
+    flush_seconds: float
+    progress: Callable[[Progress], None] | None
+
+    @property
+    def status_column(self) -> str:
+        return f"{self.output}_status"
+
+    @property
+    def error_column(self) -> str:
+        return f"{self.output}_error"
+
+
+def _is_local(base_url: str) -> bool:
+    host = urlsplit(base_url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def make_job(
+    schema: pl.Schema,
+    *,
+    prompt: str,
+    model: str,
+    output: str,
+    system: str | None,
+    base_url: str | None,
+    api_key: str | None,
+    cache: CachePath,
+    concurrency: int,
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    seed: int | None,
+    stop: str | list[str] | None,
+    max_attempts: int,
+    timeout: float,
+    on_error: str,
+    flush_every: int,
+    flush_seconds: float,
+    rpm: float | None,
+    tpm: float | None,
+    progress: bool | Callable[[Progress], None] | None,
+) -> Job:
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
+    if not isinstance(output, str) or not output:
+        raise ConfigError(f"output must be a non-empty column name, got {output!r}")
+    prompt_template = parse_template(prompt, what="prompt")
+    check_columns(prompt_template, schema, what="prompt")
+    system_template = None
+    if system is not None:
+        system_template = parse_template(system, what="system")
+        check_columns(system_template, schema, what="system")
+    for column in (output, f"{output}_status", f"{output}_error"):
+        if column in schema:
+            raise ConfigError(
+                f"the input already has a column {column!r}; choose another output= name or "
+                "drop that column first"
+            )
+    _positive_int("concurrency", concurrency)
+    _positive_int("max_attempts", max_attempts)
+    _positive_int("flush_every", flush_every)
+    if max_tokens is not None:
+        _positive_int("max_tokens", max_tokens)
+    for name, value, high in (("temperature", temperature, 2.0), ("top_p", top_p, 1.0)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high
+        ):
+            raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
+    for name, value in (("timeout", timeout), ("flush_seconds", flush_seconds)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    for name, limit in (("rpm", rpm), ("tpm", tpm)):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
+        ):
+            raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")
+    if on_error not in ("null", "raise"):
+        raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise ConfigError(f"base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', got "
+                          f"{redact(url, api_key)!r}")
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if not key:
+        if not _is_local(url):
+            raise MissingApiKeyError(
+                f"no API key for {normalize_base_url(url)}: pass api_key=... or set "
+                "OPENAI_API_KEY (a local endpoint on 127.0.0.1 needs none)"
+            )
+        key = "no-key-needed"
+    params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+              "seed": seed, "stop": stop}
+    return Job(
+        prompt=prompt_template,
+        system=system_template,
+        model=model,
+        output=output,
+        base_url=url,
+        api_key=key,
+        cache_path=_cache.resolve_cache_path(cache),
+        params={k: v for k, v in params.items() if v is not None},
+        settings=EngineSettings(
+            concurrency=concurrency, max_attempts=max_attempts, timeout=float(timeout),
+            rpm=rpm, tpm=tpm,
+        ),
+        on_error=on_error,
+        flush_every=flush_every,
+        flush_seconds=flush_seconds,
+        progress=resolve_progress(progress),
+    )
+
+
+def request_for(job: Job, system: str | None, prompt: str) -> dict[str, Any]:
+    return build_request(
+        endpoint=job.base_url, model=job.model, messages=messages_for(system, prompt),
+        params=job.params,
+    )

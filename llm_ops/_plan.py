@@ -1,0 +1,156 @@
+"""Planning and joining back: render, key, dedupe, look up the cache, give rows their answers.
+
+Everything here is vectorised (Polars and DuckDB) and works on one frame or one batch of a
+larger input, so the same functions serve ``llm_complete`` and the streaming flows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from . import _cache
+from ._engine import TRUNCATED_MESSAGE, Outcome
+from ._job import Job, request_for
+from ._key import UPPERCASE_ESCAPE_PATTERN, key_sql, request_key
+from ._report import STATUSES
+
+STATUS_DTYPE = pl.Enum(STATUSES)
+CACHEABLE = frozenset({"ok", "truncated"})
+RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "status": pl.String, "error": pl.String}
+
+
+@dataclass
+class Plan:
+    """Per-row keys and the distinct requests to answer."""
+
+    row_keys: pl.DataFrame  # one row per input row: key (null when skipped), skip_reason
+    distinct: pl.DataFrame  # key, system, prompt, rows (how many input rows share it)
+    hits: pl.DataFrame  # key, text, status, error
+    misses: pl.DataFrame  # key, system, prompt, rows
+
+
+def key_rows(frame: pl.DataFrame, job: Job) -> pl.DataFrame:
+    """One row per input row: ``key`` (null when skipped), ``system``, ``prompt``, ``skip_reason``.
+
+    Keys are computed in DuckDB, vectorised; see :mod:`llm_ops._key` for their definition.
+    """
+    system_expr = job.system.expr() if job.system else pl.lit(None, dtype=pl.String)
+    texts = frame.select(job.prompt.expr().alias("prompt"), system_expr.alias("system"))
+    expression, parameters = key_sql(
+        endpoint=job.base_url, model=job.model, params=job.params,
+        with_system=job.system is not None,
+    )
+    null_check = "prompt IS NULL" + (" OR system IS NULL" if job.system else "")
+    with _memory_db() as con:
+        con.register("texts", texts.to_arrow())
+        keys = con.sql(
+            f"SELECT CASE WHEN {null_check} THEN NULL ELSE {expression} END AS key FROM texts",
+            params=parameters,
+        ).pl()
+    keys = _fix_escaped_keys(keys, texts, job)
+
+    referenced = [*job.prompt.columns, *(job.system.columns if job.system else ())]
+    skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
+    for column in reversed(list(dict.fromkeys(referenced))):
+        skip_reason = (
+            pl.when(pl.col(column).is_null())
+            .then(pl.lit(f"column {column!r} is null; row not sent"))
+            .otherwise(skip_reason)
+        )
+    return pl.concat(
+        [keys, texts, frame.select(skip_reason.alias("skip_reason"))], how="horizontal"
+    )
+
+
+def distinct_requests(keyed: pl.DataFrame) -> pl.DataFrame:
+    """Dedupe with DuckDB: one row per key with its texts and how many rows share it."""
+    with _memory_db() as con:
+        con.register("keyed", keyed.select("key", "system", "prompt").to_arrow())
+        distinct: pl.DataFrame = con.sql(
+            "SELECT key, any_value(system) AS system, any_value(prompt) AS prompt, "
+            "count(*)::BIGINT AS rows FROM keyed WHERE key IS NOT NULL GROUP BY key"
+        ).pl()
+    return distinct
+
+
+def plan_frame(frame: pl.DataFrame, job: Job) -> Plan:
+    """Render every row, key it, dedupe and anti-join the distinct requests against the cache."""
+    keyed = key_rows(frame, job)
+    distinct = distinct_requests(keyed)
+    hits = lookup_answers(job.cache_path, distinct)
+    misses = distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
+    return Plan(row_keys=keyed.select("key", "skip_reason"), distinct=distinct, hits=hits,
+                misses=misses)
+
+
+def _memory_db() -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(config=_cache.NO_EXTENSION_DOWNLOADS)
+
+
+def _fix_escaped_keys(keys: pl.DataFrame, texts: pl.DataFrame, job: Job) -> pl.DataFrame:
+    """Recompute, with the reference implementation, keys of rows DuckDB escapes differently."""
+    odd = texts.select(
+        pl.any_horizontal(
+            pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
+            pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
+        ).fill_null(False)
+    ).to_series()
+    if not odd.any():
+        return keys
+    fixed = keys["key"].to_list()
+    for index in odd.arg_true().to_list():
+        system, prompt = texts.row(index)[1], texts.row(index)[0]
+        fixed[index] = request_key(request_for(job, system, prompt))
+    return pl.DataFrame({"key": fixed}, schema={"key": pl.String})
+
+
+def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:
+    empty = pl.DataFrame(schema=RESULT_SCHEMA)
+    if cache_path is None or distinct.is_empty():
+        return empty
+    found = pl.from_arrow(_cache.lookup(cache_path, distinct.select("key").to_arrow()))
+    assert isinstance(found, pl.DataFrame)
+    return found.select(
+        "key",
+        pl.col("response_text").alias("text"),
+        pl.when(pl.col("status") == "truncated").then(pl.lit("truncated"))
+        .otherwise(pl.lit("cached")).alias("status"),
+        pl.when(pl.col("status") == "truncated")
+        .then(pl.lit(f"{TRUNCATED_MESSAGE} (from the cache)"))
+        .otherwise(pl.lit(None, dtype=pl.String)).alias("error"),
+    )
+
+
+
+
+def results_frame(hits: pl.DataFrame, outcomes: list[Outcome]) -> pl.DataFrame:
+    """One row per settled request (key, text, status, error): cache hits, then fresh outcomes."""
+    answered = pl.DataFrame(
+        {
+            "key": [o.key for o in outcomes],
+            "text": [o.text if o.status in CACHEABLE else None for o in outcomes],
+            "status": [o.status for o in outcomes],
+            "error": [o.error for o in outcomes],
+        },
+        schema=RESULT_SCHEMA,
+    )
+    return pl.concat([hits, answered])
+
+
+def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, job: Job) -> pl.DataFrame:
+    """The output, status and error columns, one row per row of ``row_keys``, in its order."""
+    joined = row_keys.join(results, on="key", how="left", maintain_order="left")
+    not_sent = "not sent: the job was stopped before this request was dispatched"
+    return joined.select(
+        pl.col("text").alias(job.output),
+        pl.when(pl.col("skip_reason").is_not_null()).then(pl.lit("skipped"))
+        .when(pl.col("status").is_null()).then(pl.lit("failed"))
+        .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(job.status_column),
+        pl.coalesce(pl.col("skip_reason"), pl.col("error"),
+                    pl.when(pl.col("status").is_null()).then(pl.lit(not_sent)))
+        .alias(job.error_column),
+    )

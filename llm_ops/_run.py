@@ -1,0 +1,195 @@
+"""Running one job in memory: dispatch the misses, persist answers, join back, report."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+
+from . import _cache
+from ._engine import Counters, Dispatcher, Outcome, Request
+from ._job import Job, request_for
+from ._key import canonical_json, normalize_base_url
+from ._plan import CACHEABLE, join_back, plan_frame, results_frame
+from ._progress import TerminalDisplay, Tracker
+from ._report import FAILED_STATUSES, STATUSES, RunReport
+from .exceptions import JobAbortedError, RowsFailedError
+
+
+class AnswerSink:
+    """Collects outcomes and writes cacheable answers through to the cache in batches.
+
+    A full batch makes the worker that filled it wait for the write, so a worker never has a
+    new request in flight while more than ``flush_every`` answers are unwritten: a crash loses
+    at most ``concurrency + flush_every`` paid answers. :meth:`flush_periodically` bounds
+    how long an answer waits when answers trickle in.
+    """
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.outcomes: list[Outcome] = []
+        self._pending: list[dict[str, Any]] = []
+        self._lock = asyncio.Lock()
+        self._endpoint = normalize_base_url(job.base_url)
+
+    async def add(self, request: Request, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.job.cache_path is None or outcome.status not in CACHEABLE:
+            return
+        self._pending.append(
+            {
+                "key": outcome.key, "model": self.job.model, "endpoint": self._endpoint,
+                "request": request.request_json, "status": outcome.status,
+                "response_text": outcome.text, "response_json": None,
+                "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
+            }
+        )
+        if len(self._pending) >= self.job.flush_every:
+            await self.flush()
+
+    async def flush(self) -> None:
+        async with self._lock:
+            batch, self._pending = self._pending, []
+            if batch and self.job.cache_path is not None:
+                await asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch)
+
+    async def flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.job.flush_seconds)
+            await self.flush()
+
+
+def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
+    for key, system, prompt, rows in misses.iter_rows():
+        request = request_for(job, system, prompt)
+        yield Request(key=key, messages=request["messages"], request_json=canonical_json(request),
+                      rows=rows)
+
+
+@dataclass
+class Dispatched:
+    """What one dispatch produced: an outcome per request sent, the counters, and why it
+    stopped early (``JobAbortedError`` or ``CancelledError``), if it did."""
+
+    outcomes: list[Outcome]
+    counters: Counters
+    stopped: BaseException | None
+
+
+async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: int) -> Dispatched:
+    """Send ``misses`` (key, system, prompt, rows), writing answers through to the cache.
+
+    ``rows`` and ``rows_settled`` are only for progress: the job's rows and those already final.
+    """
+    sink = AnswerSink(job)
+    dispatcher = Dispatcher(
+        base_url=job.base_url, api_key=job.api_key, model=job.model, params=job.params,
+        settings=job.settings,
+    )
+    tracker = Tracker(
+        rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher
+    )
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        tracker.rows_done += request.rows
+        await sink.add(request, outcome)
+
+    helpers = [asyncio.create_task(sink.flush_periodically())]
+    if job.progress is not None:
+        helpers.append(asyncio.create_task(tracker.publish(job.progress)))
+    stopped: BaseException | None = None
+    try:
+        await dispatcher.run(requests_for(misses, job), on_outcome)
+    except (JobAbortedError, asyncio.CancelledError) as exc:
+        # Refused or interrupted (Ctrl-C): keep what was paid for; the caller reports.
+        stopped = exc
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if isinstance(job.progress, TerminalDisplay):
+            job.progress.close()
+        await sink.flush()
+    return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped)
+
+
+def make_report(
+    job: Job, *, started_at: datetime, wall_seconds: float, rows: int, distinct: int,
+    cache_hits: int, counters: Counters, statuses: dict[str, int], stopped: BaseException | None,
+) -> RunReport:
+    """The run report of a finished (or stopped) job."""
+    if stopped is None:
+        outcome = "completed"
+    else:
+        outcome = "aborted" if isinstance(stopped, JobAbortedError) else "interrupted"
+    return RunReport(
+        run_id=uuid.uuid4().hex[:12],
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        model=job.model,
+        endpoint=normalize_base_url(job.base_url),
+        rows=rows,
+        distinct_requests=distinct,
+        cache_hits=cache_hits,
+        requests_sent=counters.sent,
+        retries=counters.retries,
+        statuses={s: statuses.get(s, 0) for s in STATUSES},
+        prompt_tokens=counters.prompt_tokens,
+        completion_tokens=counters.completion_tokens,
+        wall_seconds=wall_seconds,
+        outcome=outcome,
+        error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
+    )
+
+
+def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
+    counts = columns[job.status_column].value_counts()
+    return {str(status): int(n) for status, n in counts.iter_rows()}
+
+
+async def run_frame(frame: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:
+    """The whole pipeline over one in-memory frame; returns the new columns and the report."""
+    started_at = datetime.now(UTC)
+    clock = time.perf_counter()
+    plan = await asyncio.to_thread(plan_frame, frame, job)
+    done = await dispatch(plan.misses, job, rows=frame.height,
+                          rows_settled=frame.height - int(plan.misses["rows"].sum()))
+    results = results_frame(plan.hits, done.outcomes)
+    columns = await asyncio.to_thread(join_back, plan.row_keys, results, job)
+    report = make_report(
+        job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
+        distinct=plan.distinct.height, cache_hits=plan.hits.height, counters=done.counters,
+        statuses=status_counts(columns, job), stopped=done.stopped,
+    )
+    if job.cache_path is not None:
+        await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
+    if done.stopped is not None:
+        if isinstance(done.stopped, asyncio.CancelledError):
+            print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)
+        raise done.stopped
+    if job.on_error == "raise" and report.failed_rows:
+        raise_failed_rows(columns, job)
+    return columns, report
+
+
+def raise_failed_rows(columns: pl.DataFrame, job: Job) -> None:
+    failed = (
+        columns.with_row_index("row")
+        .filter(pl.col(job.status_column).cast(pl.String).is_in(list(FAILED_STATUSES)))
+    )
+    raise RowsFailedError(
+        failed["row"].to_list(),
+        failed[job.error_column].fill_null("").to_list(),
+        failed[job.status_column].cast(pl.String).to_list(),
+    )
+
+
