@@ -156,6 +156,30 @@ def connect(
         con.close()
 
 
+@contextmanager
+def attached(
+    con: duckdb.DuckDBPyConnection, path: Path, *, alias: str, lock_timeout: float = 30.0
+) -> Iterator[None]:
+    """Attach the cache read-only to another connection (e.g. for a big anti-join), briefly."""
+    deadline = time.monotonic() + lock_timeout
+    while True:
+        try:
+            con.execute(f"ATTACH '{_sql_string(str(path))}' AS {alias} (READ_ONLY)")
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc) or time.monotonic() >= deadline:
+                raise CacheError(f"cannot attach the cache {path}: {exc}") from exc
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        con.execute(f"DETACH {alias}")
+
+
+def _sql_string(text: str) -> str:
+    return text.replace("'", "''")
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Apply the migrations not yet recorded; returns the schema version."""
     con.execute(

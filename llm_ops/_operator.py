@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar, cast, overload
 
 import polars as pl
@@ -12,7 +9,7 @@ import pyarrow as pa
 
 from ._job import CachePath, ProgressOption, make_job
 from ._report import RunReport
-from ._run import run_frame
+from ._run import run_frame, run_sync
 from .exceptions import ConfigError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
@@ -52,17 +49,6 @@ async def _complete(df: Frame, args: dict[str, Any]) -> tuple[Frame, RunReport]:
     frame = _to_polars(df)
     columns, report = await run_frame(frame, job)
     return _same_kind(df, frame.hstack(columns.get_columns())), report
-
-
-def _run_sync(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coroutine`` to completion from sync code, even inside a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    # A notebook's loop is running in this thread: give the job a loop of its own.
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llm-ops") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 @overload
@@ -186,7 +172,7 @@ def llm_complete(
     'sim #a9d110f4: Summarize: Lovely dress'
     """
     args = {k: v for k, v in locals().items() if k not in ("df", "return_report")}
-    result, report = _run_sync(_complete(df, args))
+    result, report = run_sync(_complete(df, args))
     return (result, report) if return_report else result
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -21,6 +22,8 @@ from ._plan import CACHEABLE, join_back, plan_frame, results_frame
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
 from .exceptions import JobAbortedError, RowsFailedError
+
+T = TypeVar("T")
 
 
 class AnswerSink:
@@ -66,6 +69,17 @@ class AnswerSink:
         while True:
             await asyncio.sleep(self.job.flush_seconds)
             await self.flush()
+
+
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to completion from sync code, even inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    # A notebook's loop is running in this thread: give the job a loop of its own.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llm-ops") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:

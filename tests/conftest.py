@@ -1,5 +1,14 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
+# Prefect reads its settings at import: keep test runs hermetic and quiet.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="llm-ops-prefect-")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.pop("PREFECT_API_URL", None)
+
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path

@@ -64,6 +64,8 @@ class SimulatorConfig:
         Seed of the fault draws.
     insufficient_quota
         Answer every request with a 429 ``insufficient_quota`` error.
+    quota_requests
+        Run out of quota (as above) once this many requests were answered.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
     """
@@ -80,6 +82,7 @@ class SimulatorConfig:
     hang_rate: float = 0.0
     seed: int = 0
     insufficient_quota: bool = False
+    quota_requests: int | None = None
     api_key: str | None = None
 
 
@@ -186,6 +189,7 @@ class Simulator:
         self.faults: Counter[str] = Counter()
         self.prompts: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
+        self.answered_total = 0
         self.in_flight = 0
         self.max_in_flight = 0
         self.completion_tokens = 0
@@ -198,7 +202,7 @@ class Simulator:
             "faults": dict(self.faults),
             "distinct_prompts": len(self.prompts),
             "max_prompt_repeats": max(self.prompts.values(), default=0),
-            "answered": sum(self.answered.values()),
+            "answered": self.answered_total,
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
             "prompt_tokens": self.prompt_tokens,
@@ -310,7 +314,8 @@ class Simulator:
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             return _error(401, "Incorrect API key provided.", "invalid_request_error",
                           "invalid_api_key")
-        if self.config.insufficient_quota:
+        quota = self.config.quota_requests
+        if self.config.insufficient_quota or (quota is not None and self.answered_total >= quota):
             return _error(429, "You exceeded your current quota.", "insufficient_quota",
                           "insufficient_quota")
         try:
@@ -348,6 +353,7 @@ class Simulator:
             status = int(directives.get("fail_status", 500))
             return _error(status, f"simulated transient error {status}", "server_error")
         self.answered[digest] += 1
+        self.answered_total += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
         response = web.json_response(

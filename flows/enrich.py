@@ -1,0 +1,206 @@
+"""Enrich a Parquet table with one LLM answer per row: Parquet in, Parquet out.
+
+Run once on the sample reviews against the bundled local endpoint::
+
+    python flows/enrich.py
+
+Serve it as a deployment (then trigger runs from the UI or ``prefect deployment run``)::
+
+    python flows/enrich.py serve
+
+The work is split into retryable tasks over files in a work directory next to the output:
+``plan`` (read in batches, render, key, dedupe, anti-join the cache, write chunk files),
+one ``send-chunk`` task per chunk of distinct requests (never one per row), and ``write``
+(join answers back batch by batch, write row groups). Answers live in the DuckDB cache, not in
+Prefect, so a rerun after a crash or cancellation sends only what the cache lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.blocks.system import Secret
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from llm_ops import ConfigError, JobAbortedError, LlmOpsError, RunReport
+from llm_ops._cache import record_run
+from llm_ops._engine import Counters
+from llm_ops._job import Job, make_job
+from llm_ops._run import make_report
+from llm_ops._tables import TablePlan, input_files, input_schema, plan_table, run_chunk, write_table
+
+DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
+
+
+class EnrichConfig(BaseModel):
+    """Parameters of :func:`enrich_table`. The API key is never a parameter: it comes from
+    ``OPENAI_API_KEY`` or from the Prefect Secret block named by ``api_key_secret``."""
+
+    input: str = Field("data/womens_clothing_reviews.parquet", description="Parquet path or glob")
+    output: str = Field("output/reviews_enriched.parquet", description="Parquet file to write")
+    prompt: str = Field(DEMO_PROMPT, description="template with {column} references")
+    model: str = "sim"
+    output_column: str = "summary"
+    system: str | None = None
+    base_url: str | None = Field(None, description="default: OPENAI_BASE_URL, then OpenAI")
+    api_key_secret: str | None = Field(None, description="name of a Prefect Secret block")
+    cache: str | None = Field(None, description="DuckDB cache file; default: LLM_OPS_CACHE, "
+                                                "then ~/.cache/llm-ops/cache.duckdb")
+    concurrency: int = 32
+    rpm: float | None = None
+    tpm: float | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    timeout: float = 60.0
+    max_attempts: int = 5
+    chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")
+    batch_rows: int = Field(100_000, ge=1, description="rows per read batch and row group")
+    max_failure_ratio: float | None = Field(
+        None, ge=0, le=1, description="fail the run when a larger share of rows failed"
+    )
+
+    @property
+    def work_dir(self) -> Path:
+        output = Path(self.output)
+        return output.with_name(output.name + ".work")
+
+
+def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
+    """Validate everything that can be checked before sending; raises ``ConfigError``."""
+    files = input_files(config.input)
+    output = Path(config.output).resolve()
+    if any(f.resolve() == output for f in files):
+        raise ConfigError(f"output {config.output!r} is also an input; write somewhere else")
+    api_key = Secret.load(config.api_key_secret).get() if config.api_key_secret else None
+    job = make_job(
+        input_schema(files), prompt=config.prompt, model=config.model,
+        output=config.output_column, system=config.system, base_url=config.base_url,
+        api_key=api_key, cache=config.cache if config.cache else None,
+        concurrency=config.concurrency, max_tokens=config.max_tokens,
+        temperature=config.temperature, top_p=None, seed=None, stop=None,
+        max_attempts=config.max_attempts, timeout=config.timeout, on_error="null",
+        flush_every=256, flush_seconds=1.0, rpm=config.rpm, tpm=config.tpm, progress=False,
+    )
+    return files, job
+
+
+@task(name="plan", cache_policy=NO_CACHE, retries=1)
+def plan_requests(config: EnrichConfig) -> TablePlan:
+    files, job = build_job(config)
+    return plan_table(job, files, config.work_dir, batch_rows=config.batch_rows,
+                      chunk_size=config.chunk_size)
+
+
+def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
+    # A refused key or an empty quota will not fix itself on retry.
+    return not isinstance(state.result(raise_on_failure=False), JobAbortedError)
+
+
+@task(name="send-chunk", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
+      retry_condition_fn=_retry_unless_aborted, task_run_name="send-chunk-{number}")
+def send_chunk(config: EnrichConfig, chunk: str, number: int) -> Counters:
+    _, job = build_job(config)
+    return run_chunk(job, chunk)
+
+
+@task(name="write", cache_policy=NO_CACHE, retries=1)
+def write_output(config: EnrichConfig) -> dict[str, int]:
+    files, job = build_job(config)
+    return write_table(job, files, Path(config.output), config.work_dir,
+                       batch_rows=config.batch_rows)
+
+
+def add_counters(total: Counters, part: Counters) -> None:
+    """Sum one chunk's counters into the job's."""
+    for item in fields(Counters):
+        if item.name == "by_status":
+            for status, n in part.by_status.items():
+                total.by_status[status] = total.by_status.get(status, 0) + n
+        else:
+            setattr(total, item.name, getattr(total, item.name) + getattr(part, item.name))
+
+
+def report_table(report: RunReport) -> list[dict[str, Any]]:
+    """The run report as rows of (figure, value) for a Prefect table artifact."""
+    figures = {
+        "rows": report.rows, "distinct requests": report.distinct_requests,
+        "cache hits": report.cache_hits, "requests sent": report.requests_sent,
+        "retries": report.retries,
+        **{f"rows {status}": n for status, n in report.statuses.items()},
+        "prompt tokens": report.prompt_tokens, "completion tokens": report.completion_tokens,
+        "wall seconds": round(report.wall_seconds, 2),
+    }
+    return [{"figure": name, "value": value} for name, value in figures.items()]
+
+
+@flow(name="enrich-table")
+def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
+    """Add ``config.output_column`` (+ ``_status``, ``_error``) to every row of a Parquet input."""
+    config = config or EnrichConfig()
+    logger = get_run_logger()
+    started_at, clock = datetime.now(UTC), time.perf_counter()
+    files, job = build_job(config)  # bad parameters fail the run here, before anything is written
+    logger.info("enriching %d file(s) matching %s with model %s", len(files), config.input,
+                config.model)
+
+    plan = plan_requests(config)
+    logger.info("%d rows, %d distinct requests, %d cached, %d to send in %d chunk(s)",
+                plan.rows, plan.distinct, plan.cache_hits, plan.misses, len(plan.chunks))
+    progress = create_progress_artifact(0.0 if plan.chunks else 100.0, key="enrich-progress",
+                                        description="share of chunks sent")
+    counters = Counters()
+    for number, chunk in enumerate(plan.chunks, start=1):
+        add_counters(counters, send_chunk(config, chunk, number))
+        update_progress_artifact(progress, 100.0 * number / len(plan.chunks))
+        logger.info("chunk %d/%d done: %d requests sent so far", number, len(plan.chunks),
+                    counters.sent)
+
+    statuses = write_output(config)
+    report = make_report(
+        job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=plan.rows,
+        distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
+        statuses=statuses, stopped=None,
+    )
+    assert job.cache_path is not None  # plan_table refuses to run without a cache
+    record_run(job.cache_path, report.as_dict())
+    create_table_artifact(report_table(report), key="enrich-report",
+                          description=f"llm-ops run {report.run_id}: {config.input}")
+    logger.info("wrote %s\n%s", config.output, report)
+    if config.max_failure_ratio is not None and plan.rows:
+        ratio = report.failed_rows / plan.rows
+        if ratio > config.max_failure_ratio:
+            raise LlmOpsError(
+                f"{report.failed_rows} of {plan.rows} rows failed ({ratio:.1%}), more than "
+                f"max_failure_ratio={config.max_failure_ratio:g}; the output was written and "
+                "every answer is cached, so a rerun sends only the failed rows"
+            )
+    return asdict(report)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["serve"]:
+        enrich_table.serve(name="reviews", tags=["llm-ops"])
+        return
+    from llm_ops.testing import DEFAULT_PORT, LocalEndpoint
+
+    with LocalEndpoint(port=DEFAULT_PORT) as endpoint:
+        enrich_table(EnrichConfig(base_url=endpoint.base_url, cache="output/cache.duckdb",
+                                  concurrency=64))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    main(sys.argv[1:])

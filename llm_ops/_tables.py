@@ -1,0 +1,206 @@
+"""Jobs over Parquet inputs of any size: plan, chunks of distinct requests, write.
+
+Three steps, each a self-contained unit of work that reads and writes files in a work
+directory, so a Prefect task, a Ray task or a plain loop can run it, and run it again:
+
+1. :func:`plan_table` streams the input in batches, keys every row, dedupes in a DuckDB work
+   database, anti-joins the distinct requests against the cache and writes the misses as chunk
+   files of at most ``chunk_size`` requests.
+2. :func:`run_chunk` sends one chunk. It re-checks the cache first, so a rerun after a crash
+   sends only what is still missing; answers go to the cache as they arrive, every outcome to
+   the chunk's results file.
+3. :func:`write_table` streams the input again, gives each row its answer and writes the output
+   one row group per batch, to a temporary file renamed into place at the end.
+
+Memory is bounded by the batch size and the chunk size, not by the table.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from . import _cache
+from ._engine import Counters
+from ._job import Job
+from ._plan import RESULT_SCHEMA, distinct_requests, join_back, key_rows, lookup_answers
+from ._run import dispatch, run_sync
+from .exceptions import ConfigError
+
+_CHUNK_GLOB = "chunk-*.parquet"
+
+
+def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
+    """The Parquet files named by a path or a glob, sorted; :class:`ConfigError` if none."""
+    text = os.fspath(pattern)
+    files = sorted(Path(p) for p in glob.glob(text)) if glob.has_magic(text) else [Path(text)]
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise ConfigError(f"no input file matches {text!r}; check the path (globs like "
+                          "'data/*.parquet' are allowed)")
+    return files
+
+
+def input_schema(files: list[Path]) -> pl.Schema:
+    """The columns of the input, read from the Parquet footers only."""
+    return pl.scan_parquet(files).collect_schema()
+
+
+def iter_batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
+    """The input as Polars frames of at most ``batch_rows`` rows, in file and row order."""
+    dataset = ds.dataset([str(f) for f in files], format="parquet")
+    for batch in dataset.to_batches(batch_size=batch_rows):
+        if batch.num_rows:
+            frame = pl.from_arrow(pa.Table.from_batches([batch]))
+            assert isinstance(frame, pl.DataFrame)
+            yield frame
+
+
+@dataclass
+class TablePlan:
+    """What :func:`plan_table` found: counts and the chunk files to send."""
+
+    rows: int
+    distinct: int
+    cache_hits: int
+    chunks: list[str] = field(default_factory=list)
+
+    @property
+    def misses(self) -> int:
+        return self.distinct - self.cache_hits
+
+
+def plan_table(
+    job: Job, files: list[Path], work_dir: Path, *, batch_rows: int, chunk_size: int
+) -> TablePlan:
+    """Key and dedupe the whole input, anti-join the cache, write the misses as chunk files."""
+    if job.cache_path is None:
+        raise ConfigError("table jobs need a cache (answers are joined back from it); "
+                          "pass a cache path instead of cache=False")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*work_dir.glob(_CHUNK_GLOB), work_dir / "plan.duckdb"]:
+        stale.unlink(missing_ok=True)
+    with _cache.connect(job.cache_path):
+        pass  # create and migrate the cache before it is attached read-only
+    with duckdb.connect(str(work_dir / "plan.duckdb"), config=_cache.NO_EXTENSION_DOWNLOADS) as con:
+        con.execute("CREATE TABLE partial (key VARCHAR, system VARCHAR, prompt VARCHAR, "
+                    "rows BIGINT)")
+        rows = 0
+        for batch in iter_batches(files, batch_rows):
+            rows += batch.height
+            con.register("batch_requests", distinct_requests(key_rows(batch, job)).to_arrow())
+            con.execute("INSERT INTO partial SELECT key, system, prompt, rows "
+                        "FROM batch_requests")
+            con.unregister("batch_requests")
+        con.execute(
+            "CREATE TABLE requests AS SELECT key, any_value(system) AS system, "
+            "any_value(prompt) AS prompt, sum(rows)::BIGINT AS rows FROM partial GROUP BY key"
+        )
+        con.execute("DROP TABLE partial")
+        with _cache.attached(con, job.cache_path, alias="cache"):
+            con.execute(
+                "CREATE TABLE misses AS SELECT r.* FROM requests r "
+                "ANTI JOIN cache.llm_cache c ON r.key = c.key ORDER BY r.key"
+            )
+        distinct = int(con.execute("SELECT count(*) FROM requests").fetchall()[0][0])
+        reader = con.sql("SELECT key, system, prompt, rows FROM misses").to_arrow_reader(
+            chunk_size
+        )
+        chunks = []
+        for number, chunk in enumerate(reader):
+            path = work_dir / f"chunk-{number:05d}.parquet"
+            pq.write_table(pa.Table.from_batches([chunk]), path)
+            chunks.append(str(path))
+        misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
+    return TablePlan(rows=rows, distinct=distinct, cache_hits=distinct - misses, chunks=chunks)
+
+
+def results_path(chunk: str | Path) -> Path:
+    """Where :func:`run_chunk` writes the outcomes of ``chunk``."""
+    return Path(chunk).with_suffix(".results.parquet")
+
+
+def run_chunk(job: Job, chunk: str | Path) -> Counters:
+    """Send the requests of one chunk file that the cache still lacks; returns the counters.
+
+    Raises :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
+    stopped the job.
+    """
+    misses = pl.read_parquet(chunk)
+    # Answered by an earlier attempt of this chunk: they count as answered in this run.
+    earlier = lookup_answers(job.cache_path, misses).with_columns(
+        pl.col("status").replace({"cached": "ok"})
+    )
+    remaining = misses.join(earlier.select("key"), on="key", how="anti")
+    rows, waiting = int(misses["rows"].sum()), int(remaining["rows"].sum())
+    done = run_sync(dispatch(remaining, job, rows=rows, rows_settled=rows - waiting))
+    if done.stopped is not None:
+        raise done.stopped
+    outcomes = pl.DataFrame(
+        {
+            "key": [o.key for o in done.outcomes],
+            "status": [o.status for o in done.outcomes],
+            "error": [o.error for o in done.outcomes],
+        },
+        schema={"key": pl.String, "status": pl.String, "error": pl.String},
+    )
+    pl.concat([earlier.select("key", "status", "error"), outcomes]).write_parquet(
+        results_path(chunk)
+    )
+    return done.counters
+
+
+def write_table(
+    job: Job, files: list[Path], output: Path, work_dir: Path, *, batch_rows: int
+) -> dict[str, int]:
+    """Write the input plus the answer, status and error columns; returns rows per status."""
+    outcome_files = sorted(work_dir.glob("chunk-*.results.parquet"))
+    fresh = (
+        pl.read_parquet(outcome_files)
+        if outcome_files
+        else pl.DataFrame(schema={"key": pl.String, "status": pl.String, "error": pl.String})
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    counts: dict[str, int] = {}
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in iter_batches(files, batch_rows):
+            keyed = key_rows(batch, job)
+            wanted = keyed.select("key").drop_nulls().unique()
+            results = _batch_results(lookup_answers(job.cache_path, wanted),
+                                     wanted.join(fresh, on="key"))
+            columns = join_back(keyed.select("key", "skip_reason"), results, job)
+            for status, n in columns[job.status_column].value_counts().iter_rows():
+                counts[str(status)] = counts.get(str(status), 0) + int(n)
+            table = batch.hstack(columns.get_columns()).to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(partial, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
+    partial.replace(output)
+    return counts
+
+
+def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
+    """Answers from the cache, with this run's statuses (ok, failed, ...) taking precedence."""
+    merged = cached.join(fresh, on="key", how="full", coalesce=True, suffix="_run")
+    return merged.select(
+        "key",
+        "text",
+        pl.coalesce("status_run", "status").alias("status"),
+        pl.coalesce("error_run", "error").alias("error"),
+    ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]

@@ -1,0 +1,102 @@
+"""The enrich-table flow: real Prefect flow runs against the local endpoint and a real cache."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from flows.enrich import EnrichConfig, add_counters, build_job, enrich_table
+from llm_ops import ConfigError, JobAbortedError
+from llm_ops._engine import Counters
+from llm_ops.testing import expected_reply
+
+TEXTS = ["great fit", "runs small", None, "great fit", "love it", None, "runs small"] * 3
+
+
+@pytest.fixture(scope="session")
+def prefect():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture
+def config(tmp_path, endpoint, cache):
+    source = tmp_path / "reviews.parquet"
+    pl.DataFrame({"id": range(len(TEXTS)), "text": TEXTS}).write_parquet(source)
+    return EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"), prompt="{text}",
+                        base_url=endpoint.base_url, cache=str(cache), chunk_size=2,
+                        batch_rows=5)
+
+
+def _artifact_figures() -> dict[str, int]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        latest = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["enrich-report"])),
+            sort="CREATED_DESC", limit=1)[0]
+    table = latest.data if isinstance(latest.data, list) else __import__("json").loads(latest.data)
+    return {row["figure"]: row["value"] for row in table}
+
+
+def test_flow_enriches_a_table_and_reports_what_the_endpoint_saw(prefect, config, endpoint):
+    enrich_table(config)
+    out = pl.read_parquet(config.output)
+    assert out.columns == ["id", "text", "summary", "summary_status", "summary_error"]
+    assert out["summary"].to_list() == [
+        expected_reply(t, model="sim") if t else None for t in TEXTS]
+    assert out["summary_status"].to_list() == ["skipped" if t is None else "ok" for t in TEXTS]
+    figures, seen = _artifact_figures(), endpoint.stats()
+    assert figures["requests sent"] == seen["requests"] == 3
+    assert figures["distinct requests"] == seen["distinct_prompts"]
+    assert figures["rows skipped"] == 6
+
+
+def test_flow_rerun_sends_nothing(prefect, config, endpoint):
+    enrich_table(config)
+    endpoint.reset()
+    enrich_table(config)
+    assert endpoint.stats()["requests"] == 0
+    statuses = pl.read_parquet(config.output)["summary_status"]
+    assert set(statuses.unique()) == {"cached", "skipped"}
+
+
+def test_a_flow_that_died_midway_completes_on_rerun(prefect, config, endpoint, tmp_path):
+    source = tmp_path / "many.parquet"
+    pl.DataFrame({"text": [f"review {i}" for i in range(40)]}).write_parquet(source)
+    config = config.model_copy(update={"input": str(source), "chunk_size": 5, "concurrency": 2})
+    endpoint.configure(quota_requests=12)
+    with pytest.raises(JobAbortedError):
+        enrich_table(config)
+    endpoint.configure()
+    enrich_table(config)
+    out = pl.read_parquet(config.output)
+    assert set(out["summary_status"].unique()) == {"ok", "cached"}
+    assert endpoint.stats()["answered"] == 40
+
+
+def test_a_missing_input_fails_the_run_early_and_writes_nothing(prefect, config, tmp_path):
+    config = config.model_copy(update={"input": str(tmp_path / "nope.parquet")})
+    with pytest.raises(ConfigError, match="no input file matches"):
+        enrich_table(config)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_unknown_column_is_refused_before_anything_runs(config):
+    with pytest.raises(ConfigError, match="'body'"):
+        build_job(config.model_copy(update={"prompt": "{body}"}))
+
+
+def test_output_equal_to_input_is_refused(config):
+    with pytest.raises(ConfigError, match="is also an input"):
+        build_job(config.model_copy(update={"output": config.input}))
+
+
+def test_counters_of_chunks_add_up():
+    total = Counters()
+    add_counters(total, Counters(sent=2, retries=1, by_status={"ok": 2}))
+    add_counters(total, Counters(sent=3, by_status={"ok": 1, "failed": 1}))
+    assert (total.sent, total.retries, total.by_status) == (5, 1, {"ok": 3, "failed": 1})

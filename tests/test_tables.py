@@ -1,0 +1,51 @@
+"""Table jobs as plain functions: planning into chunks and writing in batches, no Prefect."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from flows.enrich import EnrichConfig, build_job
+from llm_ops import ConfigError
+from llm_ops._tables import input_files, plan_table, run_chunk, write_table
+
+
+@pytest.fixture
+def job_on(tmp_path, endpoint, cache):
+    def make(texts):
+        source = tmp_path / "in.parquet"
+        pl.DataFrame({"text": texts}).write_parquet(source)
+        config = EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
+                              prompt="{text}", base_url=endpoint.base_url, cache=str(cache))
+        return build_job(config)
+    return make
+
+
+def test_plan_writes_one_chunk_file_per_chunk_size_misses(job_on, tmp_path):
+    files, job = job_on([str(i % 7) for i in range(50)])
+    plan = plan_table(job, files, tmp_path / "work", batch_rows=8, chunk_size=3)
+    assert (plan.rows, plan.distinct, plan.misses) == (50, 7, 7)
+    assert len(plan.chunks) == 3
+
+
+def test_rows_keep_their_order_across_batches(job_on, tmp_path):
+    texts = [f"t{i}" for i in range(23)]
+    files, job = job_on(texts)
+    plan = plan_table(job, files, tmp_path / "work", batch_rows=4, chunk_size=10)
+    for chunk in plan.chunks:
+        run_chunk(job, chunk)
+    write_table(job, files, tmp_path / "out.parquet", tmp_path / "work", batch_rows=4)
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out["text"].to_list() == texts
+    assert out["summary_status"].to_list() == ["ok"] * 23
+
+
+def test_globs_expand_to_sorted_files(tmp_path):
+    for name in ("b.parquet", "a.parquet"):
+        pl.DataFrame({"x": [1]}).write_parquet(tmp_path / name)
+    assert [f.name for f in input_files(tmp_path / "*.parquet")] == ["a.parquet", "b.parquet"]
+
+
+def test_no_matching_input_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no input file matches"):
+        input_files(tmp_path / "*.parquet")
