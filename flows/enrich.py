@@ -88,11 +88,10 @@ def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
     job = make_job(
         input_schema(files), prompt=config.prompt, model=config.model,
         output=config.output_column, system=config.system, base_url=config.base_url,
-        api_key=api_key, cache=config.cache if config.cache else None,
-        concurrency=config.concurrency, max_tokens=config.max_tokens,
-        temperature=config.temperature, top_p=None, seed=None, stop=None,
-        max_attempts=config.max_attempts, timeout=config.timeout, on_error="null",
-        flush_every=256, flush_seconds=1.0, rpm=config.rpm, tpm=config.tpm, progress=False,
+        api_key=api_key, cache=config.cache or None, concurrency=config.concurrency,
+        max_tokens=config.max_tokens, temperature=config.temperature,
+        max_attempts=config.max_attempts, timeout=config.timeout, rpm=config.rpm,
+        tpm=config.tpm,
     )
     return files, job
 

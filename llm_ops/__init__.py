@@ -5,7 +5,7 @@
 ['cached', 'failed', 'ok']
 """
 
-from ._cache import CACHE_ENV, default_cache_path
+from ._cache import CACHE_ENV, default_cache_path, open_cache
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
 from ._progress import Progress
@@ -38,6 +38,7 @@ __all__ = [
     "default_cache_path",
     "llm_complete",
     "llm_complete_async",
+    "open_cache",
     "request_key",
 ]
 

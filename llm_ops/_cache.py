@@ -113,8 +113,67 @@ def resolve_cache_path(cache: str | os.PathLike[str] | bool | None) -> Path | No
     return Path(os.fspath(cache)).expanduser()
 
 
+def _open(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path), read_only=read_only, config=NO_EXTENSION_DOWNLOADS)
+    except duckdb.ConnectionException as exc:
+        # This process already has the file open (say, the SQL functions were registered on a
+        # connection to the cache itself); DuckDB then insists on that connection's settings.
+        if "different configuration" not in str(exc):
+            raise
+        return duckdb.connect(str(path), read_only=read_only)
+
+
 def _is_lock_error(exc: duckdb.Error) -> bool:
     return "lock" in str(exc).lower()
+
+
+def open_cache(
+    cache: str | os.PathLike[str] | None = None, *, read_only: bool = True,
+    lock_timeout: float = 30.0,
+) -> duckdb.DuckDBPyConnection:
+    """Open the cache database for your own queries; close it when done.
+
+    Read-only by default, so a running job can keep writing between your queries. While a job
+    is flushing answers the file is locked for a moment; opening waits for it (up to
+    ``lock_timeout`` seconds) instead of failing with DuckDB's raw IO error.
+
+    Examples
+    --------
+    >>> con = open_cache("output/cache.duckdb")  # doctest: +SKIP
+    >>> con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model")  # doctest: +SKIP
+    """
+    path = resolve_cache_path(cache)
+    assert path is not None
+    if read_only and not path.exists():
+        raise CacheError(f"there is no cache at {path} yet; run a job first, or pass the path "
+                         f"of an existing cache (cache= or {CACHE_ENV})")
+    con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
+    if not read_only:
+        migrate(con)
+    return con
+
+
+def _open_retrying(
+    path: Path, *, read_only: bool, lock_timeout: float
+) -> duckdb.DuckDBPyConnection:
+    deadline = time.monotonic() + lock_timeout
+    delay = 0.01
+    while True:
+        try:
+            return _open(path, read_only=read_only)
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc):
+                raise CacheError(f"cannot open the cache {path}: {exc}") from exc
+            if time.monotonic() >= deadline:
+                raise CacheLockedError(
+                    f"the cache {path} is held by another process (DuckDB allows one writer and "
+                    f"locks out everyone else while it writes); waited {lock_timeout:.0f}s. "
+                    "Jobs hold it only while flushing: retry, or close the other connection, or "
+                    f"point this job at another file with cache=... or {CACHE_ENV}."
+                ) from exc
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(delay * 2, 0.5)
 
 
 @contextmanager
@@ -124,28 +183,7 @@ def connect(
     """A short-lived connection to the cache file, migrated, retried while another holds it."""
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + lock_timeout
-    delay = 0.01
-    while True:
-        try:
-            con = duckdb.connect(
-                str(path),
-                read_only=read_only,
-                config=NO_EXTENSION_DOWNLOADS,
-            )
-            break
-        except duckdb.Error as exc:
-            if not _is_lock_error(exc):
-                raise CacheError(f"cannot open the cache {path}: {exc}") from exc
-            if time.monotonic() >= deadline:
-                raise CacheLockedError(
-                    f"the cache {path} is held by another process (DuckDB allows one writer and "
-                    f"locks out everyone else while it writes); waited {lock_timeout:.0f}s. "
-                    "Close the other connection, or point this job at another file with cache=... "
-                    f"or {CACHE_ENV}."
-                ) from exc
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.5)
+    con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
     try:
         if not read_only:
             migrate(con)

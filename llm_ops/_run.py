@@ -170,8 +170,13 @@ def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
     return {str(status): int(n) for status, n in counts.iter_rows()}
 
 
-async def run_frame(frame: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:
-    """The whole pipeline over one in-memory frame; returns the new columns and the report."""
+async def run_frame(
+    frame: pl.DataFrame, job: Job, *, record: bool = True
+) -> tuple[pl.DataFrame, RunReport]:
+    """The whole pipeline over one in-memory frame; returns the new columns and the report.
+
+    ``record=False`` leaves ``llm_runs`` alone (SQL functions run once per vector).
+    """
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
     plan = await asyncio.to_thread(plan_frame, frame, job)
@@ -184,7 +189,7 @@ async def run_frame(frame: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunRep
         distinct=plan.distinct.height, cache_hits=plan.hits.height, counters=done.counters,
         statuses=status_counts(columns, job), stopped=done.stopped,
     )
-    if job.cache_path is not None:
+    if record and job.cache_path is not None:
         await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
     if done.stopped is not None:
         if isinstance(done.stopped, asyncio.CancelledError):
