@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,11 +36,17 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from llm_ops import ConfigError, JobAbortedError, LlmOpsError, RunReport
-from llm_ops._cache import record_run
 from llm_ops._engine import Counters
 from llm_ops._job import Job, make_job
-from llm_ops._run import make_report
-from llm_ops._tables import TablePlan, input_files, input_schema, plan_table, run_chunk, write_table
+from llm_ops._tables import (
+    TablePlan,
+    finish_report,
+    input_files,
+    input_schema,
+    plan_table,
+    run_chunk,
+    write_table,
+)
 
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
@@ -122,16 +128,6 @@ def write_output(config: EnrichConfig) -> dict[str, int]:
                        batch_rows=config.batch_rows)
 
 
-def add_counters(total: Counters, part: Counters) -> None:
-    """Sum one chunk's counters into the job's."""
-    for item in fields(Counters):
-        if item.name == "by_status":
-            for status, n in part.by_status.items():
-                total.by_status[status] = total.by_status.get(status, 0) + n
-        else:
-            setattr(total, item.name, getattr(total, item.name) + getattr(part, item.name))
-
-
 def report_table(report: RunReport) -> list[dict[str, Any]]:
     """The run report as rows of (figure, value) for a Prefect table artifact."""
     figures = {
@@ -162,19 +158,14 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
                                         description="share of chunks sent")
     counters = Counters()
     for number, chunk in enumerate(plan.chunks, start=1):
-        add_counters(counters, send_chunk(config, chunk, number))
+        counters.add(send_chunk(config, chunk, number))
         update_progress_artifact(progress, 100.0 * number / len(plan.chunks))
         logger.info("chunk %d/%d done: %d requests sent so far", number, len(plan.chunks),
                     counters.sent)
 
     statuses = write_output(config)
-    report = make_report(
-        job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=plan.rows,
-        distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
-        statuses=statuses, stopped=None,
-    )
-    assert job.cache_path is not None  # plan_table refuses to run without a cache
-    record_run(job.cache_path, report.as_dict())
+    report = finish_report(job, plan, counters, statuses, started_at=started_at,
+                           wall_seconds=time.perf_counter() - clock)
     create_table_artifact(report_table(report), key="enrich-report",
                           description=f"llm-ops run {report.run_id}: {config.input}")
     logger.info("wrote %s\n%s", config.output, report)

@@ -138,10 +138,10 @@ def open_cache(
     is flushing answers the file is locked for a moment; opening waits for it (up to
     ``lock_timeout`` seconds) instead of failing with DuckDB's raw IO error.
 
-    Examples
-    --------
-    >>> con = open_cache("output/cache.duckdb")  # doctest: +SKIP
-    >>> con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model")  # doctest: +SKIP
+    Use it as a context manager::
+
+        with open_cache("output/cache.duckdb") as con:
+            con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model").show()
     """
     path = resolve_cache_path(cache)
     assert path is not None

@@ -13,7 +13,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx2
@@ -80,6 +80,15 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Counters) -> None:
+        """Add another dispatch's counters (say, one chunk's) to these."""
+        for item in fields(self):
+            if item.name == "by_status":
+                for status, n in other.by_status.items():
+                    self.by_status[status] = self.by_status.get(status, 0) + n
+            else:
+                setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
 
 
 def redact(text: str, secret: str | None) -> str:

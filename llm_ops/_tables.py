@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -33,7 +36,8 @@ from . import _cache
 from ._engine import Counters
 from ._job import Job
 from ._plan import RESULT_SCHEMA, distinct_requests, join_back, key_rows, lookup_answers
-from ._run import dispatch, run_sync
+from ._report import RunReport
+from ._run import dispatch, make_report, run_sync
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
@@ -72,6 +76,7 @@ class TablePlan:
     rows: int
     distinct: int
     cache_hits: int
+    skipped: int = 0
     chunks: list[str] = field(default_factory=list)
 
     @property
@@ -111,7 +116,8 @@ def plan_table(
                 "CREATE TABLE misses AS SELECT r.* FROM requests r "
                 "ANTI JOIN cache.llm_cache c ON r.key = c.key ORDER BY r.key"
             )
-        distinct = int(con.execute("SELECT count(*) FROM requests").fetchall()[0][0])
+        distinct, keyed_rows = con.execute(
+            "SELECT count(*), coalesce(sum(rows), 0) FROM requests").fetchall()[0]
         reader = con.sql("SELECT key, system, prompt, rows FROM misses").to_arrow_reader(
             chunk_size
         )
@@ -121,7 +127,8 @@ def plan_table(
             pq.write_table(pa.Table.from_batches([chunk]), path)
             chunks.append(str(path))
         misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
-    return TablePlan(rows=rows, distinct=distinct, cache_hits=distinct - misses, chunks=chunks)
+    return TablePlan(rows=rows, distinct=int(distinct), cache_hits=int(distinct) - misses,
+                     skipped=rows - int(keyed_rows), chunks=chunks)
 
 
 def results_path(chunk: str | Path) -> Path:
@@ -204,3 +211,34 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("status_run", "status").alias("status"),
         pl.coalesce("error_run", "error").alias("error"),
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
+
+
+def finish_report(
+    job: Job, plan: TablePlan, counters: Counters, statuses: dict[str, int], *,
+    started_at: datetime, wall_seconds: float,
+) -> RunReport:
+    """The report of a table job, recorded in ``llm_runs``."""
+    report = make_report(
+        job, started_at=started_at, wall_seconds=wall_seconds, rows=plan.rows,
+        distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
+        statuses=statuses, stopped=None,
+    )
+    assert job.cache_path is not None  # plan_table refuses to run without a cache
+    _cache.record_run(job.cache_path, report.as_dict())
+    return report
+
+
+def run_table(
+    job: Job, files: list[Path], output: Path, *, batch_rows: int, chunk_size: int
+) -> RunReport:
+    """Plan, send every chunk and write, in this process; the work directory is removed."""
+    started_at, clock = datetime.now(UTC), time.perf_counter()
+    work_dir = output.with_name(output.name + ".work")
+    plan = plan_table(job, files, work_dir, batch_rows=batch_rows, chunk_size=chunk_size)
+    counters = Counters()
+    for chunk in plan.chunks:
+        counters.add(run_chunk(job, chunk))
+    statuses = write_table(job, files, output, work_dir, batch_rows=batch_rows)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return finish_report(job, plan, counters, statuses, started_at=started_at,
+                         wall_seconds=time.perf_counter() - clock)

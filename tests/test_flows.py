@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from flows.enrich import EnrichConfig, add_counters, build_job, enrich_table
+from flows.enrich import EnrichConfig, build_job, enrich_table
 from llm_ops import ConfigError, JobAbortedError
 from llm_ops._engine import Counters
 from llm_ops.testing import expected_reply
@@ -97,6 +97,6 @@ def test_output_equal_to_input_is_refused(config):
 
 def test_counters_of_chunks_add_up():
     total = Counters()
-    add_counters(total, Counters(sent=2, retries=1, by_status={"ok": 2}))
-    add_counters(total, Counters(sent=3, by_status={"ok": 1, "failed": 1}))
+    total.add(Counters(sent=2, retries=1, by_status={"ok": 2}))
+    total.add(Counters(sent=3, by_status={"ok": 1, "failed": 1}))
     assert (total.sent, total.retries, total.by_status) == (5, 1, {"ok": 3, "failed": 1})
