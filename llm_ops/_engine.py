@@ -20,11 +20,14 @@ import httpx2
 import openai
 
 from ._limits import AdaptiveConcurrency, RateLimiter
+from ._schema import InvalidOutput
 from .exceptions import JobAbortedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
+REPAIR_PROMPT = ("That answer did not match the required JSON schema ({}). Reply again with "
+                 "only JSON that matches the schema.")
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
 _SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
 
@@ -44,8 +47,9 @@ class Outcome:
     """What became of one request."""
 
     key: str
-    status: str  # ok | truncated | rejected | failed
+    status: str  # ok | truncated | invalid | rejected | failed
     text: str | None = None
+    json: str | None = None  # normalised structured answer, when a schema was asked for
     error: str | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -160,8 +164,12 @@ class Dispatcher:
         model: str,
         params: dict[str, Any],
         settings: EngineSettings,
+        validate: Callable[[str], str] | None = None,
+        repair: bool = False,
     ):
         self.settings = settings
+        self.validate = validate
+        self.repair = repair
         self.model = model
         self.params = {k: v for k, v in params.items() if v is not None}
         self.counters = Counters()
@@ -238,13 +246,21 @@ class Dispatcher:
                       "shorten the prompt or lower max_tokens",
             )
             return outcome
+        messages, repaired = request.messages, False
         for attempt in range(1, self.settings.max_attempts + 1):
             if self._aborted is not None:
                 return Outcome(key=request.key, status="aborted")
             if attempt > 1:
                 self.counters.retries += 1
             try:
-                outcome = await self._attempt(request, estimate)
+                outcome = await self._attempt(request.key, messages, estimate)
+                if (outcome.status == "invalid" and self.repair and not repaired
+                        and attempt < self.settings.max_attempts):
+                    # One repair round: show the model its answer and what was wrong with it.
+                    messages = [*messages, {"role": "assistant", "content": outcome.text or ""},
+                                {"role": "user", "content": REPAIR_PROMPT.format(outcome.error)}]
+                    repaired = True
+                    continue
             except _Retryable as exc:
                 last_error = str(exc)
                 if attempt < self.settings.max_attempts:
@@ -268,13 +284,13 @@ class Dispatcher:
         delay = random.uniform(0, ceiling)  # full jitter
         return max(delay, retry_after) if retry_after is not None else delay
 
-    async def _attempt(self, request: Request, estimate: int) -> Outcome:
+    async def _attempt(self, key: str, messages: list[dict[str, str]], estimate: int) -> Outcome:
         await self.limiter.admit(estimate)
         await self.concurrency.acquire()
         self.counters.sent += 1
         try:
             raw = await self.client.chat.completions.with_raw_response.create(
-                model=self.model, messages=request.messages, **self.params  # type: ignore[arg-type]
+                model=self.model, messages=messages, **self.params  # type: ignore[arg-type]
             )
             payload = raw.content
         except openai.APIStatusError as exc:
@@ -289,7 +305,7 @@ class Dispatcher:
         finally:
             self.concurrency.release()
         self.limiter.observe(raw.headers)
-        outcome = self._parse(request.key, payload)
+        outcome = self._parse(key, payload)
         self.concurrency.on_success()
         self.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
         return outcome
@@ -342,7 +358,7 @@ class Dispatcher:
         self.counters.prompt_tokens += prompt_tokens
         self.counters.completion_tokens += completion_tokens
         truncated = finish_reason == "length"
-        return Outcome(
+        outcome = Outcome(
             key=key,
             status="truncated" if truncated else "ok",
             text=text,
@@ -351,3 +367,10 @@ class Dispatcher:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+        if self.validate is not None and not truncated:
+            try:
+                outcome.json = self.validate(text)
+            except InvalidOutput as exc:
+                outcome.status = "invalid"
+                outcome.error = _one_line(f"the answer does not match the schema: {exc}")
+        return outcome

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import polars as pl
+from pydantic import BaseModel
 
 from . import _cache
 from ._engine import EngineSettings, redact
 from ._key import build_request, messages_for, normalize_base_url
 from ._progress import Progress, resolve_progress
+from ._schema import OutputSchema, output_schema
 from ._template import Template, check_columns, parse_template
 from .exceptions import ConfigError, MissingApiKeyError
 
@@ -41,6 +43,8 @@ class Job:
     flush_every: int
     flush_seconds: float
     progress: Callable[[Progress], None] | None
+    schema: OutputSchema | None = None
+    repair: bool = False
 
     @property
     def status_column(self) -> str:
@@ -49,6 +53,16 @@ class Job:
     @property
     def error_column(self) -> str:
         return f"{self.output}_error"
+
+    @property
+    def raw_column(self) -> str:
+        return f"{self.output}_raw"
+
+    @property
+    def new_columns(self) -> tuple[str, ...]:
+        """The columns this job adds, in order."""
+        extra = (self.raw_column,) if self.schema is not None else ()
+        return (self.output, self.status_column, self.error_column, *extra)
 
 
 def _is_local(base_url: str) -> bool:
@@ -68,7 +82,7 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def make_job(
-    schema: pl.Schema,
+    columns: pl.Schema,
     *,
     prompt: str,
     model: str,
@@ -91,19 +105,24 @@ def make_job(
     rpm: float | None = None,
     tpm: float | None = None,
     progress: bool | Callable[[Progress], None] | None = False,
+    schema: type[BaseModel] | Mapping[str, Any] | None = None,
+    repair: bool = False,
 ) -> Job:
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
     if not isinstance(output, str) or not output:
         raise ConfigError(f"output must be a non-empty column name, got {output!r}")
     prompt_template = parse_template(prompt, what="prompt")
-    check_columns(prompt_template, schema, what="prompt")
+    check_columns(prompt_template, columns, what="prompt")
     system_template = None
     if system is not None:
         system_template = parse_template(system, what="system")
-        check_columns(system_template, schema, what="system")
-    for column in (output, f"{output}_status", f"{output}_error"):
-        if column in schema:
+        check_columns(system_template, columns, what="system")
+    structured = output_schema(schema) if schema is not None else None
+    added = [output, f"{output}_status", f"{output}_error"] + (
+        [f"{output}_raw"] if structured else [])
+    for column in added:
+        if column in columns:
             raise ConfigError(
                 f"the input already has a column {column!r}; choose another output= name or "
                 "drop that column first"
@@ -141,8 +160,11 @@ def make_job(
                 "OPENAI_API_KEY (a local endpoint on 127.0.0.1 needs none)"
             )
         key = "no-key-needed"
+    if repair and structured is None:
+        raise ConfigError("repair=True only applies to structured output; pass schema= too")
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-              "seed": seed, "stop": stop}
+              "seed": seed, "stop": stop,
+              "response_format": structured.response_format() if structured else None}
     return Job(
         prompt=prompt_template,
         system=system_template,
@@ -160,6 +182,8 @@ def make_job(
         flush_every=flush_every,
         flush_seconds=flush_seconds,
         progress=resolve_progress(progress),
+        schema=structured,
+        repair=repair,
     )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, cast, overload
 
 import polars as pl
 import pyarrow as pa
+from pydantic import BaseModel
 
 from ._job import CachePath, ProgressOption, make_job
 from ._report import RunReport
@@ -13,6 +15,7 @@ from ._run import run_frame, run_sync
 from .exceptions import ConfigError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
+SchemaOption = type[BaseModel] | Mapping[str, Any] | None
 
 
 def _to_polars(df: Any) -> pl.DataFrame:
@@ -59,7 +62,8 @@ def llm_complete(
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[False] = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
+    repair: bool = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 def llm_complete(
@@ -69,7 +73,8 @@ def llm_complete(
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[True],
+    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
+    repair: bool = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
     df: Frame,
@@ -96,6 +101,8 @@ def llm_complete(
     rpm: float | None = None,
     tpm: float | None = None,
     progress: ProgressOption = None,
+    schema: SchemaOption = None,
+    repair: bool = False,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -145,6 +152,14 @@ def llm_complete(
     progress
         ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
         on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
+    schema
+        A pydantic model class or a JSON schema dict: ask for JSON matching it, validate every
+        answer, and make ``<output>`` a struct column with typed fields. An answer that is not
+        valid JSON or does not match gets status ``invalid``; its raw text is kept in
+        ``<output>_raw`` (added with ``schema``), never replaced by defaults.
+    repair
+        With ``schema``: resend an invalid answer once, with the validation error (counted as
+        a retry).
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -184,7 +199,8 @@ async def llm_complete_async(
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[False] = ...,
+    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
+    repair: bool = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 async def llm_complete_async(
@@ -194,7 +210,8 @@ async def llm_complete_async(
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., return_report: Literal[True],
+    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
+    repair: bool = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
@@ -221,6 +238,8 @@ async def llm_complete_async(
     rpm: float | None = None,
     tpm: float | None = None,
     progress: ProgressOption = None,
+    schema: SchemaOption = None,
+    repair: bool = False,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""

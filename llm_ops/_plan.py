@@ -20,7 +20,9 @@ from ._report import STATUSES
 
 STATUS_DTYPE = pl.Enum(STATUSES)
 CACHEABLE = frozenset({"ok", "truncated"})
-RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "status": pl.String, "error": pl.String}
+RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "json": pl.String, "status": pl.String,
+                 "error": pl.String}
+ANSWERED = ("ok", "cached", "truncated")
 
 
 @dataclass
@@ -117,6 +119,7 @@ def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFr
     return found.select(
         "key",
         pl.col("response_text").alias("text"),
+        pl.col("response_json").alias("json"),
         pl.when(pl.col("status") == "truncated").then(pl.lit("truncated"))
         .otherwise(pl.lit("cached")).alias("status"),
         pl.when(pl.col("status") == "truncated")
@@ -132,7 +135,8 @@ def results_frame(hits: pl.DataFrame, outcomes: list[Outcome]) -> pl.DataFrame:
     answered = pl.DataFrame(
         {
             "key": [o.key for o in outcomes],
-            "text": [o.text if o.status in CACHEABLE else None for o in outcomes],
+            "text": [o.text for o in outcomes],
+            "json": [o.json for o in outcomes],
             "status": [o.status for o in outcomes],
             "error": [o.error for o in outcomes],
         },
@@ -145,12 +149,21 @@ def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, job: Job) -> pl.Dat
     """The output, status and error columns, one row per row of ``row_keys``, in its order."""
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
     not_sent = "not sent: the job was stopped before this request was dispatched"
-    return joined.select(
-        pl.col("text").alias(job.output),
+    answered = pl.col("status").is_in(ANSWERED)
+    output: pl.Expr
+    if job.schema is None:
+        output = pl.when(answered).then(pl.col("text"))
+    else:
+        output = pl.when(answered).then(pl.col("json")).str.json_decode(job.schema.dtype)
+    columns = [
+        output.alias(job.output),
         pl.when(pl.col("skip_reason").is_not_null()).then(pl.lit("skipped"))
         .when(pl.col("status").is_null()).then(pl.lit("failed"))
         .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(job.status_column),
         pl.coalesce(pl.col("skip_reason"), pl.col("error"),
                     pl.when(pl.col("status").is_null()).then(pl.lit(not_sent)))
         .alias(job.error_column),
-    )
+    ]
+    if job.schema is not None:
+        columns.append(pl.col("text").alias(job.raw_column))
+    return joined.select(columns)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-STATUSES = ("ok", "cached", "skipped", "rejected", "failed", "truncated")
+STATUSES = ("ok", "cached", "skipped", "rejected", "failed", "truncated", "invalid")
 """Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
 
 ok
@@ -21,9 +21,12 @@ failed
     no answer after all retries (timeouts, connection errors, 429, 5xx, malformed bodies)
 truncated
     the answer stopped at ``max_tokens`` (finish_reason ``length``); the partial text is kept
+invalid
+    a structured answer (``schema=``) that is not JSON or does not match the schema; the raw
+    text is kept in ``<output>_raw``
 """
 
-FAILED_STATUSES = frozenset({"rejected", "failed"})
+FAILED_STATUSES = frozenset({"rejected", "failed", "invalid"})
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class RunReport:
 
     @property
     def failed_rows(self) -> int:
-        """Rows that got no answer (``rejected`` or ``failed``)."""
+        """Rows that got no usable answer (``rejected``, ``failed`` or ``invalid``)."""
         return sum(n for status, n in self.statuses.items() if status in FAILED_STATUSES)
 
     def as_dict(self) -> dict[str, Any]:

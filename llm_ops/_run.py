@@ -50,7 +50,7 @@ class AnswerSink:
             {
                 "key": outcome.key, "model": self.job.model, "endpoint": self._endpoint,
                 "request": request.request_json, "status": outcome.status,
-                "response_text": outcome.text, "response_json": None,
+                "response_text": outcome.text, "response_json": outcome.json,
                 "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
                 "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
@@ -107,7 +107,8 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     sink = AnswerSink(job)
     dispatcher = Dispatcher(
         base_url=job.base_url, api_key=job.api_key, model=job.model, params=job.params,
-        settings=job.settings,
+        settings=job.settings, validate=job.schema.validate if job.schema else None,
+        repair=job.repair,
     )
     tracker = Tracker(
         rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher

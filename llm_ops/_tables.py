@@ -35,12 +35,20 @@ import pyarrow.parquet as pq
 from . import _cache
 from ._engine import Counters
 from ._job import Job
-from ._plan import RESULT_SCHEMA, distinct_requests, join_back, key_rows, lookup_answers
+from ._plan import (
+    CACHEABLE,
+    RESULT_SCHEMA,
+    distinct_requests,
+    join_back,
+    key_rows,
+    lookup_answers,
+)
 from ._report import RunReport
 from ._run import dispatch, make_report, run_sync
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
+_OUTCOME_SCHEMA = {"key": pl.String, "status": pl.String, "error": pl.String, "text": pl.String}
 
 
 def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
@@ -152,17 +160,18 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
     done = run_sync(dispatch(remaining, job, rows=rows, rows_settled=rows - waiting))
     if done.stopped is not None:
         raise done.stopped
+    # Answers are read back from the cache; only what the cache does not keep is kept here.
     outcomes = pl.DataFrame(
         {
             "key": [o.key for o in done.outcomes],
             "status": [o.status for o in done.outcomes],
             "error": [o.error for o in done.outcomes],
+            "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes],
         },
-        schema={"key": pl.String, "status": pl.String, "error": pl.String},
+        schema=_OUTCOME_SCHEMA,
     )
-    pl.concat([earlier.select("key", "status", "error"), outcomes]).write_parquet(
-        results_path(chunk)
-    )
+    earlier = earlier.select("key", "status", "error", pl.lit(None, pl.String).alias("text"))
+    pl.concat([earlier, outcomes]).write_parquet(results_path(chunk))
     return done.counters
 
 
@@ -172,9 +181,7 @@ def write_table(
     """Write the input plus the answer, status and error columns; returns rows per status."""
     outcome_files = sorted(work_dir.glob("chunk-*.results.parquet"))
     fresh = (
-        pl.read_parquet(outcome_files)
-        if outcome_files
-        else pl.DataFrame(schema={"key": pl.String, "status": pl.String, "error": pl.String})
+        pl.read_parquet(outcome_files) if outcome_files else pl.DataFrame(schema=_OUTCOME_SCHEMA)
     )
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
@@ -207,7 +214,8 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
     merged = cached.join(fresh, on="key", how="full", coalesce=True, suffix="_run")
     return merged.select(
         "key",
-        "text",
+        pl.coalesce("text", "text_run").alias("text"),
+        "json",
         pl.coalesce("status_run", "status").alias("status"),
         pl.coalesce("error_run", "error").alias("error"),
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]

@@ -26,7 +26,15 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
-from ._server import FAULT_KINDS, Simulator, SimulatorConfig, expected_reply, reply_for, serve
+from ._server import (
+    FAULT_KINDS,
+    Simulator,
+    SimulatorConfig,
+    expected_reply,
+    reply_for,
+    serve,
+    structured_reply,
+)
 
 __all__ = [
     "DEFAULT_PORT",
@@ -37,6 +45,7 @@ __all__ = [
     "expected_reply",
     "reply_for",
     "serve",
+    "structured_reply",
 ]
 
 DEFAULT_PORT = 8765

@@ -11,6 +11,8 @@ Per-request behaviour is set by directives inside the user message:
     wait this many seconds before answering
 ``[[sim:fail_times=2]]`` (with optional ``[[sim:fail_status=503]]``, default 500)
     fail the first two requests carrying this exact prompt, then answer normally
+``[[sim:invalid=json]]`` / ``[[sim:invalid=schema]]``
+    with a ``json_schema`` response format: answer prose, or an object missing its fields
 """
 
 from __future__ import annotations
@@ -142,6 +144,55 @@ def reply_for(
     if max_tokens is not None and len(words) > max_tokens:
         return " ".join(words[:max_tokens]), "length", max_tokens
     return " ".join(words), "stop", len(words)
+
+
+def structured_reply(
+    messages: list[dict[str, Any]], schema: dict[str, Any], *, broken: str | None = None
+) -> str:
+    """The simulator's JSON answer for a ``json_schema`` response format.
+
+    Strings are the first three words of the last user message, numbers and choices come from
+    a digest of the messages, arrays hold two items. ``broken="json"`` answers prose instead
+    of JSON, ``broken="schema"`` an empty object.
+    """
+    if broken == "json":
+        return "Sure! Here is the JSON you asked for."
+    if broken == "schema":
+        return "{}"
+    words = _user_text(messages).split()[:3]
+    number = int(_digest(messages)[:8], 16)
+    return json.dumps(_instance(schema, schema, " ".join(words) or "text", number))
+
+
+def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int) -> Any:
+    while "$ref" in node:
+        target: Any = root
+        for part in node["$ref"][2:].split("/"):
+            target = target[part]
+        node = target
+    options = node.get("anyOf") or node.get("oneOf")
+    if options:
+        usable = [o for o in options if o.get("type") != "null"] or options
+        return _instance(usable[0], root, text, number)
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if "enum" in node:
+        return node["enum"][number % len(node["enum"])]
+    if kind == "object":
+        return {name: _instance(sub, root, text, number)
+                for name, sub in (node.get("properties") or {}).items()}
+    if kind == "array":
+        return [_instance(node.get("items", {}), root, text, number + i) for i in range(2)]
+    if kind == "integer":
+        return number % 100
+    if kind == "number":
+        return (number % 1000) / 10
+    if kind == "boolean":
+        return number % 2 == 0
+    if kind == "null":
+        return None
+    return text
 
 
 def expected_reply(
@@ -332,6 +383,11 @@ class Simulator:
         reply, finish_reason, completion_tokens = reply_for(
             messages, model=model, max_tokens=body.get("max_tokens")
         )
+        response_format = body.get("response_format") or {}
+        if response_format.get("type") == "json_schema":
+            reply = structured_reply(messages, response_format["json_schema"]["schema"],
+                                     broken=directives.get("invalid"))
+            completion_tokens = len(reply.split())
         prompt_tokens = _estimate_tokens(messages)
         refused = self._admit(prompt_tokens + (body.get("max_tokens") or completion_tokens))
         if refused is not None:
