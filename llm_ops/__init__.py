@@ -1,8 +1,10 @@
 """llm-ops: dataframe operators for batch LLM inference.
 
+Every row of a result gets one of these statuses:
+
 >>> import llm_ops
->>> sorted(llm_ops.STATUSES)[:3]
-['cached', 'failed', 'ok']
+>>> llm_ops.STATUSES
+('ok', 'cached', 'skipped', 'rejected', 'failed', 'truncated', 'invalid')
 """
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
