@@ -97,6 +97,10 @@ _CACHE_SCHEMA = pa.schema(
 )
 
 
+# Files (path, inode) this process has brought up to date: checking on every flush costs ms.
+_MIGRATED: set[tuple[Path, int]] = set()
+
+
 def default_cache_path() -> Path:
     """The per-user default cache file, used when neither ``cache=`` nor the env var is set."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -185,8 +189,10 @@ def connect(
         path.parent.mkdir(parents=True, exist_ok=True)
     con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
     try:
-        if not read_only:
+        identity = (path, path.stat().st_ino)  # DuckDB has created the file by now
+        if not read_only and identity not in _MIGRATED:
             migrate(con)
+            _MIGRATED.add(identity)
         yield con
     except duckdb.Error as exc:
         raise CacheError(f"cache {path}: {exc}") from exc

@@ -38,12 +38,15 @@ class AdaptiveConcurrency:
     few round trips rather than minutes.
     """
 
-    def __init__(self, ceiling: int, *, cooldown: float = 1.0, calm: float = 2.0):
+    def __init__(self, ceiling: int, *, cooldown: float = 1.0, calm: float = 2.0,
+                 window: int = 64, overload_share: float = 0.2):
         self.ceiling = ceiling
         self.limit = float(ceiling)
         self.in_flight = 0
         self.cooldown = cooldown
         self.calm = calm
+        self.overload_share = overload_share
+        self._recent: deque[bool] = deque(maxlen=window)  # True: a timeout or a 429
         self._last_decrease = -max(cooldown, calm)
         self._waiters: deque[asyncio.Future[None]] = deque()
 
@@ -76,14 +79,24 @@ class AdaptiveConcurrency:
                 free -= 1
 
     def on_success(self) -> None:
+        self._recent.append(False)
         if self.limit < self.ceiling:
             recent = time.monotonic() - self._last_decrease < self.calm
             step = 1.0 / self.limit if recent else 1.0
             self.limit = min(float(self.ceiling), self.limit + step)
             self._wake()
 
+    def on_congestion(self) -> None:
+        """A timeout or a bare 429: halve only when they are a good share of recent attempts,
+        so a few hung requests or stray 429s on a healthy endpoint do not throttle the rest."""
+        self._recent.append(True)
+        if sum(self._recent) >= self.overload_share * len(self._recent) and len(self._recent) >= 8:
+            self.on_overload()
+
     def on_overload(self) -> None:
-        """Halve, at most once per cooldown, so one burst of 429s is one decrease."""
+        """Halve, at most once per cooldown, so one burst of 429s is one decrease.
+
+        Called directly for an explicit signal (a 429 with ``Retry-After``)."""
         now = time.monotonic()
         if now - self._last_decrease >= self.cooldown:
             self.limit = max(1.0, self.limit / 2)
