@@ -35,10 +35,19 @@ class Plan:
     misses: pl.DataFrame  # key, system, prompt, rows
 
 
-def key_rows(frame: pl.DataFrame, job: Job) -> pl.DataFrame:
-    """One row per input row: ``key`` (null when skipped), ``system``, ``prompt``, ``skip_reason``.
+@dataclass
+class Keyed:
+    """The rows of a frame, keyed: per-row keys and the distinct requests behind them."""
 
-    Keys are computed in DuckDB, vectorised; see :mod:`llm_ops._key` for their definition.
+    rows: pl.DataFrame  # one per input row, in order: key (null when skipped), skip_reason
+    distinct: pl.DataFrame  # one per key: key, system, prompt, rows (input rows sharing it)
+
+
+def key_rows(frame: pl.DataFrame, job: Job) -> Keyed:
+    """Render every row, dedupe the rendered requests in DuckDB and key each distinct one.
+
+    Hashing happens once per distinct request, so a table of many repeats costs little more
+    than its distinct prompts; see :mod:`llm_ops._key` for the key's definition.
     """
     system_expr = job.system.expr() if job.system else pl.lit(None, dtype=pl.String)
     texts = frame.select(job.prompt.expr().alias("prompt"), system_expr.alias("system"))
@@ -46,15 +55,21 @@ def key_rows(frame: pl.DataFrame, job: Job) -> pl.DataFrame:
         endpoint=job.base_url, model=job.model, params=job.params,
         with_system=job.system is not None,
     )
-    null_check = "prompt IS NULL" + (" OR system IS NULL" if job.system else "")
+    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if job.system else "")
     with _memory_db() as con:
-        con.register("texts", texts.to_arrow())
-        keys = con.sql(
-            f"SELECT CASE WHEN {null_check} THEN NULL ELSE {expression} END AS key FROM texts",
+        con.register("texts", texts.with_row_index("row").to_arrow())
+        grouped: pl.DataFrame = con.sql(
+            f"SELECT {expression} AS key, system, prompt, count(*)::BIGINT AS rows, "
+            f"list(row) AS row_ids FROM texts WHERE {sendable} GROUP BY system, prompt",
             params=parameters,
         ).pl()
-    keys = _fix_escaped_keys(keys, texts, job)
-
+    grouped = _fix_escaped_keys(grouped, job)
+    members = grouped.select("key", "row_ids").explode("row_ids")
+    row_keys = (
+        pl.DataFrame({"row": pl.arange(0, frame.height, dtype=pl.UInt32, eager=True)})
+        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
+        .select("key")
+    )
     referenced = [*job.prompt.columns, *(job.system.columns if job.system else ())]
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
     for column in reversed(list(dict.fromkeys(referenced))):
@@ -63,51 +78,40 @@ def key_rows(frame: pl.DataFrame, job: Job) -> pl.DataFrame:
             .then(pl.lit(f"column {column!r} is null; row not sent"))
             .otherwise(skip_reason)
         )
-    return pl.concat(
-        [keys, texts, frame.select(skip_reason.alias("skip_reason"))], how="horizontal"
+    return Keyed(
+        rows=pl.concat([row_keys, frame.select(skip_reason.alias("skip_reason"))],
+                       how="horizontal"),
+        distinct=grouped.select("key", "system", "prompt", "rows"),
     )
-
-
-def distinct_requests(keyed: pl.DataFrame) -> pl.DataFrame:
-    """Dedupe with DuckDB: one row per key with its texts and how many rows share it."""
-    with _memory_db() as con:
-        con.register("keyed", keyed.select("key", "system", "prompt").to_arrow())
-        distinct: pl.DataFrame = con.sql(
-            "SELECT key, any_value(system) AS system, any_value(prompt) AS prompt, "
-            "count(*)::BIGINT AS rows FROM keyed WHERE key IS NOT NULL GROUP BY key"
-        ).pl()
-    return distinct
 
 
 def plan_frame(frame: pl.DataFrame, job: Job) -> Plan:
     """Render every row, key it, dedupe and anti-join the distinct requests against the cache."""
     keyed = key_rows(frame, job)
-    distinct = distinct_requests(keyed)
-    hits = lookup_answers(job.cache_path, distinct)
-    misses = distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
-    return Plan(row_keys=keyed.select("key", "skip_reason"), distinct=distinct, hits=hits,
-                misses=misses)
+    hits = lookup_answers(job.cache_path, keyed.distinct)
+    misses = keyed.distinct.join(hits.select("key"), on="key", how="anti")
+    return Plan(row_keys=keyed.rows, distinct=keyed.distinct, hits=hits, misses=misses)
 
 
 def _memory_db() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=_cache.NO_EXTENSION_DOWNLOADS)
 
 
-def _fix_escaped_keys(keys: pl.DataFrame, texts: pl.DataFrame, job: Job) -> pl.DataFrame:
-    """Recompute, with the reference implementation, keys of rows DuckDB escapes differently."""
-    odd = texts.select(
+def _fix_escaped_keys(grouped: pl.DataFrame, job: Job) -> pl.DataFrame:
+    """Recompute, with the reference implementation, keys of texts DuckDB escapes differently."""
+    odd = grouped.select(
         pl.any_horizontal(
             pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
             pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
         ).fill_null(False)
     ).to_series()
     if not odd.any():
-        return keys
-    fixed = keys["key"].to_list()
+        return grouped
+    keys = grouped["key"].to_list()
     for index in odd.arg_true().to_list():
-        system, prompt = texts.row(index)[1], texts.row(index)[0]
-        fixed[index] = request_key(request_for(job, system, prompt))
-    return pl.DataFrame({"key": fixed}, schema={"key": pl.String})
+        system, prompt = grouped["system"][index], grouped["prompt"][index]
+        keys[index] = request_key(request_for(job, system, prompt))
+    return grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
 
 
 def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:

@@ -38,7 +38,6 @@ from ._job import Job
 from ._plan import (
     CACHEABLE,
     RESULT_SCHEMA,
-    distinct_requests,
     join_back,
     key_rows,
     lookup_answers,
@@ -110,7 +109,7 @@ def plan_table(
         rows = 0
         for batch in iter_batches(files, batch_rows):
             rows += batch.height
-            con.register("batch_requests", distinct_requests(key_rows(batch, job)).to_arrow())
+            con.register("batch_requests", key_rows(batch, job).distinct.to_arrow())
             con.execute("INSERT INTO partial SELECT key, system, prompt, rows "
                         "FROM batch_requests")
             con.unregister("batch_requests")
@@ -190,10 +189,10 @@ def write_table(
     try:
         for batch in iter_batches(files, batch_rows):
             keyed = key_rows(batch, job)
-            wanted = keyed.select("key").drop_nulls().unique()
+            wanted = keyed.distinct.select("key")
             results = _batch_results(lookup_answers(job.cache_path, wanted),
                                      wanted.join(fresh, on="key"))
-            columns = join_back(keyed.select("key", "skip_reason"), results, job)
+            columns = join_back(keyed.rows, results, job)
             for status, n in columns[job.status_column].value_counts().iter_rows():
                 counts[str(status)] = counts.get(str(status), 0) + int(n)
             table = batch.hstack(columns.get_columns()).to_arrow()

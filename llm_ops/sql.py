@@ -194,7 +194,7 @@ def _keyer(settings: _Settings) -> Callable[..., pa.Array]:
         keys: list[str | None] = [None] * len(prompt)
         for job, group in _each_job(settings, columns):
             keyed = key_rows(group.select("prompt", "system"), job)
-            for row, value in zip(group["row"], keyed["key"], strict=True):
+            for row, value in zip(group["row"], keyed.rows["key"], strict=True):
                 keys[row] = value
         return pa.array(keys, pa.string())
 
