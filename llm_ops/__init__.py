@@ -8,6 +8,7 @@ Every row of a result gets one of these statuses:
 """
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
+from ._embed import llm_embed
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
 from ._progress import Progress
@@ -40,6 +41,7 @@ __all__ = [
     "default_cache_path",
     "llm_complete",
     "llm_complete_async",
+    "llm_embed",
     "open_cache",
     "request_key",
 ]

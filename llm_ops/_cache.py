@@ -80,6 +80,23 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         )
         """,
     ),
+    (
+        3,
+        "create llm_embeddings",
+        """
+        CREATE TABLE llm_embeddings (
+            key VARCHAR PRIMARY KEY,       -- "v1:" + sha256 of the canonical embedding request
+            model VARCHAR NOT NULL,
+            endpoint VARCHAR NOT NULL,
+            request JSON NOT NULL,         -- {"endpoint", "input", "model", "dimensions"?}
+            dimensions INTEGER NOT NULL,
+            embedding FLOAT[] NOT NULL,
+            prompt_tokens INTEGER,         -- the batch's usage, shared out by input length
+            latency_ms DOUBLE,             -- of the batch request that carried this input
+            created_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+        )
+        """,
+    ),
 )
 
 CACHE_COLUMNS = (
@@ -278,6 +295,46 @@ def write_answers(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             "ON CONFLICT DO NOTHING"
         )
         con.unregister("new_answers")
+
+
+EMBEDDING_COLUMNS = ("key", "model", "endpoint", "request", "dimensions", "embedding",
+                     "prompt_tokens", "latency_ms")
+_EMBEDDING_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
+        ("request", pa.string()), ("dimensions", pa.int32()),
+        ("embedding", pa.list_(pa.float32())), ("prompt_tokens", pa.int32()),
+        ("latency_ms", pa.float64()),
+    ]
+)
+
+
+def lookup_embeddings(path: Path, keys: pa.Table) -> pa.Table:
+    """Cached vectors (key, embedding) for the ``key`` column of ``keys``, in one join."""
+    if not path.exists():
+        return pa.table({"key": pa.array([], pa.string()),
+                         "embedding": pa.array([], pa.list_(pa.float32()))})
+    with connect(path) as con:
+        con.register("wanted_keys", keys)
+        result = con.sql(
+            "SELECT e.key, e.embedding FROM llm_embeddings e "
+            "SEMI JOIN wanted_keys w ON e.key = w.key"
+        ).to_arrow_table()
+        con.unregister("wanted_keys")
+    return result
+
+
+def write_embeddings(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Insert vectors; a key already present keeps its first vector."""
+    if not rows:
+        return
+    batch = pa.Table.from_pylist(list(rows), schema=_EMBEDDING_SCHEMA)
+    names = ", ".join(EMBEDDING_COLUMNS)
+    with connect(path) as con:
+        con.register("new_vectors", batch)
+        con.execute(f"INSERT INTO llm_embeddings ({names}) SELECT {names} FROM new_vectors "
+                    "ON CONFLICT DO NOTHING")
+        con.unregister("new_vectors")
 
 
 def record_run(path: Path, run: Mapping[str, Any]) -> None:

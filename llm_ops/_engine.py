@@ -47,6 +47,15 @@ class Request:
     rows: int = 1  # input rows waiting for this answer
 
 
+@dataclass(frozen=True)
+class Batch(Request):
+    """Several distinct inputs sent as one embeddings request."""
+
+    keys: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    requests_json: tuple[str, ...] = ()
+
+
 @dataclass
 class Outcome:
     """What became of one request."""
@@ -55,6 +64,7 @@ class Outcome:
     status: str  # ok | truncated | invalid | rejected | failed
     text: str | None = None
     json: str | None = None  # normalised structured answer, when a schema was asked for
+    vectors: list[list[float]] | None = None  # embeddings, one per input of a Batch
     error: str | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -152,11 +162,13 @@ def _preview(payload: bytes, limit: int = 80) -> str:
 
 
 class Dispatcher:
-    """Sends requests through one ``AsyncOpenAI`` client and reports each :class:`Outcome`.
+    """Sends chat requests through one ``AsyncOpenAI`` client; reports each :class:`Outcome`.
 
     Every attempt waits for a rate budget (:class:`RateLimiter`) and a concurrency slot
     (:class:`AdaptiveConcurrency`); retrying is decided in one place, :meth:`_attempt_loop`.
     """
+
+    path = "chat/completions"
 
     def __init__(
         self,
@@ -188,7 +200,7 @@ class Dispatcher:
             base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.timeout,
             http_client=self.http,
         )
-        self.url = f"{self.client.base_url}chat/completions"
+        self.url = f"{self.client.base_url}{self.path}"
         self.headers = {
             **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
             **self.client.auth_headers,
@@ -258,7 +270,7 @@ class Dispatcher:
             if attempt > 1:
                 self.counters.retries += 1
             try:
-                outcome = await self._attempt(request.key, messages, estimate)
+                outcome = await self._attempt(request, messages, estimate)
                 if (outcome.status == "invalid" and self.repair and not repaired
                         and attempt < self.settings.max_attempts):
                     # One repair round: show the model its answer and what was wrong with it.
@@ -289,9 +301,13 @@ class Dispatcher:
         delay = random.uniform(0, ceiling)  # full jitter
         return max(delay, retry_after) if retry_after is not None else delay
 
-    async def _attempt(self, key: str, messages: list[dict[str, str]], estimate: int) -> Outcome:
-        body = json.dumps({"model": self.model, "messages": messages, **self.params},
-                          ensure_ascii=False).encode()
+    def _body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
+        return {"model": self.model, "messages": messages, **self.params}
+
+    async def _attempt(
+        self, request: Request, messages: list[dict[str, str]], estimate: int
+    ) -> Outcome:
+        body = json.dumps(self._body(request, messages), ensure_ascii=False).encode()
         await self.limiter.admit(estimate)
         await self.concurrency.acquire()
         self.counters.sent += 1
@@ -310,7 +326,7 @@ class Dispatcher:
         self.limiter.observe(response.headers)
         if response.status_code >= 400:
             raise self._classify_status(response.status_code, payload, response.headers)
-        outcome = self._parse(key, payload)
+        outcome = self._parse(request, payload)
         self.concurrency.on_success()
         self.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
         return outcome
@@ -350,7 +366,8 @@ class Dispatcher:
         if self._aborted is None:
             self._aborted = JobAbortedError(message)
 
-    def _parse(self, key: str, payload: bytes) -> Outcome:
+    def _parse(self, request: Request, payload: bytes) -> Outcome:
+        key = request.key
         try:
             body = json.loads(payload)
             choice = body["choices"][0]
@@ -383,3 +400,35 @@ class Dispatcher:
                 outcome.status = "invalid"
                 outcome.error = _one_line(f"the answer does not match the schema: {exc}")
         return outcome
+
+
+class EmbeddingDispatcher(Dispatcher):
+    """Sends :class:`Batch` requests to ``/embeddings``; an outcome carries one vector per input.
+    """
+
+    path = "embeddings"
+
+    def estimate_tokens(self, request: Request) -> int:
+        inputs = request.inputs if isinstance(request, Batch) else ()
+        return sum(len(text) for text in inputs) // 4 + len(inputs)
+
+    def _body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
+        inputs = list(request.inputs) if isinstance(request, Batch) else []
+        return {"model": self.model, "input": inputs, **self.params}
+
+    def _parse(self, request: Request, payload: bytes) -> Outcome:
+        expected = len(request.inputs) if isinstance(request, Batch) else 0
+        try:
+            body = json.loads(payload)
+            items = sorted(body["data"], key=lambda item: item["index"])
+            vectors = [item["embedding"] for item in items]
+            usage = body.get("usage") or {}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
+        if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
+            raise _Retryable(f"the endpoint returned {len(vectors)} embeddings for {expected} "
+                             "inputs")
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.counters.prompt_tokens += prompt_tokens
+        return Outcome(key=request.key, status="ok", vectors=vectors,
+                       prompt_tokens=prompt_tokens)

@@ -91,6 +91,27 @@ def request_key(request: Mapping[str, Any]) -> str:
     return f"{KEY_VERSION}:{digest}"
 
 
+def build_embedding_request(
+    *, endpoint: str, model: str, text: str, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """An embedding request: ``{"endpoint", "input", "model", ...}``; keys never collide with
+    chat requests, which have ``messages`` instead of ``input``."""
+    request: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
+    request.update(endpoint=normalize_base_url(endpoint), model=model, input=text)
+    return request
+
+
+def embedding_key_sql(
+    *, endpoint: str, model: str, params: Mapping[str, Any]
+) -> tuple[str, list[str]]:
+    """Like :func:`key_sql`, for embedding requests over a column ``prompt``."""
+    skeleton = canonical_json(
+        build_embedding_request(endpoint=endpoint, model=model, text=_PROMPT_SLOT, params=params)
+    )
+    before, after = skeleton.split(json.dumps(_PROMPT_SLOT))
+    return "'v1:' || sha256(? || to_json(prompt) || ?)", [before, after]
+
+
 def key_sql(
     *, endpoint: str, model: str, params: Mapping[str, Any], with_system: bool
 ) -> tuple[str, list[str]]:

@@ -68,6 +68,8 @@ class SimulatorConfig:
         Answer every request with a 429 ``insufficient_quota`` error.
     quota_requests
         Run out of quota (as above) once this many requests were answered.
+    max_embedding_inputs
+        Inputs allowed in one ``/v1/embeddings`` request (OpenAI: 2048); more is a 400.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
     """
@@ -85,6 +87,7 @@ class SimulatorConfig:
     seed: int = 0
     insufficient_quota: bool = False
     quota_requests: int | None = None
+    max_embedding_inputs: int = 2048
     api_key: str | None = None
 
 
@@ -195,6 +198,19 @@ def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int
     return text
 
 
+def embed(text: str, dimensions: int = 64) -> list[float]:
+    """The simulator's embedding: a normalised hashed bag of words, so texts sharing words
+    have similar vectors (cosine similarity is the share of words in common, roughly)."""
+    vector = [0.0] * dimensions
+    for word in re.findall(r"\w+", text.lower()):
+        digest = int(hashlib.sha256(word.encode()).hexdigest()[:8], 16)
+        vector[digest % dimensions] += 1.0 if digest & 1 << 31 else -1.0
+    norm = math.sqrt(sum(v * v for v in vector))
+    if norm == 0:
+        vector[0], norm = 1.0, 1.0
+    return [v / norm for v in vector]
+
+
 def expected_reply(
     prompt: str, *, model: str, system: str | None = None, max_tokens: int | None = None
 ) -> str:
@@ -245,6 +261,8 @@ class Simulator:
         self.max_in_flight = 0
         self.completion_tokens = 0
         self.prompt_tokens = 0
+        self.embedding_requests = 0
+        self.embedding_inputs = 0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -258,6 +276,8 @@ class Simulator:
             "max_in_flight": self.max_in_flight,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "embedding_requests": self.embedding_requests,
+            "embedding_inputs": self.embedding_inputs,
             "config": asdict(self.config),
         }
 
@@ -265,6 +285,7 @@ class Simulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/_sim/stats", self.get_stats)
         app.router.add_post("/_sim/reset", self.post_reset)
         app.router.add_post("/_sim/config", self.post_config)
@@ -283,6 +304,33 @@ class Simulator:
             fields["fault_kinds"] = tuple(fields["fault_kinds"])
         self.configure(SimulatorConfig(**fields))
         return web.json_response(asdict(self.config))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        key = self.config.api_key
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            return _error(401, "Incorrect API key provided.", "invalid_request_error",
+                          "invalid_api_key")
+        try:
+            body = json.loads(await request.read())
+            inputs = body["input"]
+            inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+            dimensions = int(body.get("dimensions") or 64)
+        except (ValueError, KeyError, TypeError):
+            return _error(400, "body must be JSON with 'model' and 'input'",
+                          "invalid_request_error")
+        self.embedding_requests += 1
+        self.embedding_inputs += len(inputs)
+        if len(inputs) > self.config.max_embedding_inputs:
+            return _error(400, f"at most {self.config.max_embedding_inputs} inputs per request",
+                          "invalid_request_error")
+        tokens = sum(len(str(text).split()) for text in inputs)
+        return web.json_response({
+            "object": "list",
+            "model": body.get("model"),
+            "data": [{"object": "embedding", "index": i, "embedding": embed(str(t), dimensions)}
+                     for i, t in enumerate(inputs)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(

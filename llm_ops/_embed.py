@@ -1,0 +1,241 @@
+"""``llm_embed``: one embedding per row, batched, deduped and cached like completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import polars as pl
+
+from . import _cache
+from ._engine import Batch, EmbeddingDispatcher, Outcome, Request
+from ._job import CachePath, Job, ProgressOption, make_job
+from ._key import (
+    UPPERCASE_ESCAPE_PATTERN,
+    build_embedding_request,
+    canonical_json,
+    embedding_key_sql,
+    normalize_base_url,
+    request_key,
+)
+from ._operator import Frame, _same_kind, _schema, _to_polars
+from ._plan import STATUS_DTYPE, _memory_db
+from ._progress import TerminalDisplay, Tracker
+from ._run import make_report, raise_failed_rows, run_sync, status_counts
+from .exceptions import ConfigError, JobAbortedError
+
+
+def llm_embed(
+    df: Frame,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    cache: CachePath = None,
+    batch_size: int = 256,
+    concurrency: int = 8,
+    max_attempts: int = 5,
+    timeout: float = 60.0,
+    on_error: Literal["null", "raise"] = "null",
+    progress: ProgressOption = None,
+) -> Frame:
+    """Add an embedding of ``column`` to every row, as a fixed-size ``Float32`` array column.
+
+    Distinct texts are embedded once, many per request (``batch_size`` inputs, within the
+    endpoint's limits), and cached in the ``llm_embeddings`` table of the same cache database.
+    ``<output>_status`` and ``<output>_error`` work as for :func:`llm_ops.llm_complete`.
+
+    Parameters
+    ----------
+    df
+        A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+    column
+        The text column to embed; null rows are ``skipped``.
+    model
+        Embedding model name as the endpoint knows it.
+    output
+        Name of the vector column.
+    dimensions
+        Ask the endpoint for vectors of this size (part of the cache key).
+    batch_size
+        Inputs per request.
+    base_url, api_key, cache, concurrency, max_attempts, timeout, on_error, progress
+        As for :func:`llm_ops.llm_complete`.
+
+    Examples
+    --------
+    >>> import polars as pl
+    >>> from llm_ops import llm_embed
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> with LocalEndpoint() as endpoint:
+    ...     out = pl.DataFrame({"text": ["red dress", None]}).pipe(
+    ...         llm_embed, column="text", model="sim-embed", dimensions=8,
+    ...         base_url=endpoint.base_url, cache=False)
+    >>> out.schema["embedding"], out["embedding_status"].to_list()
+    (Array(Float32, shape=(8,)), ['ok', 'skipped'])
+    """
+    if not isinstance(column, str) or not column:
+        raise ConfigError(f"column must name the text column to embed, got {column!r}")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                   or dimensions < 1):
+        raise ConfigError(f"dimensions must be a positive integer, got {dimensions!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not batch_size >= 1:
+        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+    job = make_job(
+        _schema(df), prompt="{" + column + "}", model=model, output=output, base_url=base_url,
+        api_key=api_key, cache=cache, concurrency=concurrency, max_attempts=max_attempts,
+        timeout=timeout, on_error=on_error, progress=progress,
+    )
+    frame = _to_polars(df)
+    params = {"dimensions": dimensions} if dimensions is not None else {}
+    columns = run_sync(_run(frame, job, column, params, batch_size))
+    result: Frame = _same_kind(df, frame.hstack(columns.get_columns()))
+    return result
+
+
+def _distinct_texts(frame: pl.DataFrame, job: Job, column: str,
+                    params: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per-row keys (null for null text) and the distinct texts with their keys and counts."""
+    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt")).with_row_index("row")
+    expression, parameters = embedding_key_sql(endpoint=job.base_url, model=job.model,
+                                               params=params)
+    with _memory_db() as con:
+        con.register("texts", texts.to_arrow())
+        grouped: pl.DataFrame = con.sql(
+            f"SELECT {expression} AS key, prompt, count(*)::BIGINT AS rows, list(row) AS row_ids "
+            "FROM texts WHERE prompt IS NOT NULL GROUP BY prompt", params=parameters,
+        ).pl()
+    odd = grouped["prompt"].str.contains(UPPERCASE_ESCAPE_PATTERN)
+    if odd.any():
+        keys = grouped["key"].to_list()
+        for index in odd.arg_true().to_list():
+            keys[index] = request_key(_request(job, grouped["prompt"][index], params))
+        grouped = grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
+    members = grouped.select("key", "row_ids").explode("row_ids")
+    row_keys = (
+        pl.DataFrame({"row": pl.arange(0, frame.height, dtype=pl.UInt32, eager=True)})
+        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
+        .select("key")
+    )
+    return row_keys, grouped.select("key", "prompt", "rows")
+
+
+def _request(job: Job, text: str, params: dict[str, Any]) -> dict[str, Any]:
+    return build_embedding_request(endpoint=job.base_url, model=job.model, text=text,
+                                   params=params)
+
+
+def _batches(misses: pl.DataFrame, job: Job, params: dict[str, Any],
+             size: int) -> Iterator[Request]:
+    for number, chunk in enumerate(misses.iter_slices(size)):
+        texts = chunk["prompt"].to_list()
+        yield Batch(
+            key=f"batch-{number}", messages=[], request_json="", rows=int(chunk["rows"].sum()),
+            keys=tuple(chunk["key"].to_list()), inputs=tuple(texts),
+            requests_json=tuple(canonical_json(_request(job, t, params)) for t in texts),
+        )
+
+
+async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any],
+               batch_size: int) -> pl.DataFrame:
+    started_at, clock = datetime.now(UTC), time.perf_counter()
+    row_keys, distinct = await asyncio.to_thread(_distinct_texts, frame, job, column, params)
+    hits = pl.DataFrame(schema={"key": pl.String, "embedding": pl.List(pl.Float32)})
+    if job.cache_path is not None and distinct.height:
+        found = pl.from_arrow(_cache.lookup_embeddings(job.cache_path,
+                                                       distinct.select("key").to_arrow()))
+        assert isinstance(found, pl.DataFrame)
+        hits = found.cast({"embedding": pl.List(pl.Float32)})
+    misses = distinct.join(hits.select("key"), on="key", how="anti")
+
+    dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,
+                                     params=params, settings=job.settings)
+    tracker = Tracker(rows=frame.height, rows_settled=frame.height - int(misses["rows"].sum()),
+                      requests=-(-misses.height // batch_size), dispatcher=dispatcher)
+    answered: list[tuple[str, list[float] | None, str, str | None]] = []
+    pending: list[dict[str, Any]] = []
+    endpoint = normalize_base_url(job.base_url)
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        assert isinstance(request, Batch)
+        tracker.rows_done += request.rows
+        vectors = outcome.vectors or [None] * len(request.keys)  # type: ignore[list-item]
+        share = outcome.prompt_tokens // max(1, len(request.keys))
+        for key, vector, request_json in zip(request.keys, vectors, request.requests_json,
+                                             strict=True):
+            answered.append((key, vector, outcome.status, outcome.error))
+            if vector is not None and job.cache_path is not None:
+                pending.append({"key": key, "model": job.model, "endpoint": endpoint,
+                                "request": request_json, "dimensions": len(vector),
+                                "embedding": vector, "prompt_tokens": share,
+                                "latency_ms": outcome.latency_ms})
+        if job.cache_path is not None and len(pending) >= job.flush_every // 4:
+            batch = pending[:]
+            pending.clear()
+            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, batch)
+
+    publisher = (asyncio.create_task(tracker.publish(job.progress))
+                 if job.progress is not None else None)
+    stopped: BaseException | None = None
+    try:
+        await dispatcher.run(_batches(misses, job, params, batch_size), on_outcome)
+    except (JobAbortedError, asyncio.CancelledError) as exc:
+        stopped = exc
+    finally:
+        if publisher is not None:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+            if isinstance(job.progress, TerminalDisplay):
+                job.progress.close()
+        if job.cache_path is not None and pending:
+            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, pending)
+
+    fresh = pl.DataFrame(answered, schema={"key": pl.String, "embedding": pl.List(pl.Float32),
+                                           "status": pl.String, "error": pl.String},
+                         orient="row")
+    results = pl.concat([hits.with_columns(status=pl.lit("cached"),
+                                           error=pl.lit(None, pl.String)), fresh])
+    columns = _join_back(row_keys, results, frame, column, job)
+    report = make_report(
+        job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
+        distinct=distinct.height, cache_hits=hits.height, counters=dispatcher.counters,
+        statuses=status_counts(columns, job), stopped=stopped,
+    )
+    if job.cache_path is not None:
+        await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
+    if stopped is not None:
+        raise stopped
+    if job.on_error == "raise" and report.failed_rows:
+        raise_failed_rows(columns, job)
+    return columns
+
+
+def _join_back(row_keys: pl.DataFrame, results: pl.DataFrame, frame: pl.DataFrame, column: str,
+               job: Job) -> pl.DataFrame:
+    joined = row_keys.join(results, on="key", how="left", maintain_order="left")
+    widths = joined["embedding"].drop_nulls().list.len().unique()
+    if len(widths) > 1:
+        raise ConfigError(f"the endpoint returned vectors of different sizes {widths.to_list()}; "
+                          "pass dimensions= to fix one")
+    vector = pl.col("embedding")
+    if len(widths) == 1:
+        vector = vector.list.to_array(int(widths[0]))
+    skipped = frame[column].is_null()
+    return joined.with_columns(skipped=skipped).select(
+        vector.alias(job.output),
+        pl.when("skipped").then(pl.lit("skipped"))
+        .when(pl.col("status").is_null()).then(pl.lit("failed"))
+        .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(job.status_column),
+        pl.when("skipped").then(pl.lit(f"column {column!r} is null; row not sent"))
+        .when(pl.col("status").is_null())
+        .then(pl.lit("not sent: the job was stopped before this request was dispatched"))
+        .otherwise(pl.col("error")).alias(job.error_column),
+    )
+

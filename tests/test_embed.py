@@ -1,0 +1,51 @@
+"""llm_embed: fixed-width float32 vectors, one request per batch of distinct inputs, cached."""
+
+from __future__ import annotations
+
+import functools
+
+import polars as pl
+import pytest
+
+from llm_ops import llm_embed
+from llm_ops.testing import embed
+
+
+@pytest.fixture
+def embed_rows(endpoint, cache):
+    return functools.partial(llm_embed, column="text", model="sim-embed",
+                             base_url=endpoint.base_url, cache=cache)
+
+
+TEXTS = [f"review {i % 50}" for i in range(120)] + [None]
+
+
+def test_vectors_have_the_right_width_and_values(embed_rows):
+    out = pl.DataFrame({"text": ["red wool coat"]}).pipe(embed_rows, dimensions=16)
+    assert out.schema["embedding"] == pl.Array(pl.Float32, 16)
+    assert out["embedding"][0].to_list() == pytest.approx(embed("red wool coat", 16), rel=1e-6)
+
+
+def test_one_request_per_batch_of_distinct_inputs(embed_rows, endpoint):
+    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=20)
+    stats = endpoint.stats()
+    assert (stats["embedding_requests"], stats["embedding_inputs"]) == (3, 50)
+    assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
+        ("ok", 120), ("skipped", 1)]
+
+
+def test_a_rerun_is_served_from_the_cache(embed_rows, endpoint):
+    first = pl.DataFrame({"text": TEXTS}).pipe(embed_rows)
+    endpoint.reset()
+    again = pl.DataFrame({"text": TEXTS}).pipe(embed_rows)
+    assert endpoint.stats()["embedding_requests"] == 0
+    assert again["embedding_status"].to_list()[:3] == ["cached"] * 3
+    assert again["embedding"].to_list()[:120] == first["embedding"].to_list()[:120]
+
+
+def test_batches_over_the_endpoint_limit_fail_their_rows_not_the_job(embed_rows, endpoint):
+    endpoint.configure(max_embedding_inputs=10)
+    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=40)
+    assert set(out["embedding_status"].drop_nulls().unique()) == {"rejected", "ok", "skipped"}
+    assert "at most 10 inputs" in out.filter(
+        pl.col("embedding_status") == "rejected")["embedding_error"][0]
