@@ -25,6 +25,7 @@ import httpx2
 import openai
 
 from ._limits import AdaptiveConcurrency, RateLimiter
+from ._pack import PACK_FORMAT, pack_messages, unpack
 from ._schema import InvalidOutput
 from .exceptions import JobAbortedError
 
@@ -48,6 +49,31 @@ class Request:
 
 
 @dataclass(frozen=True)
+class Pack(Request):
+    """Up to ``rows_per_request`` distinct requests with the same system message, sent as one
+    (see :mod:`llm_ops._pack`)."""
+
+    members: tuple[Request, ...] = ()
+    system: str | None = None
+
+    def split(self) -> tuple[Request, Request]:
+        """Two halves; a half of one member is that member's ordinary request."""
+        middle = len(self.members) // 2
+        return make_pack(self.members[:middle], self.system), make_pack(
+            self.members[middle:], self.system)
+
+
+def make_pack(members: tuple[Request, ...], system: str | None) -> Request:
+    """A pack of ordinary single-row ``members`` sharing ``system``; one member is itself."""
+    if len(members) == 1:
+        return members[0]
+    prompts = [member.messages[-1]["content"] for member in members]
+    return Pack(key="pack:" + members[0].key, messages=pack_messages(system, prompts),
+                request_json="", rows=sum(m.rows for m in members), members=members,
+                system=system)
+
+
+@dataclass(frozen=True)
 class Batch(Request):
     """Several distinct inputs sent as one embeddings request."""
 
@@ -65,6 +91,7 @@ class Outcome:
     text: str | None = None
     json: str | None = None  # normalised structured answer, when a schema was asked for
     vectors: list[list[float]] | None = None  # embeddings, one per input of a Batch
+    items: list[tuple[Request, Outcome]] | None = None  # a pack's members and their outcomes
     error: str | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
@@ -96,6 +123,7 @@ class Counters:
     done: int = 0
     rate_limited: int = 0
     timeouts: int = 0
+    splits: int = 0  # packs whose answers did not match their ids, split and resent
     prompt_tokens: int = 0
     completion_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
@@ -249,9 +277,33 @@ class Dispatcher:
     def estimate_tokens(self, request: Request) -> int:
         """Admission cost: about four characters a token, plus the completion budget."""
         chars = sum(len(m["content"]) for m in request.messages)
-        return chars // 4 + 4 * len(request.messages) + self._completion_budget
+        answers = len(request.members) if isinstance(request, Pack) else 1
+        return chars // 4 + 4 * len(request.messages) + self._completion_budget * answers
 
     async def _attempt_loop(self, request: Request) -> Outcome:
+        if isinstance(request, Pack):
+            return await self._pack_loop(request)
+        return await self._request_loop(request)
+
+    async def _pack_loop(self, pack: Pack) -> Outcome:
+        """Send a pack; when its ids do not come back exactly once, split it and retry."""
+        outcome = await self._request_loop(pack)
+        if outcome.items is not None or outcome.status == "aborted":
+            return outcome
+        if outcome.status in ("ok", "truncated", "invalid"):  # answered, but not one per id
+            self.counters.splits += 1
+            items = []
+            for half in pack.split():
+                answer = await self._attempt_loop(half)
+                items += answer.items if answer.items is not None else [(half, answer)]
+            return Outcome(key=pack.key, status="ok", items=items)
+        return Outcome(key=pack.key, status=outcome.status, items=[
+            (member, Outcome(key=member.key, status=outcome.status, error=outcome.error,
+                             attempts=outcome.attempts))
+            for member in pack.members
+        ])
+
+    async def _request_loop(self, request: Request) -> Outcome:
         started = time.perf_counter()
         estimate = self.estimate_tokens(request)
         last_error = "no attempt made"
@@ -302,7 +354,12 @@ class Dispatcher:
         return max(delay, retry_after) if retry_after is not None else delay
 
     def _body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
-        return {"model": self.model, "messages": messages, **self.params}
+        body = {"model": self.model, "messages": messages, **self.params}
+        if isinstance(request, Pack):
+            body["response_format"] = PACK_FORMAT
+            if "max_tokens" in body:  # room for every member's answer, plus the JSON around it
+                body["max_tokens"] = body["max_tokens"] * len(request.members) + 16
+        return body
 
     async def _attempt(
         self, request: Request, messages: list[dict[str, str]], estimate: int
@@ -393,6 +450,18 @@ class Dispatcher:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+        if isinstance(request, Pack):
+            answers = None if truncated else unpack(text, len(request.members))
+            if answers is not None:
+                share = len(request.members)
+                outcome.items = [
+                    (member, Outcome(key=member.key, status="ok", text=answer,
+                                     finish_reason=finish_reason,
+                                     prompt_tokens=prompt_tokens // share,
+                                     completion_tokens=completion_tokens // share))
+                    for member, answer in zip(request.members, answers, strict=True)
+                ]
+            return outcome
         if self.validate is not None and not truncated:
             try:
                 outcome.json = self.validate(text)

@@ -45,6 +45,8 @@ class Job:
     progress: Callable[[Progress], None] | None
     schema: OutputSchema | None = None
     repair: bool = False
+    rows_per_request: int = 1
+    pack_tokens: int | None = None
 
     @property
     def status_column(self) -> str:
@@ -107,6 +109,8 @@ def make_job(
     progress: bool | Callable[[Progress], None] | None = False,
     schema: type[BaseModel] | Mapping[str, Any] | None = None,
     repair: bool = False,
+    rows_per_request: int = 1,
+    pack_tokens: int | None = None,
 ) -> Job:
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
@@ -160,6 +164,12 @@ def make_job(
                 "OPENAI_API_KEY (a local endpoint on 127.0.0.1 needs none)"
             )
         key = "no-key-needed"
+    _positive_int("rows_per_request", rows_per_request)
+    if pack_tokens is not None:
+        _positive_int("pack_tokens", pack_tokens)
+    if rows_per_request > 1 and structured is not None:
+        raise ConfigError("rows_per_request cannot be combined with schema= yet; use one or "
+                          "the other")
     if repair and structured is None:
         raise ConfigError("repair=True only applies to structured output; pass schema= too")
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
@@ -184,6 +194,8 @@ def make_job(
         progress=resolve_progress(progress),
         schema=structured,
         repair=repair,
+        rows_per_request=rows_per_request,
+        pack_tokens=pack_tokens,
     )
 
 

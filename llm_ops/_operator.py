@@ -63,7 +63,8 @@ def llm_complete(
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., return_report: Literal[False] = ...,
+    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
+    return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 def llm_complete(
@@ -74,7 +75,8 @@ def llm_complete(
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., return_report: Literal[True],
+    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
+    return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
     df: Frame,
@@ -103,6 +105,8 @@ def llm_complete(
     progress: ProgressOption = None,
     schema: SchemaOption = None,
     repair: bool = False,
+    rows_per_request: int = 1,
+    pack_tokens: int | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -160,6 +164,11 @@ def llm_complete(
     repair
         With ``schema``: resend an invalid answer once, with the validation error (counted as
         a retry).
+    rows_per_request, pack_tokens
+        Pack up to this many distinct requests (and about this many prompt tokens) into one
+        request whose answer lists each by id; useful where a provider prices per request.
+        Every id must come back exactly once, else the pack is split in halves and resent,
+        down to single rows, so no row gets another's answer. Answers are cached per row.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -200,7 +209,8 @@ async def llm_complete_async(
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., return_report: Literal[False] = ...,
+    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
+    return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 async def llm_complete_async(
@@ -211,7 +221,8 @@ async def llm_complete_async(
     max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., return_report: Literal[True],
+    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
+    return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
@@ -240,6 +251,8 @@ async def llm_complete_async(
     progress: ProgressOption = None,
     schema: SchemaOption = None,
     repair: bool = False,
+    rows_per_request: int = 1,
+    pack_tokens: int | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""

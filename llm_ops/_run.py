@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import polars as pl
 
 from . import _cache
-from ._engine import Counters, Dispatcher, Outcome, Request
+from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
 from ._plan import CACHEABLE, join_back, plan_frame, results_frame
@@ -83,10 +83,28 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
 
 
 def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
+    """One request per distinct miss, or packs of up to ``job.rows_per_request`` of them."""
+    if job.rows_per_request > 1:  # packs share a system message
+        misses = misses.sort("system", nulls_last=False)
+    pack: list[Request] = []
+    pack_system: str | None = None
+    pack_chars = 0
+    budget = (job.pack_tokens or 0) * 4  # about four characters a token
     for key, system, prompt, rows in misses.iter_rows():
         request = request_for(job, system, prompt)
-        yield Request(key=key, messages=request["messages"], request_json=canonical_json(request),
-                      rows=rows)
+        single = Request(key=key, messages=request["messages"],
+                         request_json=canonical_json(request), rows=rows)
+        if job.rows_per_request == 1:
+            yield single
+            continue
+        full = len(pack) >= job.rows_per_request or (budget and pack_chars + len(prompt) > budget)
+        if pack and (system != pack_system or full):
+            yield make_pack(tuple(pack), pack_system)
+            pack, pack_chars = [], 0
+        pack.append(single)
+        pack_system, pack_chars = system, pack_chars + len(prompt)
+    if pack:
+        yield make_pack(tuple(pack), pack_system)
 
 
 @dataclass
@@ -115,8 +133,9 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
-        tracker.rows_done += request.rows
-        await sink.add(request, outcome)
+        for member, answer in outcome.items or [(request, outcome)]:
+            tracker.rows_done += member.rows
+            await sink.add(member, answer)
 
     helpers = [asyncio.create_task(sink.flush_periodically())]
     if job.progress is not None:

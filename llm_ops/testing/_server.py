@@ -30,6 +30,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from .._pack import parse_pack_request
+
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
 
@@ -70,6 +72,9 @@ class SimulatorConfig:
         Run out of quota (as above) once this many requests were answered.
     max_embedding_inputs
         Inputs allowed in one ``/v1/embeddings`` request (OpenAI: 2048); more is a 400.
+    pack_drop_rate, pack_shuffle
+        For multi-row requests: the share of packs answered with one item missing, and
+        whether items come back in a shuffled order.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
     """
@@ -88,6 +93,8 @@ class SimulatorConfig:
     insufficient_quota: bool = False
     quota_requests: int | None = None
     max_embedding_inputs: int = 2048
+    pack_drop_rate: float = 0.0
+    pack_shuffle: bool = False
     api_key: str | None = None
 
 
@@ -348,6 +355,19 @@ class Simulator:
         self.by_status[response.status] += 1
         return response
 
+    def _pack_reply(self, messages: list[dict[str, Any]], items: list[str], model: str) -> str:
+        """Each item answered as its own single-row request would be."""
+        system = [m for m in messages[:1] if m.get("role") == "system"]
+        answers = [{"id": str(n), "answer": reply_for([*system, {"role": "user", "content": item}],
+                                                      model=model)[0]}
+                   for n, item in enumerate(items, 1)]
+        if self.config.pack_shuffle:
+            self._random.shuffle(answers)
+        if answers and self._random.random() < self.config.pack_drop_rate:
+            self.faults["pack_item_dropped"] += 1
+            answers.pop(self._random.randrange(len(answers)))
+        return json.dumps({"answers": answers})
+
     def _rate_headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
         if not self.config.rate_limit_headers:
@@ -432,7 +452,11 @@ class Simulator:
             messages, model=model, max_tokens=body.get("max_tokens")
         )
         response_format = body.get("response_format") or {}
-        if response_format.get("type") == "json_schema":
+        packed = parse_pack_request(text)
+        if packed is not None:
+            reply = self._pack_reply(messages, packed, model)
+            completion_tokens = len(reply.split())
+        elif response_format.get("type") == "json_schema":
             reply = structured_reply(messages, response_format["json_schema"]["schema"],
                                      broken=directives.get("invalid"))
             completion_tokens = len(reply.split())
