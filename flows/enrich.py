@@ -136,6 +136,7 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
         "retries": report.retries,
         **{f"rows {status}": n for status, n in report.statuses.items()},
         "prompt tokens": report.prompt_tokens, "completion tokens": report.completion_tokens,
+        "cost ($)": "unknown" if report.cost is None else round(report.cost, 6),
         "wall seconds": round(report.wall_seconds, 2),
     }
     return [{"figure": name, "value": value} for name, value in figures.items()]

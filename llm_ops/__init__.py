@@ -9,8 +9,10 @@ Every row of a result gets one of these statuses:
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
 from ._embed import llm_embed
+from ._estimate import Estimate, estimate
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
+from ._pricing import PRICES, Price
 from ._progress import Progress
 from ._report import STATUSES, RunReport
 from .exceptions import (
@@ -26,19 +28,23 @@ from .exceptions import (
 
 __all__ = [
     "CACHE_ENV",
+    "PRICES",
     "STATUSES",
     "CacheError",
     "CacheLockedError",
     "ConfigError",
+    "Estimate",
     "JobAbortedError",
     "LlmOpsError",
     "MissingApiKeyError",
+    "Price",
     "Progress",
     "RowsFailedError",
     "RunReport",
     "TemplateError",
     "canonical_json",
     "default_cache_path",
+    "estimate",
     "llm_complete",
     "llm_complete_async",
     "llm_embed",

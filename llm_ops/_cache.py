@@ -97,6 +97,15 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         )
         """,
     ),
+    (
+        4,
+        "add cost to llm_runs",
+        """
+        ALTER TABLE llm_runs ADD COLUMN cost DOUBLE;         -- dollars; NULL when unknown
+        ALTER TABLE llm_runs ADD COLUMN cost_saved DOUBLE;   -- by cache, dedupe and packing
+        ALTER TABLE llm_runs ADD COLUMN budget_stop VARCHAR  -- why a budget stopped sending
+        """,
+    ),
 )
 
 CACHE_COLUMNS = (

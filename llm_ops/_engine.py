@@ -26,6 +26,7 @@ import openai
 
 from ._limits import AdaptiveConcurrency, RateLimiter
 from ._pack import PACK_FORMAT, pack_messages, unpack
+from ._pricing import Budget
 from ._schema import InvalidOutput
 from .exceptions import JobAbortedError
 
@@ -119,6 +120,7 @@ class Counters:
 
     total: int = 0
     sent: int = 0
+    answered: int = 0  # attempts answered with HTTP 200: what per-request pricing bills
     retries: int = 0
     done: int = 0
     rate_limited: int = 0
@@ -208,8 +210,10 @@ class Dispatcher:
         settings: EngineSettings,
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
+        budget: Budget | None = None,
     ):
         self.settings = settings
+        self.budget = budget
         self.validate = validate
         self.repair = repair
         self.model = model
@@ -321,8 +325,16 @@ class Dispatcher:
                 return Outcome(key=request.key, status="aborted")
             if attempt > 1:
                 self.counters.retries += 1
+            expected = self._expected_tokens(request, estimate)
+            if self.budget is not None and not self.budget.reserve(*expected):
+                return Outcome(key=request.key, status="skipped", attempts=attempt - 1,
+                               error=f"not sent: the budget stopped the job "
+                                     f"({self.budget.exhausted})")
             try:
                 outcome = await self._attempt(request, messages, estimate)
+                if self.budget is not None:
+                    self.budget.settle(expected, (outcome.prompt_tokens,
+                                                  outcome.completion_tokens))
                 if (outcome.status == "invalid" and self.repair and not repaired
                         and attempt < self.settings.max_attempts):
                     # One repair round: show the model its answer and what was wrong with it.
@@ -331,11 +343,15 @@ class Dispatcher:
                     repaired = True
                     continue
             except _Retryable as exc:
+                if self.budget is not None:  # failed attempts bill no tokens
+                    self.budget.settle(expected, (0, 0))
                 last_error = str(exc)
                 if attempt < self.settings.max_attempts:
                     await asyncio.sleep(self._backoff(attempt, exc.retry_after))
                 continue
             except _Final as exc:
+                if self.budget is not None:
+                    self.budget.settle(expected, (0, 0))
                 outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
             outcome.attempts = attempt
             outcome.latency_ms = (time.perf_counter() - started) * 1000
@@ -347,6 +363,15 @@ class Dispatcher:
             attempts=self.settings.max_attempts,
             latency_ms=(time.perf_counter() - started) * 1000,
         )
+
+    def _expected_tokens(self, request: Request, estimate: int) -> tuple[int, int]:
+        """(input, output) tokens a request is projected to cost, for budgets."""
+        answers = len(request.members) if isinstance(request, Pack) else 1
+        if "max_tokens" in self.params or not self.counters.answered:
+            output = self._completion_budget * answers
+        else:  # what answers have cost so far
+            output = answers * self.counters.completion_tokens // self.counters.answered
+        return max(0, estimate - self._completion_budget * answers), output
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         ceiling = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** (attempt - 1))
@@ -438,6 +463,7 @@ class Dispatcher:
                                      f"{finish_reason!r})")
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.counters.answered += 1
         self.counters.prompt_tokens += prompt_tokens
         self.counters.completion_tokens += completion_tokens
         truncated = finish_reason == "length"
@@ -498,6 +524,7 @@ class EmbeddingDispatcher(Dispatcher):
             raise _Retryable(f"the endpoint returned {len(vectors)} embeddings for {expected} "
                              "inputs")
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.counters.answered += 1
         self.counters.prompt_tokens += prompt_tokens
         return Outcome(key=request.key, status="ok", vectors=vectors,
                        prompt_tokens=prompt_tokens)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from . import _cache
 from ._engine import EngineSettings, redact
 from ._key import build_request, messages_for, normalize_base_url
+from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, resolve_progress
 from ._schema import OutputSchema, output_schema
 from ._template import Template, check_columns, parse_template
@@ -47,7 +48,15 @@ class Job:
     repair: bool = False
     rows_per_request: int = 1
     pack_tokens: int | None = None
+    price: Price | None = None
+    max_cost: float | None = None
+    max_requests: int | None = None
+    max_tokens_total: int | None = None
 
+    def budget(self) -> Budget | None:
+        """A fresh budget for one dispatch, or ``None`` without limits."""
+        budget = Budget(self.price, self.max_cost, self.max_requests, self.max_tokens_total)
+        return budget if budget.limited else None
     @property
     def status_column(self) -> str:
         return f"{self.output}_status"
@@ -111,6 +120,10 @@ def make_job(
     repair: bool = False,
     rows_per_request: int = 1,
     pack_tokens: int | None = None,
+    pricing: PricingOption = None,
+    max_cost: float | None = None,
+    max_requests: int | None = None,
+    max_tokens_total: int | None = None,
 ) -> Job:
     if not isinstance(model, str) or not model.strip():
         raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
@@ -165,6 +178,16 @@ def make_job(
             )
         key = "no-key-needed"
     _positive_int("rows_per_request", rows_per_request)
+    for name, cap in (("max_requests", max_requests), ("max_tokens_total", max_tokens_total)):
+        if cap is not None:
+            _positive_int(name, cap)
+    price = price_for(model, pricing)
+    if max_cost is not None:
+        if isinstance(max_cost, bool) or not isinstance(max_cost, int | float) or max_cost < 0:
+            raise ConfigError(f"max_cost must be a number of dollars >= 0, got {max_cost!r}")
+        if price is None:
+            raise ConfigError(f"max_cost needs a price for model {model!r}, which has none; "
+                              "pass pricing={'" + model + "': Price(...)}")
     if pack_tokens is not None:
         _positive_int("pack_tokens", pack_tokens)
     if rows_per_request > 1 and structured is not None:
@@ -196,6 +219,10 @@ def make_job(
         repair=repair,
         rows_per_request=rows_per_request,
         pack_tokens=pack_tokens,
+        price=price,
+        max_cost=max_cost,
+        max_requests=max_requests,
+        max_tokens_total=max_tokens_total,
     )
 
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from ._job import CachePath, ProgressOption, make_job
+from ._pricing import PricingOption
 from ._report import RunReport
 from ._run import run_frame, run_sync
 from .exceptions import ConfigError
@@ -64,7 +65,8 @@ def llm_complete(
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    return_report: Literal[False] = ...,
+    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
+    max_tokens_total: int | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 def llm_complete(
@@ -76,7 +78,8 @@ def llm_complete(
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    return_report: Literal[True],
+    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
+    max_tokens_total: int | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
     df: Frame,
@@ -107,6 +110,10 @@ def llm_complete(
     repair: bool = False,
     rows_per_request: int = 1,
     pack_tokens: int | None = None,
+    pricing: PricingOption = None,
+    max_cost: float | None = None,
+    max_requests: int | None = None,
+    max_tokens_total: int | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -169,6 +176,13 @@ def llm_complete(
         request whose answer lists each by id; useful where a provider prices per request.
         Every id must come back exactly once, else the pack is split in halves and resent,
         down to single rows, so no row gets another's answer. Answers are cached per row.
+    pricing
+        A :class:`~llm_ops.Price`, or a dict of model name to Price, overriding
+        :data:`llm_ops.PRICES` for the report's cost and for ``max_cost``.
+    max_cost, max_requests, max_tokens_total
+        Stop sending once the job's projected spend (dollars, HTTP requests, tokens) would
+        pass this; rows not sent are ``skipped`` with the reason, everything answered is
+        cached, and the report's ``budget_stop`` says why.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -210,7 +224,8 @@ async def llm_complete_async(
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    return_report: Literal[False] = ...,
+    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
+    max_tokens_total: int | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 async def llm_complete_async(
@@ -222,7 +237,8 @@ async def llm_complete_async(
     flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    return_report: Literal[True],
+    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
+    max_tokens_total: int | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
@@ -253,6 +269,10 @@ async def llm_complete_async(
     repair: bool = False,
     rows_per_request: int = 1,
     pack_tokens: int | None = None,
+    pricing: PricingOption = None,
+    max_cost: float | None = None,
+    max_requests: int | None = None,
+    max_tokens_total: int | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""

@@ -21,7 +21,7 @@ from ._report import STATUSES
 STATUS_DTYPE = pl.Enum(STATUSES)
 CACHEABLE = frozenset({"ok", "truncated"})
 RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "json": pl.String, "status": pl.String,
-                 "error": pl.String}
+                 "error": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64}
 ANSWERED = ("ok", "cached", "truncated")
 
 
@@ -129,6 +129,8 @@ def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFr
         pl.when(pl.col("status") == "truncated")
         .then(pl.lit(f"{TRUNCATED_MESSAGE} (from the cache)"))
         .otherwise(pl.lit(None, dtype=pl.String)).alias("error"),
+        pl.col("prompt_tokens").cast(pl.Int64),
+        pl.col("completion_tokens").cast(pl.Int64),
     )
 
 
@@ -143,6 +145,8 @@ def results_frame(hits: pl.DataFrame, outcomes: list[Outcome]) -> pl.DataFrame:
             "json": [o.json for o in outcomes],
             "status": [o.status for o in outcomes],
             "error": [o.error for o in outcomes],
+            "prompt_tokens": [o.prompt_tokens for o in outcomes],
+            "completion_tokens": [o.completion_tokens for o in outcomes],
         },
         schema=RESULT_SCHEMA,
     )

@@ -52,7 +52,15 @@ class RunReport:
     wall_seconds
         Time from the call to the answer, planning and cache writes included.
     outcome
-        ``"completed"`` or ``"aborted"`` (the endpoint stopped the job).
+        ``"completed"``, ``"aborted"`` (the endpoint stopped the job) or ``"interrupted"``.
+    cost
+        Dollars spent by this job under the model's price; ``None`` when the price is unknown.
+    cost_saved
+        What the cache, dedupe and packing saved: the cost of one request per row, minus
+        ``cost``; ``None`` when unknown.
+    budget_stop
+        Why a budget (``max_cost``, ``max_requests``, ``max_tokens_total``) stopped sending;
+        the rows not sent are ``skipped``.
     """
 
     run_id: str
@@ -71,6 +79,9 @@ class RunReport:
     wall_seconds: float = 0.0
     outcome: str = "completed"
     error: str | None = None
+    cost: float | None = None
+    cost_saved: float | None = None
+    budget_stop: str | None = None
 
     @property
     def failed_rows(self) -> int:
@@ -90,9 +101,16 @@ class RunReport:
             f"  cache hits         {self.cache_hits:>10,}",
             f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
             f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}",
+            f"  cost               {_dollars(self.cost):>10}  (saved {_dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
             f"  rows by status     {statuses}",
         ]
+        if self.budget_stop:
+            lines.append(f"  budget stop        {self.budget_stop}")
         if self.error:
             lines.append(f"  error              {self.error}")
         return "\n".join(lines)
+
+
+def _dollars(amount: float | None) -> str:
+    return "unknown" if amount is None else f"${amount:,.4f}"

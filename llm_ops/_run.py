@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import sys
 import time
 import uuid
@@ -19,6 +20,7 @@ from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
 from ._plan import CACHEABLE, join_back, plan_frame, results_frame
+from ._pricing import cost_or_none
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
 from .exceptions import JobAbortedError, RowsFailedError
@@ -115,6 +117,7 @@ class Dispatched:
     outcomes: list[Outcome]
     counters: Counters
     stopped: BaseException | None
+    budget_stop: str | None = None
 
 
 async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: int) -> Dispatched:
@@ -126,7 +129,7 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     dispatcher = Dispatcher(
         base_url=job.base_url, api_key=job.api_key, model=job.model, params=job.params,
         settings=job.settings, validate=job.schema.validate if job.schema else None,
-        repair=job.repair,
+        repair=job.repair, budget=job.budget(),
     )
     tracker = Tracker(
         rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher
@@ -153,12 +156,15 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
         if isinstance(job.progress, TerminalDisplay):
             job.progress.close()
         await sink.flush()
-    return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped)
+    budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
+    return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped,
+                      budget_stop=budget_stop)
 
 
 def make_report(
     job: Job, *, started_at: datetime, wall_seconds: float, rows: int, distinct: int,
     cache_hits: int, counters: Counters, statuses: dict[str, int], stopped: BaseException | None,
+    cost_saved: float | None = None, budget_stop: str | None = None,
 ) -> RunReport:
     """The run report of a finished (or stopped) job."""
     if stopped is None:
@@ -182,7 +188,27 @@ def make_report(
         wall_seconds=wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
+        cost=cost_or_none(job.price, requests=counters.answered,
+                          input_tokens=counters.prompt_tokens,
+                          output_tokens=counters.completion_tokens),
+        cost_saved=cost_saved,
+        budget_stop=budget_stop,
     )
+
+
+def cost_without_savings(job: Job, distinct: pl.DataFrame, results: pl.DataFrame) -> float | None:
+    """What one request per row would have cost: no cache, no dedupe, no packing."""
+    if job.price is None:
+        return None
+    per_key = distinct.select("key", "rows").join(
+        results.select("key", "prompt_tokens", "completion_tokens"), on="key")
+    totals = per_key.select(
+        pl.col("rows").sum().alias("requests"),
+        (pl.col("rows") * pl.col("prompt_tokens")).sum().alias("input"),
+        (pl.col("rows") * pl.col("completion_tokens")).sum().alias("output"),
+    ).row(0)
+    return job.price.cost(requests=int(totals[0] or 0), input_tokens=int(totals[1] or 0),
+                          output_tokens=int(totals[2] or 0))
 
 
 def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
@@ -208,7 +234,11 @@ async def run_frame(
         job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
         distinct=plan.distinct.height, cache_hits=plan.hits.height, counters=done.counters,
         statuses=status_counts(columns, job), stopped=done.stopped,
+        budget_stop=done.budget_stop,
     )
+    without = cost_without_savings(job, plan.distinct, results)
+    if without is not None and report.cost is not None:
+        report = dataclasses.replace(report, cost_saved=round(max(0.0, without - report.cost), 10))
     if record and job.cache_path is not None:
         await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
     if done.stopped is not None:

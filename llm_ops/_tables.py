@@ -217,6 +217,8 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
         "json",
         pl.coalesce("status_run", "status").alias("status"),
         pl.coalesce("error_run", "error").alias("error"),
+        "prompt_tokens",
+        "completion_tokens",
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
 
 

@@ -20,6 +20,7 @@ import polars as pl
 
 from . import _cache
 from ._job import Job, ProgressOption, make_job
+from ._pricing import cost_or_none, price_for
 from ._tables import input_files, input_schema, plan_table, run_table
 from .exceptions import ConfigError, LlmOpsError
 from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
@@ -179,16 +180,27 @@ def _estimate(args: argparse.Namespace) -> int:
                 (pl.col("prompt").str.len_chars() + pl.col("system").str.len_chars()
                  .fill_null(0)).sum()
             ).collect().item())
-    output_bound = (f"{plan.misses * args.max_tokens:,}" if args.max_tokens
+    input_tokens = chars // 4 + 4 * plan.misses * (2 if args.system else 1)
+    output_max = plan.misses * args.max_tokens if args.max_tokens else None
+    output_bound = (f"{output_max:,}" if output_max is not None
                     else "unbounded (set --max-tokens for a bound)")
+    price = price_for(args.model)
+    low = cost_or_none(price, requests=plan.misses, input_tokens=input_tokens, output_tokens=0)
+    high = None if output_max is None else cost_or_none(
+        price, requests=plan.misses, input_tokens=input_tokens, output_tokens=output_max)
     print(f"rows                 {plan.rows:>12,}")
     print(f"rows skipped (null)  {plan.skipped:>12,}")
     print(f"distinct requests    {plan.distinct:>12,}")
     print(f"cache hits           {plan.cache_hits:>12,}")
     print(f"requests to send     {plan.misses:>12,}")
-    print(f"input tokens (est.)  {chars // 4:>12,}   (about 4 characters a token)")
+    print(f"input tokens (est.)  {input_tokens:>12,}   (about 4 characters a token)")
     print(f"output tokens (max)  {output_bound:>12}")
+    print(f"cost                 {_money(low)} to {_money(high)}")
     return 0
+
+
+def _money(amount: float | None) -> str:
+    return "unknown" if amount is None else f"${amount:,.4f}"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,136 @@
+"""Prices, cost estimates and spending limits.
+
+Providers price in two ways: per token (input, output and often a cheaper cached-input price,
+in dollars per million tokens) or per request (a flat fee per call). :data:`PRICES` holds list
+prices for common models; pass ``pricing=`` to add or override models. A model without a price
+has an *unknown* cost, never a zero one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class Price:
+    """What a model costs: dollars per million tokens, and/or dollars per request.
+
+    Examples
+    --------
+    >>> Price(input_per_million=0.15, output_per_million=0.60).cost(
+    ...     requests=10, input_tokens=2_000_000, output_tokens=1_000_000)
+    0.9
+    >>> Price(per_request=0.002).cost(requests=500, input_tokens=10**9, output_tokens=0)
+    1.0
+    """
+
+    input_per_million: float = 0.0
+    output_per_million: float = 0.0
+    cached_input_per_million: float | None = None
+    per_request: float = 0.0
+
+    def cost(self, *, requests: int, input_tokens: int, output_tokens: int,
+             cached_input_tokens: int = 0) -> float:
+        """Dollars for this many requests and tokens."""
+        cached_rate = (self.input_per_million if self.cached_input_per_million is None
+                       else self.cached_input_per_million)
+        total = (
+            self.per_request * requests
+            + self.input_per_million * (input_tokens - cached_input_tokens) / 1e6
+            + cached_rate * cached_input_tokens / 1e6
+            + self.output_per_million * output_tokens / 1e6
+        )
+        return round(total, 10)
+
+
+# List prices in US dollars (OpenAI, 2025); check your provider's page and override with
+# pricing= when they differ. "sim" is the local simulator, priced like gpt-4o-mini so that
+# demos show realistic figures.
+PRICES: dict[str, Price] = {
+    "gpt-4o-mini": Price(0.15, 0.60, 0.075),
+    "gpt-4o": Price(2.50, 10.00, 1.25),
+    "gpt-4.1": Price(2.00, 8.00, 0.50),
+    "gpt-4.1-mini": Price(0.40, 1.60, 0.10),
+    "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
+    "text-embedding-3-small": Price(0.02),
+    "text-embedding-3-large": Price(0.13),
+    "sim": Price(0.15, 0.60, 0.075),
+    "sim-embed": Price(0.02),
+}
+
+PricingOption = Price | Mapping[str, Price] | None
+
+
+def price_for(model: str, pricing: PricingOption = None) -> Price | None:
+    """The price of ``model``: from ``pricing`` (a Price, or a table), else :data:`PRICES`."""
+    if isinstance(pricing, Price):
+        return pricing
+    if pricing is not None:
+        if not isinstance(pricing, Mapping) or not all(
+            isinstance(p, Price) for p in pricing.values()
+        ):
+            raise ConfigError("pricing must be a Price or a dict of model name to Price, e.g. "
+                              "{'my-model': Price(input_per_million=0.5, output_per_million=1.5)}")
+        if model in pricing:
+            return pricing[model]
+    return PRICES.get(model)
+
+
+def cost_or_none(price: Price | None, *, requests: int, input_tokens: int,
+                 output_tokens: int) -> float | None:
+    """:meth:`Price.cost`, or ``None`` when the price is unknown."""
+    if price is None:
+        return None
+    return price.cost(requests=requests, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+@dataclass
+class Budget:
+    """Spending limits of one job; a request is only sent if its projected cost still fits."""
+
+    price: Price | None
+    max_cost: float | None = None
+    max_requests: int | None = None
+    max_tokens_total: int | None = None
+    spent_cost: float = 0.0
+    spent_requests: int = 0
+    spent_tokens: int = 0
+    exhausted: str | None = None  # why sending stopped
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.max_cost, self.max_requests,
+                                           self.max_tokens_total))
+
+    def reserve(self, input_tokens: int, output_tokens: int) -> bool:
+        """Count one request of about this size against the limits, if it fits."""
+        if self.exhausted is not None:
+            return False
+        cost = cost_or_none(self.price, requests=1, input_tokens=input_tokens,
+                            output_tokens=output_tokens) or 0.0
+        tokens = input_tokens + output_tokens
+        if self.max_requests is not None and self.spent_requests + 1 > self.max_requests:
+            self.exhausted = f"max_requests={self.max_requests} reached"
+        elif self.max_tokens_total is not None and (
+                self.spent_tokens + tokens > self.max_tokens_total):
+            self.exhausted = f"max_tokens_total={self.max_tokens_total:,} would be exceeded"
+        elif self.max_cost is not None and self.spent_cost + cost > self.max_cost + 1e-9:
+            self.exhausted = f"max_cost=${self.max_cost:g} would be exceeded"
+        if self.exhausted is not None:
+            return False
+        self.spent_requests += 1
+        self.spent_tokens += tokens
+        self.spent_cost += cost
+        return True
+
+    def settle(self, estimated: tuple[int, int], actual: tuple[int, int]) -> None:
+        """Replace a reservation's estimate with what ``usage`` reported."""
+        self.spent_tokens += sum(actual) - sum(estimated)
+        if self.price is not None:
+            self.spent_cost += (
+                self.price.cost(requests=0, input_tokens=actual[0], output_tokens=actual[1])
+                - self.price.cost(requests=0, input_tokens=estimated[0],
+                                  output_tokens=estimated[1]))
