@@ -18,7 +18,8 @@ def _query(path, sql):
 def test_migrations_are_numbered_and_recorded(complete, cache):
     DF.pipe(complete, prompt="{text}")
     assert _query(cache, "SELECT version, name FROM llm_ops_migrations ORDER BY 1") == [
-        (1, "create llm_cache"), (2, "create llm_runs"), (3, "create llm_embeddings")]
+        (1, "create llm_cache"), (2, "create llm_runs"), (3, "create llm_embeddings"),
+        (4, "add cost to llm_runs")]
 
 
 def test_every_run_is_recorded(complete, cache):

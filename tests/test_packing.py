@@ -23,8 +23,7 @@ def test_packs_cut_requests_by_about_k(complete, endpoint):
 
 def test_shuffled_and_dropped_items_never_cross_rows(complete, endpoint):
     endpoint.configure(pack_shuffle=True, pack_drop_rate=0.5, seed=3)
-    out, report = pl.DataFrame({"text": TEXTS}).pipe(
-        complete, prompt="{text}", rows_per_request=16, return_report=True)
+    out = pl.DataFrame({"text": TEXTS}).pipe(complete, prompt="{text}", rows_per_request=16)
     assert out["completion"].to_list() == _expected()
     assert out["completion_status"].to_list() == ["ok"] * 64
     assert endpoint.stats()["faults"]["pack_item_dropped"] > 0
