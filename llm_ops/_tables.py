@@ -29,7 +29,6 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from . import _cache
@@ -68,12 +67,13 @@ def input_schema(files: list[Path]) -> pl.Schema:
 
 def iter_batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
     """The input as Polars frames of at most ``batch_rows`` rows, in file and row order."""
-    dataset = ds.dataset([str(f) for f in files], format="parquet")
-    for batch in dataset.to_batches(batch_size=batch_rows):
-        if batch.num_rows:
-            frame = pl.from_arrow(pa.Table.from_batches([batch]))
-            assert isinstance(frame, pl.DataFrame)
-            yield frame
+    for file in files:
+        # One batch at a time: a dataset scanner would read ahead many batches.
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
+            if batch.num_rows:
+                frame = pl.from_arrow(pa.Table.from_batches([batch]))
+                assert isinstance(frame, pl.DataFrame)
+                yield frame
 
 
 @dataclass
