@@ -279,13 +279,17 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 def lookup(path: Path, keys: pa.Table) -> pa.Table:
     """Cached answers for the ``key`` column of ``keys``: one join, not one query per key."""
+    return _rows_for_keys(path, "llm_cache", _CACHE_SCHEMA, keys)
+
+
+def _rows_for_keys(path: Path, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
     if not path.exists():
-        return _CACHE_SCHEMA.empty_table()
+        return schema.empty_table()
+    columns = ", ".join(f"t.{name}" for name in schema.names)
     with connect(path) as con:
         con.register("wanted_keys", keys)
-        columns = ", ".join(f"c.{name}" for name in CACHE_COLUMNS)
         result = con.sql(
-            f"SELECT {columns} FROM llm_cache c SEMI JOIN wanted_keys w ON c.key = w.key"
+            f"SELECT {columns} FROM {table} t SEMI JOIN wanted_keys w ON t.key = w.key"
         ).to_arrow_table()
         con.unregister("wanted_keys")
     return result
@@ -319,18 +323,8 @@ _EMBEDDING_SCHEMA = pa.schema(
 
 
 def lookup_embeddings(path: Path, keys: pa.Table) -> pa.Table:
-    """Cached vectors (key, embedding) for the ``key`` column of ``keys``, in one join."""
-    if not path.exists():
-        return pa.table({"key": pa.array([], pa.string()),
-                         "embedding": pa.array([], pa.list_(pa.float32()))})
-    with connect(path) as con:
-        con.register("wanted_keys", keys)
-        result = con.sql(
-            "SELECT e.key, e.embedding FROM llm_embeddings e "
-            "SEMI JOIN wanted_keys w ON e.key = w.key"
-        ).to_arrow_table()
-        con.unregister("wanted_keys")
-    return result
+    """Cached vectors for the ``key`` column of ``keys``, in one join."""
+    return _rows_for_keys(path, "llm_embeddings", _EMBEDDING_SCHEMA, keys)
 
 
 def write_embeddings(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -14,7 +14,6 @@ from . import _cache
 from ._engine import Batch, EmbeddingDispatcher, Outcome, Request
 from ._job import CachePath, Job, ProgressOption, make_job
 from ._key import (
-    UPPERCASE_ESCAPE_PATTERN,
     build_embedding_request,
     canonical_json,
     embedding_key_sql,
@@ -22,7 +21,7 @@ from ._key import (
     request_key,
 )
 from ._operator import Frame, _same_kind, _schema, _to_polars
-from ._plan import STATUS_DTYPE, _memory_db
+from ._plan import STATUS_DTYPE, group_and_key
 from ._progress import TerminalDisplay, Tracker
 from ._run import make_report, raise_failed_rows, run_sync, status_counts
 from .exceptions import ConfigError, JobAbortedError
@@ -103,26 +102,13 @@ def llm_embed(
 def _distinct_texts(frame: pl.DataFrame, job: Job, column: str,
                     params: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per-row keys (null for null text) and the distinct texts with their keys and counts."""
-    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt")).with_row_index("row")
+    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt"),
+                         pl.lit(None, dtype=pl.String).alias("system"))
     expression, parameters = embedding_key_sql(endpoint=job.base_url, model=job.model,
                                                params=params)
-    with _memory_db() as con:
-        con.register("texts", texts.to_arrow())
-        grouped: pl.DataFrame = con.sql(
-            f"SELECT {expression} AS key, prompt, count(*)::BIGINT AS rows, list(row) AS row_ids "
-            "FROM texts WHERE prompt IS NOT NULL GROUP BY prompt", params=parameters,
-        ).pl()
-    odd = grouped["prompt"].str.contains(UPPERCASE_ESCAPE_PATTERN)
-    if odd.any():
-        keys = grouped["key"].to_list()
-        for index in odd.arg_true().to_list():
-            keys[index] = request_key(_request(job, grouped["prompt"][index], params))
-        grouped = grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
-    members = grouped.select("key", "row_ids").explode("row_ids")
-    row_keys = (
-        pl.DataFrame({"row": pl.arange(0, frame.height, dtype=pl.UInt32, eager=True)})
-        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
-        .select("key")
+    row_keys, grouped = group_and_key(
+        texts, expression, parameters,
+        lambda _, text: request_key(_request(job, text, params)), with_system=False,
     )
     return row_keys, grouped.select("key", "prompt", "rows")
 
@@ -152,7 +138,7 @@ async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any
         found = pl.from_arrow(_cache.lookup_embeddings(job.cache_path,
                                                        distinct.select("key").to_arrow()))
         assert isinstance(found, pl.DataFrame)
-        hits = found.cast({"embedding": pl.List(pl.Float32)})
+        hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
     misses = distinct.join(hits.select("key"), on="key", how="anti")
 
     dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,

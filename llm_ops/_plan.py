@@ -6,6 +6,7 @@ larger input, so the same functions serve ``llm_complete`` and the streaming flo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,20 +56,10 @@ def key_rows(frame: pl.DataFrame, job: Job) -> Keyed:
         endpoint=job.base_url, model=job.model, params=job.params,
         with_system=job.system is not None,
     )
-    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if job.system else "")
-    with _memory_db() as con:
-        con.register("texts", texts.with_row_index("row").to_arrow())
-        grouped: pl.DataFrame = con.sql(
-            f"SELECT {expression} AS key, system, prompt, count(*)::BIGINT AS rows, "
-            f"list(row) AS row_ids FROM texts WHERE {sendable} GROUP BY system, prompt",
-            params=parameters,
-        ).pl()
-    grouped = _fix_escaped_keys(grouped, job)
-    members = grouped.select("key", "row_ids").explode("row_ids")
-    row_keys = (
-        pl.DataFrame({"row": pl.arange(0, frame.height, dtype=pl.UInt32, eager=True)})
-        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
-        .select("key")
+    row_keys, grouped = group_and_key(
+        texts, expression, parameters,
+        lambda system, prompt: request_key(request_for(job, system, prompt)),
+        with_system=job.system is not None,
     )
     referenced = [*job.prompt.columns, *(job.system.columns if job.system else ())]
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
@@ -81,8 +72,46 @@ def key_rows(frame: pl.DataFrame, job: Job) -> Keyed:
     return Keyed(
         rows=pl.concat([row_keys, frame.select(skip_reason.alias("skip_reason"))],
                        how="horizontal"),
-        distinct=grouped.select("key", "system", "prompt", "rows"),
+        distinct=grouped,
     )
+
+
+def group_and_key(
+    texts: pl.DataFrame, expression: str, parameters: list[str],
+    reference_key: Callable[[str | None, str], str], *, with_system: bool,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Dedupe ``texts`` (columns system, prompt) in DuckDB and key each distinct pair once.
+
+    Returns the per-row keys (null where a needed text is null: such rows are not sent) and
+    the distinct requests (key, system, prompt, rows). ``reference_key`` recomputes the rare
+    keys DuckDB's JSON escaping gets wrong (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
+    """
+    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if with_system else "")
+    with _memory_db() as con:
+        con.register("texts", texts.with_row_index("row").to_arrow())
+        grouped: pl.DataFrame = con.sql(
+            f"SELECT {expression} AS key, system, prompt, count(*)::BIGINT AS rows, "
+            f"list(row) AS row_ids FROM texts WHERE {sendable} GROUP BY system, prompt",
+            params=parameters,
+        ).pl()
+    odd = grouped.select(
+        pl.any_horizontal(
+            pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
+            pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
+        ).fill_null(False)
+    ).to_series()
+    if odd.any():
+        keys = grouped["key"].to_list()
+        for index in odd.arg_true().to_list():
+            keys[index] = reference_key(grouped["system"][index], grouped["prompt"][index])
+        grouped = grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
+    members = grouped.select("key", "row_ids").explode("row_ids")
+    row_keys = (
+        pl.DataFrame({"row": pl.arange(0, texts.height, dtype=pl.UInt32, eager=True)})
+        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
+        .select("key")
+    )
+    return row_keys, grouped.select("key", "system", "prompt", "rows")
 
 
 def plan_frame(frame: pl.DataFrame, job: Job) -> Plan:
@@ -95,23 +124,6 @@ def plan_frame(frame: pl.DataFrame, job: Job) -> Plan:
 
 def _memory_db() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=_cache.NO_EXTENSION_DOWNLOADS)
-
-
-def _fix_escaped_keys(grouped: pl.DataFrame, job: Job) -> pl.DataFrame:
-    """Recompute, with the reference implementation, keys of texts DuckDB escapes differently."""
-    odd = grouped.select(
-        pl.any_horizontal(
-            pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
-            pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
-        ).fill_null(False)
-    ).to_series()
-    if not odd.any():
-        return grouped
-    keys = grouped["key"].to_list()
-    for index in odd.arg_true().to_list():
-        system, prompt = grouped["system"][index], grouped["prompt"][index]
-        keys[index] = request_key(request_for(job, system, prompt))
-    return grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
 
 
 def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:
