@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -125,6 +126,7 @@ _CACHE_SCHEMA = pa.schema(
 
 # Files (path, inode) this process has brought up to date: checking on every flush costs ms.
 _MIGRATED: set[tuple[Path, int]] = set()
+_IN_PROCESS = threading.RLock()
 
 
 def default_cache_path() -> Path:
@@ -210,20 +212,26 @@ def _open_retrying(
 def connect(
     path: Path, *, read_only: bool = False, lock_timeout: float = 30.0
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection to the cache file, migrated, retried while another holds it."""
+    """A short-lived connection to the cache file, migrated, retried while another holds it.
+
+    Connections of this process are taken one at a time: DuckDB shares one database instance
+    per file within a process, and a thread opening it while another thread's close tears it
+    down gets a half-initialised connection.
+    """
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-    con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
-    try:
-        identity = (path, path.stat().st_ino)  # DuckDB has created the file by now
-        if not read_only and identity not in _MIGRATED:
-            migrate(con)
-            _MIGRATED.add(identity)
-        yield con
-    except duckdb.Error as exc:
-        raise CacheError(f"cache {path}: {exc}") from exc
-    finally:
-        con.close()
+    with _IN_PROCESS:
+        con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
+        try:
+            identity = (path, path.stat().st_ino)  # DuckDB has created the file by now
+            if not read_only and identity not in _MIGRATED:
+                migrate(con)
+                _MIGRATED.add(identity)
+            yield con
+        except duckdb.Error as exc:
+            raise CacheError(f"cache {path}: {exc}") from exc
+        finally:
+            con.close()
 
 
 @contextmanager

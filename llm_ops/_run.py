@@ -42,6 +42,7 @@ class AnswerSink:
         self.outcomes: list[Outcome] = []
         self._pending: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
+        self._writing: asyncio.Future[None] | None = None
         self._endpoint = normalize_base_url(job.base_url)
 
     async def add(self, request: Request, outcome: Outcome) -> None:
@@ -63,9 +64,15 @@ class AnswerSink:
 
     async def flush(self) -> None:
         async with self._lock:
+            if self._writing is not None:  # a cancelled flush's write may still be running
+                await asyncio.shield(self._writing)
+                self._writing = None
             batch, self._pending = self._pending, []
             if batch and self.job.cache_path is not None:
-                await asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch)
+                self._writing = asyncio.ensure_future(
+                    asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch))
+                await asyncio.shield(self._writing)
+                self._writing = None
 
     async def flush_periodically(self) -> None:
         while True:
