@@ -31,10 +31,10 @@ T = TypeVar("T")
 class AnswerSink:
     """Collects outcomes and writes cacheable answers through to the cache in batches.
 
-    A full batch makes the worker that filled it wait for the write, so a worker never has a
-    new request in flight while more than ``flush_every`` answers are unwritten: a crash loses
-    at most ``concurrency + flush_every`` paid answers. :meth:`flush_periodically` bounds
-    how long an answer waits when answers trickle in.
+    Once ``flush_every`` answers are unwritten (pending, or in a write not yet committed), the
+    worker that adds another waits for the write before it sends again, so a crash loses at
+    most ``concurrency + flush_every`` paid answers. :meth:`flush_periodically` bounds how
+    long an answer waits when answers trickle in.
     """
 
     def __init__(self, job: Job):
@@ -43,6 +43,7 @@ class AnswerSink:
         self._pending: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
         self._writing: asyncio.Future[None] | None = None
+        self._in_write = 0  # answers in the write under way
         self._endpoint = normalize_base_url(job.base_url)
 
     async def add(self, request: Request, outcome: Outcome) -> None:
@@ -59,20 +60,21 @@ class AnswerSink:
                 "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
             }
         )
-        if len(self._pending) >= self.job.flush_every:
+        if len(self._pending) + self._in_write >= self.job.flush_every:
             await self.flush()
 
     async def flush(self) -> None:
         async with self._lock:
             if self._writing is not None:  # a cancelled flush's write may still be running
                 await asyncio.shield(self._writing)
-                self._writing = None
+                self._writing, self._in_write = None, 0
             batch, self._pending = self._pending, []
             if batch and self.job.cache_path is not None:
                 self._writing = asyncio.ensure_future(
                     asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch))
+                self._in_write = len(batch)
                 await asyncio.shield(self._writing)
-                self._writing = None
+                self._writing, self._in_write = None, 0
 
     async def flush_periodically(self) -> None:
         while True:
