@@ -40,6 +40,7 @@ from llm_ops._engine import Counters
 from llm_ops._job import Job, make_job
 from llm_ops._tables import (
     TablePlan,
+    Written,
     finish_report,
     input_files,
     input_schema,
@@ -122,7 +123,7 @@ def send_chunk(config: EnrichConfig, chunk: str, number: int) -> Counters:
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)
-def write_output(config: EnrichConfig) -> dict[str, int]:
+def write_output(config: EnrichConfig) -> Written:
     files, job = build_job(config)
     return write_table(job, files, Path(config.output), config.work_dir,
                        batch_rows=config.batch_rows)
@@ -137,6 +138,8 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
         **{f"rows {status}": n for status, n in report.statuses.items()},
         "prompt tokens": report.prompt_tokens, "completion tokens": report.completion_tokens,
         "cost ($)": "unknown" if report.cost is None else round(report.cost, 6),
+        "saved by cache and dedupe ($)": (
+            "unknown" if report.cost_saved is None else round(report.cost_saved, 6)),
         "wall seconds": round(report.wall_seconds, 2),
     }
     return [{"figure": name, "value": value} for name, value in figures.items()]
@@ -164,8 +167,8 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
         logger.info("chunk %d/%d done: %d requests sent so far", number, len(plan.chunks),
                     counters.sent)
 
-    statuses = write_output(config)
-    report = finish_report(job, plan, counters, statuses, started_at=started_at,
+    written = write_output(config)
+    report = finish_report(job, plan, counters, written, started_at=started_at,
                            wall_seconds=time.perf_counter() - clock)
     create_table_artifact(report_table(report), key="enrich-report",
                           description=f"llm-ops run {report.run_id}: {config.input}")

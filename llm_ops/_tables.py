@@ -17,6 +17,7 @@ Memory is bounded by the batch size and the chunk size, not by the table.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -42,7 +43,7 @@ from ._plan import (
     lookup_answers,
 )
 from ._report import RunReport
-from ._run import dispatch, make_report, run_sync
+from ._run import cost_without_savings, dispatch, make_report, run_sync
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
@@ -174,10 +175,19 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
     return done.counters
 
 
+@dataclass
+class Written:
+    """What :func:`write_table` wrote: rows per status, and what one request per row would
+    have cost (``None`` without a price), for the report's savings."""
+
+    statuses: dict[str, int]
+    cost_without_savings: float | None
+
+
 def write_table(
     job: Job, files: list[Path], output: Path, work_dir: Path, *, batch_rows: int
-) -> dict[str, int]:
-    """Write the input plus the answer, status and error columns; returns rows per status."""
+) -> Written:
+    """Write the input plus the answer, status and error columns."""
     outcome_files = sorted(work_dir.glob("chunk-*.results.parquet"))
     fresh = (
         pl.read_parquet(outcome_files) if outcome_files else pl.DataFrame(schema=_OUTCOME_SCHEMA)
@@ -185,6 +195,7 @@ def write_table(
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     counts: dict[str, int] = {}
+    without: float | None = 0.0 if job.price is not None else None
     writer: pq.ParquetWriter | None = None
     try:
         for batch in iter_batches(files, batch_rows):
@@ -193,6 +204,8 @@ def write_table(
             results = _batch_results(lookup_answers(job.cache_path, wanted),
                                      wanted.join(fresh, on="key"))
             columns = join_back(keyed.rows, results, job)
+            if without is not None:
+                without += cost_without_savings(job, keyed.distinct, results) or 0.0
             for status, n in columns[job.status_column].value_counts().iter_rows():
                 counts[str(status)] = counts.get(str(status), 0) + int(n)
             table = batch.hstack(columns.get_columns()).to_arrow()
@@ -205,7 +218,7 @@ def write_table(
     if writer is None:
         raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
     partial.replace(output)
-    return counts
+    return Written(statuses=counts, cost_without_savings=without)
 
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
@@ -223,15 +236,18 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
 
 
 def finish_report(
-    job: Job, plan: TablePlan, counters: Counters, statuses: dict[str, int], *,
+    job: Job, plan: TablePlan, counters: Counters, written: Written, *,
     started_at: datetime, wall_seconds: float,
 ) -> RunReport:
     """The report of a table job, recorded in ``llm_runs``."""
     report = make_report(
         job, started_at=started_at, wall_seconds=wall_seconds, rows=plan.rows,
         distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
-        statuses=statuses, stopped=None,
+        statuses=written.statuses, stopped=None,
     )
+    if report.cost is not None and written.cost_without_savings is not None:
+        saved = max(0.0, written.cost_without_savings - report.cost)
+        report = dataclasses.replace(report, cost_saved=round(saved, 10))
     assert job.cache_path is not None  # plan_table refuses to run without a cache
     _cache.record_run(job.cache_path, report.as_dict())
     return report
@@ -247,7 +263,7 @@ def run_table(
     counters = Counters()
     for chunk in plan.chunks:
         counters.add(run_chunk(job, chunk))
-    statuses = write_table(job, files, output, work_dir, batch_rows=batch_rows)
+    written = write_table(job, files, output, work_dir, batch_rows=batch_rows)
     shutil.rmtree(work_dir, ignore_errors=True)
-    return finish_report(job, plan, counters, statuses, started_at=started_at,
+    return finish_report(job, plan, counters, written, started_at=started_at,
                          wall_seconds=time.perf_counter() - clock)

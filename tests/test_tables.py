@@ -7,7 +7,7 @@ import pytest
 
 from flows.enrich import EnrichConfig, build_job
 from llm_ops import ConfigError
-from llm_ops._tables import input_files, plan_table, run_chunk, write_table
+from llm_ops._tables import input_files, plan_table, run_chunk, run_table, write_table
 
 
 @pytest.fixture
@@ -49,3 +49,9 @@ def test_globs_expand_to_sorted_files(tmp_path):
 def test_no_matching_input_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no input file matches"):
         input_files(tmp_path / "*.parquet")
+
+
+def test_table_reports_count_what_dedupe_saved(job_on, tmp_path):
+    files, job = job_on([f"t{i % 5}" for i in range(15)])  # each prompt thrice
+    report = run_table(job, files, tmp_path / "out.parquet", batch_rows=4, chunk_size=10)
+    assert report.cost_saved == pytest.approx(2 * report.cost)
