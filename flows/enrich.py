@@ -35,7 +35,7 @@ from prefect.blocks.system import Secret
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from llm_ops import ConfigError, JobAbortedError, LlmOpsError, RunReport
+from llm_ops import ConfigError, JobAbortedError, LlmOpsError, Price, RunReport
 from llm_ops._engine import Counters
 from llm_ops._job import Job, make_job
 from llm_ops._tables import (
@@ -45,6 +45,7 @@ from llm_ops._tables import (
     input_files,
     input_schema,
     plan_table,
+    remaining_budget,
     run_chunk,
     write_table,
 )
@@ -78,6 +79,21 @@ class EnrichConfig(BaseModel):
     max_failure_ratio: float | None = Field(
         None, ge=0, le=1, description="fail the run when a larger share of rows failed"
     )
+    price_input_per_million: float | None = Field(None, description="$ per 1M input tokens")
+    price_output_per_million: float | None = Field(None, description="$ per 1M output tokens")
+    price_per_request: float | None = Field(None, description="$ per request")
+    max_cost: float | None = Field(None, description="stop sending past this many dollars")
+    max_requests: int | None = Field(None, description="stop sending past this many requests")
+
+    def pricing(self) -> Price | None:
+        """The price given in the parameters, overriding llm_ops.PRICES for the model."""
+        given = (self.price_input_per_million, self.price_output_per_million,
+                 self.price_per_request)
+        if all(value is None for value in given):
+            return None
+        return Price(input_per_million=self.price_input_per_million or 0.0,
+                     output_per_million=self.price_output_per_million or 0.0,
+                     per_request=self.price_per_request or 0.0)
 
     @property
     def work_dir(self) -> Path:
@@ -98,7 +114,8 @@ def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
         api_key=api_key, cache=config.cache or None, concurrency=config.concurrency,
         max_tokens=config.max_tokens, temperature=config.temperature,
         max_attempts=config.max_attempts, timeout=config.timeout, rpm=config.rpm,
-        tpm=config.tpm,
+        tpm=config.tpm, pricing=config.pricing(), max_cost=config.max_cost,
+        max_requests=config.max_requests,
     )
     return files, job
 
@@ -117,9 +134,9 @@ def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="send-chunk", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
       retry_condition_fn=_retry_unless_aborted, task_run_name="send-chunk-{number}")
-def send_chunk(config: EnrichConfig, chunk: str, number: int) -> Counters:
+def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
     _, job = build_job(config)
-    return run_chunk(job, chunk)
+    return run_chunk(remaining_budget(job, spent), chunk)
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)
@@ -162,7 +179,7 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
                                         description="share of chunks sent")
     counters = Counters()
     for number, chunk in enumerate(plan.chunks, start=1):
-        counters.add(send_chunk(config, chunk, number))
+        counters.add(send_chunk(config, chunk, number, counters))
         update_progress_artifact(progress, 100.0 * number / len(plan.chunks))
         logger.info("chunk %d/%d done: %d requests sent so far", number, len(plan.chunks),
                     counters.sent)

@@ -126,6 +126,7 @@ class Counters:
     rate_limited: int = 0
     timeouts: int = 0
     splits: int = 0  # packs whose answers did not match their ids, split and resent
+    over_budget: int = 0  # requests not sent because a budget was reached
     prompt_tokens: int = 0
     completion_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
@@ -327,6 +328,7 @@ class Dispatcher:
                 self.counters.retries += 1
             expected = self._expected_tokens(request, estimate)
             if self.budget is not None and not self.budget.reserve(*expected):
+                self.counters.over_budget += 1
                 return Outcome(key=request.key, status="skipped", attempts=attempt - 1,
                                error=f"not sent: the budget stopped the job "
                                      f"({self.budget.exhausted})")

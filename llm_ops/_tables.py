@@ -42,6 +42,7 @@ from ._plan import (
     key_rows,
     lookup_answers,
 )
+from ._pricing import cost_or_none
 from ._report import RunReport
 from ._run import cost_without_savings, dispatch, make_report, run_sync
 from .exceptions import ConfigError
@@ -144,10 +145,35 @@ def results_path(chunk: str | Path) -> Path:
     return Path(chunk).with_suffix(".results.parquet")
 
 
+def remaining_budget(job: Job, spent: Counters) -> Job:
+    """``job`` with its budgets reduced by what earlier chunks of the same job spent."""
+    if job.budget() is None:
+        return job
+    cost = cost_or_none(job.price, requests=spent.answered, input_tokens=spent.prompt_tokens,
+                        output_tokens=spent.completion_tokens) or 0.0
+    return dataclasses.replace(
+        job,
+        max_cost=None if job.max_cost is None else max(0.0, job.max_cost - cost),
+        max_requests=None if job.max_requests is None else job.max_requests - spent.sent,
+        max_tokens_total=None if job.max_tokens_total is None else (
+            job.max_tokens_total - spent.prompt_tokens - spent.completion_tokens),
+    )
+
+
+def budget_stop(job: Job, spent: Counters) -> str | None:
+    """The report's reason when a budget kept requests from being sent."""
+    if not spent.over_budget:
+        return None
+    return (f"{spent.over_budget:,} request(s) not sent: a budget was reached "
+            f"(max_cost={job.max_cost}, max_requests={job.max_requests}, "
+            f"max_tokens_total={job.max_tokens_total})")
+
+
 def run_chunk(job: Job, chunk: str | Path) -> Counters:
     """Send the requests of one chunk file that the cache still lacks; returns the counters.
 
-    Raises :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
+    Budgets apply to this chunk alone: pass :func:`remaining_budget` of the job's. Raises
+    :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
     stopped the job.
     """
     misses = pl.read_parquet(chunk)
@@ -243,7 +269,7 @@ def finish_report(
     report = make_report(
         job, started_at=started_at, wall_seconds=wall_seconds, rows=plan.rows,
         distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
-        statuses=written.statuses, stopped=None,
+        statuses=written.statuses, stopped=None, budget_stop=budget_stop(job, counters),
     )
     if report.cost is not None and written.cost_without_savings is not None:
         saved = max(0.0, written.cost_without_savings - report.cost)
@@ -262,7 +288,7 @@ def run_table(
     plan = plan_table(job, files, work_dir, batch_rows=batch_rows, chunk_size=chunk_size)
     counters = Counters()
     for chunk in plan.chunks:
-        counters.add(run_chunk(job, chunk))
+        counters.add(run_chunk(remaining_budget(job, counters), chunk))
     written = write_table(job, files, output, work_dir, batch_rows=batch_rows)
     shutil.rmtree(work_dir, ignore_errors=True)
     return finish_report(job, plan, counters, written, started_at=started_at,

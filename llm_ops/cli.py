@@ -20,7 +20,7 @@ import polars as pl
 
 from . import _cache
 from ._job import Job, ProgressOption, make_job
-from ._pricing import cost_or_none, price_for
+from ._pricing import Price, cost_or_none, price_for
 from ._tables import input_files, input_schema, plan_table, run_table
 from .exceptions import ConfigError, LlmOpsError
 from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
@@ -43,6 +43,14 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpm", type=float, help="tokens per minute to stay under")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt")
     parser.add_argument("--max-attempts", type=int, default=5)
+    parser.add_argument("--price-input", type=float, metavar="USD",
+                        help="$ per 1M input tokens (default: llm_ops.PRICES for the model)")
+    parser.add_argument("--price-output", type=float, metavar="USD",
+                        help="$ per 1M output tokens")
+    parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
+    parser.add_argument("--max-cost", type=float, metavar="USD",
+                        help="stop sending once the projected spend would pass this")
+    parser.add_argument("--max-requests", type=int, help="stop sending after this many requests")
     parser.add_argument("--chunk-size", type=int, default=5_000,
                         help="distinct requests sent per chunk")
     parser.add_argument("--batch-rows", type=int, default=100_000,
@@ -134,7 +142,17 @@ def _job(
         base_url=args.base_url, api_key=api_key, cache=args.cache, concurrency=args.concurrency,
         max_tokens=args.max_tokens, temperature=args.temperature, max_attempts=args.max_attempts,
         timeout=args.timeout, rpm=args.rpm, tpm=args.tpm, progress=progress,
+        pricing=_price(args), max_cost=args.max_cost, max_requests=args.max_requests,
     )
+
+
+def _price(args: argparse.Namespace) -> Price | None:
+    given = (args.price_input, args.price_output, args.price_request)
+    if all(value is None for value in given):
+        return None
+    return Price(input_per_million=args.price_input or 0.0,
+                 output_per_million=args.price_output or 0.0,
+                 per_request=args.price_request or 0.0)
 
 
 def _csv_as_parquet(files: list[Path], work: Path) -> list[Path]:
@@ -184,7 +202,7 @@ def _estimate(args: argparse.Namespace) -> int:
     output_max = plan.misses * args.max_tokens if args.max_tokens else None
     output_bound = (f"{output_max:,}" if output_max is not None
                     else "unbounded (set --max-tokens for a bound)")
-    price = price_for(args.model)
+    price = price_for(args.model, _price(args))
     low = cost_or_none(price, requests=plan.misses, input_tokens=input_tokens, output_tokens=0)
     high = None if output_max is None else cost_or_none(
         price, requests=plan.misses, input_tokens=input_tokens, output_tokens=output_max)

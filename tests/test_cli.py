@@ -99,3 +99,14 @@ def test_the_installed_command(tmp_path):
                              "stats"], capture_output=True, text=True, check=False)
     assert result.returncode == 1
     assert result.stderr.startswith("llm-ops: error: there is no cache at")
+
+
+def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
+    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--chunk-size", "1",
+                 "--price-request", "0.01", "--max-cost", "0.01"]) == 0
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert endpoint.stats()["requests"] == 1
+    answered = out.filter(pl.col("completion_status") == "ok")
+    assert answered["text"].n_unique() == 1  # one distinct request fit the budget
+    assert (out["completion_status"] == "skipped").sum() == 4 - answered.height
+    assert "a budget was reached" in capsys.readouterr().out
