@@ -106,20 +106,17 @@ def plan_table(
     with _cache.connect(job.cache_path):
         pass  # create and migrate the cache before it is attached read-only
     with duckdb.connect(str(work_dir / "plan.duckdb"), config=_cache.NO_EXTENSION_DOWNLOADS) as con:
-        con.execute("CREATE TABLE partial (key VARCHAR, system VARCHAR, prompt VARCHAR, "
-                    "rows BIGINT)")
+        # Counted up batch by batch, so the table never holds more than the distinct requests.
+        con.execute("CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
+                    "prompt VARCHAR, rows BIGINT)")
         rows = 0
         for batch in iter_batches(files, batch_rows):
             rows += batch.height
             con.register("batch_requests", key_rows(batch, job).distinct.to_arrow())
-            con.execute("INSERT INTO partial SELECT key, system, prompt, rows "
-                        "FROM batch_requests")
+            con.execute("INSERT INTO requests SELECT key, system, prompt, rows "
+                        "FROM batch_requests ON CONFLICT (key) DO UPDATE "
+                        "SET rows = requests.rows + excluded.rows")
             con.unregister("batch_requests")
-        con.execute(
-            "CREATE TABLE requests AS SELECT key, any_value(system) AS system, "
-            "any_value(prompt) AS prompt, sum(rows)::BIGINT AS rows FROM partial GROUP BY key"
-        )
-        con.execute("DROP TABLE partial")
         with _cache.attached(con, job.cache_path, alias="cache"):
             con.execute(
                 "CREATE TABLE misses AS SELECT r.* FROM requests r "
