@@ -44,6 +44,7 @@ class AnswerSink:
         self._lock = asyncio.Lock()
         self._writing: asyncio.Future[None] | None = None
         self._in_write = 0  # answers in the write under way
+        self._background: set[asyncio.Future[None]] = set()
         self._endpoint = normalize_base_url(job.base_url)
 
     async def add(self, request: Request, outcome: Outcome) -> None:
@@ -60,10 +61,17 @@ class AnswerSink:
                 "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
             }
         )
-        if len(self._pending) + self._in_write >= self.job.flush_every:
+        unwritten = len(self._pending) + self._in_write
+        if unwritten >= self.job.flush_every:
             await self.flush()
+        elif len(self._pending) >= self.job.flush_every // 2 and not self._lock.locked():
+            # Start writing at half a batch, so the other half fills while it is written and
+            # workers only wait when the endpoint outpaces the disk.
+            self._background.add(asyncio.ensure_future(self.flush()))
+            self._background = {task for task in self._background if not task.done()}
 
     async def flush(self) -> None:
+        """Write what is pending; waits for any write already under way first."""
         async with self._lock:
             if self._writing is not None:  # a cancelled flush's write may still be running
                 await asyncio.shield(self._writing)
@@ -75,6 +83,11 @@ class AnswerSink:
                 self._in_write = len(batch)
                 await asyncio.shield(self._writing)
                 self._writing, self._in_write = None, 0
+
+    async def close(self) -> None:
+        """Finish every write started so far, then write what is left."""
+        await asyncio.gather(*self._background)  # a failed write surfaces here
+        await self.flush()
 
     async def flush_periodically(self) -> None:
         while True:
@@ -164,7 +177,7 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
         await asyncio.gather(*helpers, return_exceptions=True)
         if isinstance(job.progress, TerminalDisplay):
             job.progress.close()
-        await sink.flush()
+        await sink.close()
     budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
     return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped,
                       budget_stop=budget_stop)
