@@ -109,10 +109,6 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
 )
 
-CACHE_COLUMNS = (
-    "key", "model", "endpoint", "request", "status", "response_text", "response_json",
-    "finish_reason", "prompt_tokens", "completion_tokens", "latency_ms", "attempts",
-)
 _CACHE_SCHEMA = pa.schema(
     [
         ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
@@ -305,21 +301,23 @@ def _rows_for_keys(path: Path, table: str, schema: pa.Schema, keys: pa.Table) ->
 
 def write_answers(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert answers; a key already present keeps its first answer."""
+    _insert_new(path, "llm_cache", _CACHE_SCHEMA, rows)
+
+
+def _insert_new(
+    path: Path, table: str, schema: pa.Schema, rows: Sequence[Mapping[str, Any]]
+) -> None:
     if not rows:
         return
-    batch = pa.Table.from_pylist(list(rows), schema=_CACHE_SCHEMA)
-    names = ", ".join(CACHE_COLUMNS)
+    batch = pa.Table.from_pylist(list(rows), schema=schema)
+    names = ", ".join(schema.names)
     with connect(path) as con:
-        con.register("new_answers", batch)
-        con.execute(
-            f"INSERT INTO llm_cache ({names}) SELECT {names} FROM new_answers "
-            "ON CONFLICT DO NOTHING"
-        )
-        con.unregister("new_answers")
+        con.register("new_rows", batch)
+        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows "
+                    "ON CONFLICT DO NOTHING")
+        con.unregister("new_rows")
 
 
-EMBEDDING_COLUMNS = ("key", "model", "endpoint", "request", "dimensions", "embedding",
-                     "prompt_tokens", "latency_ms")
 _EMBEDDING_SCHEMA = pa.schema(
     [
         ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
@@ -337,15 +335,7 @@ def lookup_embeddings(path: Path, keys: pa.Table) -> pa.Table:
 
 def write_embeddings(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert vectors; a key already present keeps its first vector."""
-    if not rows:
-        return
-    batch = pa.Table.from_pylist(list(rows), schema=_EMBEDDING_SCHEMA)
-    names = ", ".join(EMBEDDING_COLUMNS)
-    with connect(path) as con:
-        con.register("new_vectors", batch)
-        con.execute(f"INSERT INTO llm_embeddings ({names}) SELECT {names} FROM new_vectors "
-                    "ON CONFLICT DO NOTHING")
-        con.unregister("new_vectors")
+    _insert_new(path, "llm_embeddings", _EMBEDDING_SCHEMA, rows)
 
 
 def record_run(path: Path, run: Mapping[str, Any]) -> None:

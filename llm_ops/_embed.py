@@ -162,7 +162,7 @@ async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any
                                 "request": request_json, "dimensions": len(vector),
                                 "embedding": vector, "prompt_tokens": share,
                                 "latency_ms": outcome.latency_ms})
-        if job.cache_path is not None and len(pending) >= job.flush_every // 4:
+        if job.cache_path is not None and len(pending) >= job.flush_every:
             batch = pending[:]
             pending.clear()
             await asyncio.to_thread(_cache.write_embeddings, job.cache_path, batch)
