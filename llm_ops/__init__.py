@@ -4,17 +4,19 @@ Every row of a result gets one of these statuses:
 
 >>> import llm_ops
 >>> llm_ops.STATUSES
-('ok', 'cached', 'skipped', 'rejected', 'failed', 'truncated', 'invalid')
+('ok', 'cached', 'similar', 'skipped', 'rejected', 'failed', 'truncated', 'invalid')
 """
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
+from ._cascade import ESCALATE_STATUSES
 from ._embed import llm_embed
 from ._estimate import Estimate, estimate
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
 from ._pricing import PRICES, Price
 from ._progress import Progress
-from ._report import STATUSES, RunReport
+from ._report import LEVERS, STATUSES, ModelUsage, RunReport, Saving
+from ._semantic import SemanticCache
 from .exceptions import (
     CacheError,
     CacheLockedError,
@@ -28,6 +30,8 @@ from .exceptions import (
 
 __all__ = [
     "CACHE_ENV",
+    "ESCALATE_STATUSES",
+    "LEVERS",
     "PRICES",
     "STATUSES",
     "CacheError",
@@ -37,10 +41,13 @@ __all__ = [
     "JobAbortedError",
     "LlmOpsError",
     "MissingApiKeyError",
+    "ModelUsage",
     "Price",
     "Progress",
     "RowsFailedError",
     "RunReport",
+    "Saving",
+    "SemanticCache",
     "TemplateError",
     "canonical_json",
     "default_cache_path",

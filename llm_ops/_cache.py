@@ -107,6 +107,29 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_runs ADD COLUMN budget_stop VARCHAR  -- why a budget stopped sending
         """,
     ),
+    (
+        5,
+        "add savings per lever and usage per model to llm_runs",
+        """
+        ALTER TABLE llm_runs ADD COLUMN savings          -- lever -> what it saved
+            MAP(VARCHAR, STRUCT(requests BIGINT, cost DOUBLE));
+        ALTER TABLE llm_runs ADD COLUMN models           -- model -> its share of the job
+            MAP(VARCHAR, STRUCT(rows BIGINT, requests BIGINT, prompt_tokens BIGINT,
+                                completion_tokens BIGINT, cost DOUBLE))
+        """,
+    ),
+    (
+        6,
+        "create llm_semantic_index",
+        """
+        CREATE TABLE llm_semantic_index (
+            key VARCHAR PRIMARY KEY,       -- the llm_cache answer that may be reused
+            scope VARCHAR NOT NULL,        -- tagged hash of the request minus the user prompt
+            embedding_key VARCHAR NOT NULL, -- the llm_embeddings vector of the user prompt
+            created_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+        )
+        """,
+    ),
 )
 
 _CACHE_SCHEMA = pa.schema(
@@ -336,6 +359,38 @@ def lookup_embeddings(path: Path, keys: pa.Table) -> pa.Table:
 def write_embeddings(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert vectors; a key already present keeps its first vector."""
     _insert_new(path, "llm_embeddings", _EMBEDDING_SCHEMA, rows)
+
+
+_SEMANTIC_SCHEMA = pa.schema(
+    [("key", pa.string()), ("scope", pa.string()), ("embedding_key", pa.string())]
+)
+
+
+def write_semantic_index(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Make cached answers findable by similarity: key, scope and the prompt's vector key."""
+    _insert_new(path, "llm_semantic_index", _SEMANTIC_SCHEMA, rows)
+
+
+def similar_candidates(
+    path: Path, scopes: Sequence[str], *, embedding_model: str, dimensions: int,
+    batch_rows: int = 65_536,
+) -> Iterator[pa.RecordBatch]:
+    """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
+    as batches of (key, scope, embedding), read a batch at a time."""
+    if not path.exists() or not scopes:
+        return
+    with connect(path) as con:
+        con.register("wanted_scopes", pa.table({"scope": list(scopes)}))
+        reader = con.sql(
+            "SELECT i.key, i.scope, e.embedding FROM llm_semantic_index i "
+            "SEMI JOIN wanted_scopes w ON i.scope = w.scope "
+            "JOIN llm_embeddings e ON e.key = i.embedding_key "
+            "JOIN llm_cache c ON c.key = i.key "
+            "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions",
+            params={"model": embedding_model, "dimensions": dimensions},
+        ).to_arrow_reader(batch_rows)
+        yield from reader
+        con.unregister("wanted_scopes")
 
 
 def record_run(path: Path, run: Mapping[str, Any]) -> None:

@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 import polars as pl
 
 from . import _cache
-from ._engine import Batch, EmbeddingDispatcher, Outcome, Request
 from ._job import CachePath, Job, ProgressOption, make_job
-from ._key import (
-    build_embedding_request,
-    canonical_json,
-    embedding_key_sql,
-    normalize_base_url,
-    request_key,
-)
 from ._operator import Frame, _same_kind, _schema, _to_polars
-from ._plan import STATUS_DTYPE, group_and_key
-from ._progress import TerminalDisplay, Tracker
+from ._plan import STATUS_DTYPE
 from ._run import make_report, raise_failed_rows, run_sync, status_counts
-from .exceptions import ConfigError, JobAbortedError
+from ._vectors import distinct_texts, embed_distinct
+from .exceptions import ConfigError
 
 
 def llm_embed(
@@ -99,105 +90,21 @@ def llm_embed(
     return result
 
 
-def _distinct_texts(frame: pl.DataFrame, job: Job, column: str,
-                    params: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per-row keys (null for null text) and the distinct texts with their keys and counts."""
-    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt"),
-                         pl.lit(None, dtype=pl.String).alias("system"))
-    expression, parameters = embedding_key_sql(endpoint=job.base_url, model=job.model,
-                                               params=params)
-    row_keys, grouped = group_and_key(
-        texts, expression, parameters,
-        lambda _, text: request_key(_request(job, text, params)), with_system=False,
-    )
-    return row_keys, grouped.select("key", "prompt", "rows")
-
-
-def _request(job: Job, text: str, params: dict[str, Any]) -> dict[str, Any]:
-    return build_embedding_request(endpoint=job.base_url, model=job.model, text=text,
-                                   params=params)
-
-
-def _batches(misses: pl.DataFrame, job: Job, params: dict[str, Any],
-             size: int) -> Iterator[Request]:
-    for number, chunk in enumerate(misses.iter_slices(size)):
-        texts = chunk["prompt"].to_list()
-        yield Batch(
-            key=f"batch-{number}", messages=[], request_json="", rows=int(chunk["rows"].sum()),
-            keys=tuple(chunk["key"].to_list()), inputs=tuple(texts),
-            requests_json=tuple(canonical_json(_request(job, t, params)) for t in texts),
-        )
-
-
 async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any],
                batch_size: int) -> pl.DataFrame:
     started_at, clock = datetime.now(UTC), time.perf_counter()
-    row_keys, distinct = await asyncio.to_thread(_distinct_texts, frame, job, column, params)
-    hits = pl.DataFrame(schema={"key": pl.String, "embedding": pl.List(pl.Float32)})
-    if job.cache_path is not None and distinct.height:
-        found = pl.from_arrow(_cache.lookup_embeddings(job.cache_path,
-                                                       distinct.select("key").to_arrow()))
-        assert isinstance(found, pl.DataFrame)
-        hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
-    misses = distinct.join(hits.select("key"), on="key", how="anti")
-
-    dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,
-                                     params=params, settings=job.settings)
-    tracker = Tracker(rows=frame.height, rows_settled=frame.height - int(misses["rows"].sum()),
-                      requests=-(-misses.height // batch_size), dispatcher=dispatcher)
-    answered: list[tuple[str, list[float] | None, str, str | None]] = []
-    pending: list[dict[str, Any]] = []
-    endpoint = normalize_base_url(job.base_url)
-
-    async def on_outcome(request: Request, outcome: Outcome) -> None:
-        assert isinstance(request, Batch)
-        tracker.rows_done += request.rows
-        vectors = outcome.vectors or [None] * len(request.keys)  # type: ignore[list-item]
-        share = outcome.prompt_tokens // max(1, len(request.keys))
-        for key, vector, request_json in zip(request.keys, vectors, request.requests_json,
-                                             strict=True):
-            answered.append((key, vector, outcome.status, outcome.error))
-            if vector is not None and job.cache_path is not None:
-                pending.append({"key": key, "model": job.model, "endpoint": endpoint,
-                                "request": request_json, "dimensions": len(vector),
-                                "embedding": vector, "prompt_tokens": share,
-                                "latency_ms": outcome.latency_ms})
-        if job.cache_path is not None and len(pending) >= job.flush_every:
-            batch = pending[:]
-            pending.clear()
-            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, batch)
-
-    publisher = (asyncio.create_task(tracker.publish(job.progress))
-                 if job.progress is not None else None)
-    stopped: BaseException | None = None
-    try:
-        await dispatcher.run(_batches(misses, job, params, batch_size), on_outcome)
-    except (JobAbortedError, asyncio.CancelledError) as exc:
-        stopped = exc
-    finally:
-        if publisher is not None:
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
-            if isinstance(job.progress, TerminalDisplay):
-                job.progress.close()
-        if job.cache_path is not None and pending:
-            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, pending)
-
-    fresh = pl.DataFrame(answered, schema={"key": pl.String, "embedding": pl.List(pl.Float32),
-                                           "status": pl.String, "error": pl.String},
-                         orient="row")
-    results = pl.concat([hits.with_columns(status=pl.lit("cached"),
-                                           error=pl.lit(None, pl.String)), fresh])
-    columns = _join_back(row_keys, results, frame, column, job)
+    row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, job, column, params)
+    done = await embed_distinct(distinct, job, params, batch_size, rows=frame.height)
+    columns = _join_back(row_keys, done.vectors, frame, column, job)
     report = make_report(
         job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
-        distinct=distinct.height, cache_hits=hits.height, counters=dispatcher.counters,
-        statuses=status_counts(columns, job), stopped=stopped,
+        distinct=distinct.height, cache_hits=done.cache_hits, counters=done.counters,
+        statuses=status_counts(columns, job), stopped=done.stopped,
     )
     if job.cache_path is not None:
         await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
-    if stopped is not None:
-        raise stopped
+    if done.stopped is not None:
+        raise done.stopped
     if job.on_error == "raise" and report.failed_rows:
         raise_failed_rows(columns, job)
     return columns

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,7 +19,9 @@ from ._engine import EngineSettings, redact
 from ._key import build_request, messages_for, normalize_base_url
 from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, resolve_progress
+from ._report import STATUSES
 from ._schema import OutputSchema, output_schema
+from ._semantic import SemanticCache
 from ._template import Template, check_columns, parse_template
 from .exceptions import ConfigError, MissingApiKeyError
 
@@ -52,6 +55,19 @@ class Job:
     max_cost: float | None = None
     max_requests: int | None = None
     max_tokens_total: int | None = None
+    models: tuple[str, ...] = ()  # a cascade's models, in order; model is the one in use
+    prices: Mapping[str, Price | None] = field(default_factory=dict)
+    escalate: pl.Expr | None = None
+    semantic: SemanticCache | None = None
+    semantic_price: Price | None = None
+
+    def for_model(self, model: str) -> Job:
+        """This job with ``model`` (one of a cascade's) in use."""
+        return dataclasses.replace(self, model=model, price=self.prices.get(model))
+
+    @property
+    def cascade(self) -> bool:
+        return len(self.models) > 1
 
     def budget(self) -> Budget | None:
         """A fresh budget for one dispatch, or ``None`` without limits."""
@@ -70,10 +86,32 @@ class Job:
         return f"{self.output}_raw"
 
     @property
+    def similar_to_column(self) -> str:
+        return f"{self.output}_similar_to"
+
+    @property
+    def similarity_column(self) -> str:
+        return f"{self.output}_similarity"
+
+    @property
+    def model_column(self) -> str:
+        return f"{self.output}_model"
+
+    @property
     def new_columns(self) -> tuple[str, ...]:
         """The columns this job adds, in order."""
-        extra = (self.raw_column,) if self.schema is not None else ()
-        return (self.output, self.status_column, self.error_column, *extra)
+        return added_columns(self.output, schema=self.schema is not None,
+                             semantic=self.semantic is not None, cascade=self.cascade)
+
+
+def added_columns(output: str, *, schema: bool, semantic: bool, cascade: bool) -> tuple[str, ...]:
+    """The names of the columns a job adds: answer, status, error, then the optional ones."""
+    return (
+        output, f"{output}_status", f"{output}_error",
+        *([f"{output}_raw"] if schema else []),
+        *([f"{output}_similar_to", f"{output}_similarity"] if semantic else []),
+        *([f"{output}_model"] if cascade else []),
+    )
 
 
 def _is_local(base_url: str) -> bool:
@@ -96,7 +134,7 @@ def make_job(
     columns: pl.Schema,
     *,
     prompt: str,
-    model: str,
+    model: str | Sequence[str],
     output: str = "completion",
     system: str | None = None,
     base_url: str | None = None,
@@ -124,9 +162,10 @@ def make_job(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
+    escalate: pl.Expr | None = None,
+    semantic_cache: SemanticCache | None = None,
 ) -> Job:
-    if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"model must be a non-empty string such as 'gpt-4o-mini', got {model!r}")
+    models = _models(model)
     if not isinstance(output, str) or not output:
         raise ConfigError(f"output must be a non-empty column name, got {output!r}")
     prompt_template = parse_template(prompt, what="prompt")
@@ -136,8 +175,11 @@ def make_job(
         system_template = parse_template(system, what="system")
         check_columns(system_template, columns, what="system")
     structured = output_schema(schema) if schema is not None else None
-    added = [output, f"{output}_status", f"{output}_error"] + (
-        [f"{output}_raw"] if structured else [])
+    if semantic_cache is not None and not isinstance(semantic_cache, SemanticCache):
+        raise ConfigError("semantic_cache takes a SemanticCache, e.g. "
+                          "semantic_cache=SemanticCache('text-embedding-3-small', threshold=0.95)")
+    added = added_columns(output, schema=structured is not None,
+                          semantic=semantic_cache is not None, cascade=len(models) > 1)
     for column in added:
         if column in columns:
             raise ConfigError(
@@ -181,13 +223,14 @@ def make_job(
     for name, cap in (("max_requests", max_requests), ("max_tokens_total", max_tokens_total)):
         if cap is not None:
             _positive_int(name, cap)
-    price = price_for(model, pricing)
+    prices = {name: price_for(name, pricing) for name in models}
     if max_cost is not None:
         if isinstance(max_cost, bool) or not isinstance(max_cost, int | float) or max_cost < 0:
             raise ConfigError(f"max_cost must be a number of dollars >= 0, got {max_cost!r}")
-        if price is None:
-            raise ConfigError(f"max_cost needs a price for model {model!r}, which has none; "
-                              "pass pricing={'" + model + "': Price(...)}")
+        for name, price in prices.items():
+            if price is None:
+                raise ConfigError(f"max_cost needs a price for model {name!r}, which has none; "
+                                  "pass pricing={'" + name + "': Price(...)}")
     if pack_tokens is not None:
         _positive_int("pack_tokens", pack_tokens)
     if rows_per_request > 1 and structured is not None:
@@ -195,17 +238,23 @@ def make_job(
                           "the other")
     if repair and structured is None:
         raise ConfigError("repair=True only applies to structured output; pass schema= too")
+    cache_path = _cache.resolve_cache_path(cache)
+    if semantic_cache is not None and cache_path is None:
+        raise ConfigError("the semantic cache lives in the cache database: pass a cache path "
+                          "instead of cache=False, or drop semantic_cache=")
+    if escalate is not None:
+        _check_escalate(escalate, columns, output, structured, len(models))
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
               "seed": seed, "stop": stop,
               "response_format": structured.response_format() if structured else None}
     return Job(
         prompt=prompt_template,
         system=system_template,
-        model=model,
+        model=models[0],
         output=output,
         base_url=url,
         api_key=key,
-        cache_path=_cache.resolve_cache_path(cache),
+        cache_path=cache_path,
         params={k: v for k, v in params.items() if v is not None},
         settings=EngineSettings(
             concurrency=concurrency, max_attempts=max_attempts, timeout=float(timeout),
@@ -219,11 +268,52 @@ def make_job(
         repair=repair,
         rows_per_request=rows_per_request,
         pack_tokens=pack_tokens,
-        price=price,
+        price=prices[models[0]],
         max_cost=max_cost,
         max_requests=max_requests,
         max_tokens_total=max_tokens_total,
+        models=models,
+        prices=prices,
+        escalate=escalate,
+        semantic=semantic_cache,
+        semantic_price=price_for(semantic_cache.model, pricing) if semantic_cache else None,
     )
+
+
+def _models(model: object) -> tuple[str, ...]:
+    """``model=``: one name, or a cascade's names from the cheapest to the strongest."""
+    names = [model] if isinstance(model, str) else model
+    if not isinstance(names, Sequence) or not names or not all(
+            isinstance(name, str) and name.strip() for name in names):
+        raise ConfigError(f"model must be a model name such as 'gpt-4o-mini', or a list of names "
+                          f"for a cascade such as ['gpt-4o-mini', 'gpt-4o'], got {model!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
+    return tuple(names)
+
+
+def _check_escalate(escalate: object, columns: pl.Schema, output: str,
+                    structured: OutputSchema | None, models: int) -> None:
+    """``escalate=`` must be a boolean Polars expression over the input and answer columns."""
+    if models < 2:
+        raise ConfigError("escalate= decides which rows go on to the next model of a cascade: "
+                          "pass model=[first, second, ...] too")
+    if not isinstance(escalate, pl.Expr):
+        raise ConfigError("escalate must be a Polars expression that is true for rows to send to "
+                          "the next model, e.g. pl.col('label').struct.field('confidence') < 0.8")
+    answer_columns = {output: structured.dtype if structured else pl.String,
+                      f"{output}_status": pl.Enum(STATUSES), f"{output}_error": pl.String}
+    if structured is not None:
+        answer_columns[f"{output}_raw"] = pl.String
+    empty = pl.DataFrame(schema={**columns, **answer_columns})
+    try:
+        dtype = empty.select(escalate).to_series().dtype
+    except pl.exceptions.PolarsError as exc:
+        raise ConfigError(f"escalate cannot be evaluated on the input and answer columns "
+                          f"({', '.join(empty.columns)}): {exc}") from exc
+    if dtype != pl.Boolean:
+        raise ConfigError(f"escalate must give true/false per row, but gives {dtype}; compare it, "
+                          "e.g. ... < 0.8")
 
 
 def request_for(job: Job, system: str | None, prompt: str) -> dict[str, Any]:

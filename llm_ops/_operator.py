@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel
 
+from ._frame import run_frame
 from ._job import CachePath, ProgressOption, make_job
 from ._pricing import PricingOption
 from ._report import RunReport
-from ._run import run_frame, run_sync
+from ._run import run_sync
+from ._semantic import SemanticCache
 from .exceptions import ConfigError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
@@ -57,7 +59,8 @@ async def _complete(df: Frame, args: dict[str, Any]) -> tuple[Frame, RunReport]:
 
 @overload
 def llm_complete(
-    df: Frame, /, *, prompt: str, model: str, output: str = ..., system: str | None = ...,
+    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
+    system: str | None = ...,
     base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
@@ -66,11 +69,13 @@ def llm_complete(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., return_report: Literal[False] = ...,
+    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 def llm_complete(
-    df: Frame, /, *, prompt: str, model: str, output: str = ..., system: str | None = ...,
+    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
+    system: str | None = ...,
     base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
@@ -79,14 +84,15 @@ def llm_complete(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., return_report: Literal[True],
+    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
     df: Frame,
     /,
     *,
     prompt: str,
-    model: str,
+    model: str | Sequence[str],
     output: str = "completion",
     system: str | None = None,
     base_url: str | None = None,
@@ -114,6 +120,8 @@ def llm_complete(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
+    escalate: pl.Expr | None = None,
+    semantic_cache: SemanticCache | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -134,7 +142,10 @@ def llm_complete(
         names; ``{{`` and ``}}`` are literal braces. Rows where a referenced column is null
         are ``skipped``.
     model
-        Model name as the endpoint knows it.
+        Model name as the endpoint knows it, or a **cascade**: a list of names from the
+        cheapest to the strongest. Every row goes to the first model; rows whose answer is
+        ``rejected``, ``failed``, ``invalid`` or ``truncated`` (and rows ``escalate`` flags) go
+        on to the next. ``<output>_model`` is added: the model whose answer the row has.
     output
         Name of the answer column; the status and error columns are named after it.
     system
@@ -183,6 +194,17 @@ def llm_complete(
         Stop sending once the job's projected spend (dollars, HTTP requests, tokens) would
         pass this; rows not sent are ``skipped`` with the reason, everything answered is
         cached, and the report's ``budget_stop`` says why.
+    escalate
+        With a cascade: a Polars expression over the input and answer columns, true for the
+        answered rows to send on to the next model, e.g.
+        ``pl.col("label").struct.field("confidence") < 0.8`` for a structured answer with a
+        confidence field, or ``pl.col("summary").str.contains("(?i)not sure")``.
+    semantic_cache
+        A :class:`~llm_ops.SemanticCache` turns on the second cache tier: a request that misses
+        the exact cache is embedded, and the answer of the most similar cached request with
+        the same model, system message and parameters is reused when the cosine similarity
+        reaches the threshold. Such rows get status ``similar``; ``<output>_similar_to`` (the
+        reused request's cache key) and ``<output>_similarity`` are added. Off by default.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -216,7 +238,8 @@ def llm_complete(
 
 @overload
 async def llm_complete_async(
-    df: Frame, /, *, prompt: str, model: str, output: str = ..., system: str | None = ...,
+    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
+    system: str | None = ...,
     base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
@@ -225,11 +248,13 @@ async def llm_complete_async(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., return_report: Literal[False] = ...,
+    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
 async def llm_complete_async(
-    df: Frame, /, *, prompt: str, model: str, output: str = ..., system: str | None = ...,
+    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
+    system: str | None = ...,
     base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
     concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
     top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
@@ -238,14 +263,15 @@ async def llm_complete_async(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., return_report: Literal[True],
+    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
     /,
     *,
     prompt: str,
-    model: str,
+    model: str | Sequence[str],
     output: str = "completion",
     system: str | None = None,
     base_url: str | None = None,
@@ -273,6 +299,8 @@ async def llm_complete_async(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
+    escalate: pl.Expr | None = None,
+    semantic_cache: SemanticCache | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""

@@ -22,8 +22,9 @@ from ._report import STATUSES
 STATUS_DTYPE = pl.Enum(STATUSES)
 CACHEABLE = frozenset({"ok", "truncated"})
 RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "json": pl.String, "status": pl.String,
-                 "error": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64}
-ANSWERED = ("ok", "cached", "truncated")
+                 "error": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
+                 "similar_to": pl.String, "similarity": pl.Float64}
+ANSWERED = ("ok", "cached", "similar", "truncated")
 
 
 @dataclass
@@ -143,13 +144,16 @@ def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFr
         .otherwise(pl.lit(None, dtype=pl.String)).alias("error"),
         pl.col("prompt_tokens").cast(pl.Int64),
         pl.col("completion_tokens").cast(pl.Int64),
+        pl.lit(None, pl.String).alias("similar_to"),
+        pl.lit(None, pl.Float64).alias("similarity"),
     )
 
 
 
 
-def results_frame(hits: pl.DataFrame, outcomes: list[Outcome]) -> pl.DataFrame:
-    """One row per settled request (key, text, status, error): cache hits, then fresh outcomes."""
+def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.DataFrame:
+    """One row per settled request (:data:`RESULT_SCHEMA`): those settled before sending
+    (cache hits, similar answers), then fresh outcomes."""
     answered = pl.DataFrame(
         {
             "key": [o.key for o in outcomes],
@@ -159,10 +163,12 @@ def results_frame(hits: pl.DataFrame, outcomes: list[Outcome]) -> pl.DataFrame:
             "error": [o.error for o in outcomes],
             "prompt_tokens": [o.prompt_tokens for o in outcomes],
             "completion_tokens": [o.completion_tokens for o in outcomes],
+            "similar_to": [None] * len(outcomes),
+            "similarity": [None] * len(outcomes),
         },
         schema=RESULT_SCHEMA,
     )
-    return pl.concat([hits, answered])
+    return pl.concat([*earlier, answered])
 
 
 def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, job: Job) -> pl.DataFrame:
@@ -186,4 +192,7 @@ def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, job: Job) -> pl.Dat
     ]
     if job.schema is not None:
         columns.append(pl.col("text").alias(job.raw_column))
+    if job.semantic is not None:
+        columns += [pl.col("similar_to").alias(job.similar_to_column),
+                    pl.col("similarity").alias(job.similarity_column)]
     return joined.select(columns)

@@ -6,13 +6,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-STATUSES = ("ok", "cached", "skipped", "rejected", "failed", "truncated", "invalid")
+STATUSES = ("ok", "cached", "similar", "skipped", "rejected", "failed", "truncated", "invalid")
 """Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
 
 ok
     answered by the endpoint during this job
 cached
     answer taken from the cache, nothing sent
+similar
+    answer of a *similar* cached request (``semantic_cache=``), nothing sent; which request
+    and how similar are in ``<output>_similar_to`` and ``<output>_similarity``
 skipped
     a referenced column was null; nothing sent
 rejected
@@ -27,6 +30,46 @@ invalid
 """
 
 FAILED_STATUSES = frozenset({"rejected", "failed", "invalid"})
+
+LEVERS = ("dedupe", "cache", "packing", "semantic_cache", "cascade")
+"""The ways a job avoids paying for a request, as keys of :attr:`RunReport.savings`.
+
+dedupe
+    identical requests in the job sent once
+cache
+    answers already in the cache (exact key)
+packing
+    several rows per request (``rows_per_request=``)
+semantic_cache
+    answers of similar cached requests (``semantic_cache=``); its cost is net of the
+    embeddings it paid for
+cascade
+    rows a cheaper model answered well enough, which the last model of ``model=[...]`` did
+    not have to answer; its cost is net of everything the earlier models cost
+"""
+
+
+@dataclass(frozen=True)
+class Saving:
+    """What one lever saved: requests not sent and dollars not spent (``None``: unknown).
+
+    Both are estimates from the tokens of the answers reused, and may be negative where a
+    lever cost more than it saved (say, a cascade that escalated most rows).
+    """
+
+    requests: int
+    cost: float | None
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """One model's share of a job: rows it answered (final answers), requests and spend."""
+
+    rows: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,11 +99,16 @@ class RunReport:
     cost
         Dollars spent by this job under the model's price; ``None`` when the price is unknown.
     cost_saved
-        What the cache, dedupe and packing saved: the cost of one request per row, minus
-        ``cost``; ``None`` when unknown.
+        What every lever saved together: the cost of one request per row (to the last model
+        of a cascade), minus ``cost``; ``None`` when unknown.
     budget_stop
         Why a budget (``max_cost``, ``max_requests``, ``max_tokens_total``) stopped sending;
         the rows not sent are ``skipped``.
+    savings
+        Requests and cost saved by each lever used (see :data:`llm_ops.LEVERS`).
+    models
+        Per model (an embedding model too, with ``semantic_cache=``): rows answered,
+        requests, tokens and cost.
     """
 
     run_id: str
@@ -82,6 +130,8 @@ class RunReport:
     cost: float | None = None
     cost_saved: float | None = None
     budget_stop: str | None = None
+    savings: dict[str, Saving] = field(default_factory=dict)
+    models: dict[str, ModelUsage] = field(default_factory=dict)
 
     @property
     def failed_rows(self) -> int:
@@ -105,6 +155,13 @@ class RunReport:
             f"  wall time          {self.wall_seconds:>10.2f} s",
             f"  rows by status     {statuses}",
         ]
+        for lever, saving in self.savings.items():
+            lines.append(f"  saved by {lever:<14} {saving.requests:>5,} requests  "
+                         f"{_dollars(saving.cost)}")
+        if len(self.models) > 1:
+            for model, usage in self.models.items():
+                lines.append(f"  model {model:<12} {usage.rows:>10,} rows · "
+                             f"{usage.requests:,} requests · {_dollars(usage.cost)}")
         if self.budget_stop:
             lines.append(f"  budget stop        {self.budget_stop}")
         if self.error:
@@ -113,4 +170,6 @@ class RunReport:
 
 
 def _dollars(amount: float | None) -> str:
-    return "unknown" if amount is None else f"${amount:,.4f}"
+    if amount is None:
+        return "unknown"
+    return f"${amount:,.4f}" if round(amount, 4) else "$0.0000"  # never "$-0.0000"

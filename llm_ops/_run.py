@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import sys
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -19,10 +18,11 @@ from . import _cache
 from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
-from ._plan import CACHEABLE, join_back, plan_frame, results_frame
-from ._pricing import cost_or_none
+from ._plan import ANSWERED, CACHEABLE, join_back, plan_frame, results_frame
+from ._pricing import Price, cost_or_none
 from ._progress import TerminalDisplay, Tracker
-from ._report import FAILED_STATUSES, STATUSES, RunReport
+from ._report import FAILED_STATUSES, STATUSES, ModelUsage, RunReport, Saving
+from ._similar import find_similar
 from .exceptions import JobAbortedError, RowsFailedError
 
 T = TypeVar("T")
@@ -186,9 +186,9 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
 def make_report(
     job: Job, *, started_at: datetime, wall_seconds: float, rows: int, distinct: int,
     cache_hits: int, counters: Counters, statuses: dict[str, int], stopped: BaseException | None,
-    cost_saved: float | None = None, budget_stop: str | None = None,
+    budget_stop: str | None = None,
 ) -> RunReport:
-    """The run report of a finished (or stopped) job."""
+    """The run report of a finished (or stopped) job; savings and models are added after."""
     if stopped is None:
         outcome = "completed"
     else:
@@ -210,27 +210,16 @@ def make_report(
         wall_seconds=wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
-        cost=cost_or_none(job.price, requests=counters.answered,
-                          input_tokens=counters.prompt_tokens,
-                          output_tokens=counters.completion_tokens),
-        cost_saved=cost_saved,
+        cost=completion_cost(job, counters),
         budget_stop=budget_stop,
     )
 
 
-def cost_without_savings(job: Job, distinct: pl.DataFrame, results: pl.DataFrame) -> float | None:
-    """What one request per row would have cost: no cache, no dedupe, no packing."""
-    if job.price is None:
-        return None
-    per_key = distinct.select("key", "rows").join(
-        results.select("key", "prompt_tokens", "completion_tokens"), on="key")
-    totals = per_key.select(
-        pl.col("rows").sum().alias("requests"),
-        (pl.col("rows") * pl.col("prompt_tokens")).sum().alias("input"),
-        (pl.col("rows") * pl.col("completion_tokens")).sum().alias("output"),
-    ).row(0)
-    return job.price.cost(requests=int(totals[0] or 0), input_tokens=int(totals[1] or 0),
-                          output_tokens=int(totals[2] or 0))
+def completion_cost(job: Job, counters: Counters) -> float | None:
+    """What the requests counted in ``counters`` cost under the price of ``job.model``."""
+    return cost_or_none(job.price, requests=counters.answered,
+                        input_tokens=counters.prompt_tokens,
+                        output_tokens=counters.completion_tokens)
 
 
 def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
@@ -238,19 +227,35 @@ def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
     return {str(status): int(n) for status, n in counts.iter_rows()}
 
 
-async def run_frame(
-    frame: pl.DataFrame, job: Job, *, record: bool = True
-) -> tuple[pl.DataFrame, RunReport]:
-    """The whole pipeline over one in-memory frame; returns the new columns and the report.
+@dataclass
+class Tier:
+    """One model's pass over (some of) a job's rows: the new columns and what it took."""
 
-    ``record=False`` leaves ``llm_runs`` alone (SQL functions run once per vector).
-    """
+    columns: pl.DataFrame
+    report: RunReport  # not recorded: run_frame records the job's report
+    row_keys: pl.DataFrame  # key per row
+    results: pl.DataFrame  # RESULT_SCHEMA per distinct request
+    stopped: BaseException | None
+
+
+async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
+    """Plan, look up both cache tiers, send the misses and join back, for ``job.model``."""
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
     plan = await asyncio.to_thread(plan_frame, frame, job)
-    done = await dispatch(plan.misses, job, rows=frame.height,
-                          rows_settled=frame.height - int(plan.misses["rows"].sum()))
-    results = results_frame(plan.hits, done.outcomes)
+    settled, misses = [plan.hits], plan.misses
+    embeddings: Counters | None = None
+    stopped: BaseException | None = None
+    if job.semantic is not None:
+        similar = await find_similar(misses, job)
+        settled.append(similar.results)
+        misses, embeddings, stopped = similar.misses, similar.counters, similar.stopped
+    if stopped is None:
+        done = await dispatch(misses, job, rows=frame.height,
+                              rows_settled=frame.height - int(misses["rows"].sum()))
+    else:  # the endpoint refused the embeddings: it would refuse the completions too
+        done = Dispatched(outcomes=[], counters=Counters(), stopped=stopped)
+    results = results_frame(settled, done.outcomes)
     columns = await asyncio.to_thread(join_back, plan.row_keys, results, job)
     report = make_report(
         job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
@@ -258,18 +263,113 @@ async def run_frame(
         statuses=status_counts(columns, job), stopped=done.stopped,
         budget_stop=done.budget_stop,
     )
-    without = cost_without_savings(job, plan.distinct, results)
-    if without is not None and report.cost is not None:
-        report = dataclasses.replace(report, cost_saved=round(max(0.0, without - report.cost), 10))
-    if record and job.cache_path is not None:
-        await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
-    if done.stopped is not None:
-        if isinstance(done.stopped, asyncio.CancelledError):
-            print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)
-        raise done.stopped
-    if job.on_error == "raise" and report.failed_rows:
-        raise_failed_rows(columns, job)
-    return columns, report
+    answered = int(columns[job.status_column].cast(pl.String).is_in(ANSWERED).sum())
+    report = with_usage(report, job, answered_rows=answered,
+                        tallies=tally(plan.distinct, results), counters=done.counters,
+                        embeddings=embeddings)
+    return Tier(columns, report, plan.row_keys.select("key"), results, done.stopped)
+
+
+def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
+               counters: Counters, embeddings: Counters | None = None) -> RunReport:
+    """``report`` with its models, savings per lever and total saving filled in."""
+    models = {job.model: ModelUsage(rows=answered_rows, requests=counters.sent,
+                                    prompt_tokens=counters.prompt_tokens,
+                                    completion_tokens=counters.completion_tokens,
+                                    cost=report.cost)}
+    embedding_cost: float | None = 0.0
+    if embeddings is not None and job.semantic is not None:
+        embedding_cost = cost_or_none(job.semantic_price, requests=embeddings.answered,
+                                      input_tokens=embeddings.prompt_tokens, output_tokens=0)
+        models[job.semantic.model] = ModelUsage(
+            requests=embeddings.sent, prompt_tokens=embeddings.prompt_tokens, cost=embedding_cost)
+    cost = add_costs(report.cost, embedding_cost)
+    savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
+                            embedding_cost=embedding_cost)
+    every_row = tallies["every_row"].cost(job.price)
+    return dataclasses.replace(
+        report, cost=cost, models=models, savings=savings,
+        cost_saved=None if every_row is None or cost is None else round(every_row - cost, 10),
+    )
+
+
+def add_costs(a: float | None, b: float | None) -> float | None:
+    """The sum of two costs, unknown if either is."""
+    return None if a is None or b is None else round(a + b, 10)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Requests and their tokens, priced with :meth:`cost`."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def cost(self, price: Price | None) -> float | None:
+        return cost_or_none(price, requests=self.requests, input_tokens=self.prompt_tokens,
+                            output_tokens=self.completion_tokens)
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
+                     self.completion_tokens - other.completion_tokens)
+
+
+def tally(distinct: pl.DataFrame, results: pl.DataFrame) -> dict[str, Tally]:
+    """Requests and tokens as if each row were sent (``every_row``), each distinct request
+    once (``each_distinct``), and for those answered by the cache tiers (``cache``,
+    ``similar``); a request without an answer counts no tokens."""
+    per_key = distinct.select("key", "rows").join(
+        results.select("key", "status", "prompt_tokens", "completion_tokens"),
+        on="key", how="left",
+    ).with_columns(pl.col("prompt_tokens", "completion_tokens").fill_null(0),
+                   once=pl.lit(1, pl.Int64))
+
+    def sums(frame: pl.DataFrame, weight: pl.Expr) -> Tally:
+        row = frame.select(weight.sum().alias("requests"),
+                           (weight * pl.col("prompt_tokens")).sum().alias("prompt"),
+                           (weight * pl.col("completion_tokens")).sum().alias("completion")).row(0)
+        return Tally(*(int(value or 0) for value in row))
+
+    once = pl.col("once")
+    return {
+        "every_row": sums(per_key, pl.col("rows")),
+        "each_distinct": sums(per_key, once),
+        "cache": sums(per_key.filter(pl.col("status") == "cached"), once),
+        "similar": sums(per_key.filter(pl.col("status") == "similar"), once),
+    }
+
+
+def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
+                  completion_cost: float | None,
+                  embedding_cost: float | None) -> dict[str, Saving]:
+    """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`)."""
+    every_row, each = tallies["every_row"], tallies["each_distinct"]
+    cache, similar = tallies["cache"], tallies["similar"]
+    savings = {"dedupe": _saving(every_row - each, job.price)}
+    if job.cache_path is not None:
+        savings["cache"] = _saving(cache, job.price)
+    if job.rows_per_request > 1:
+        sent = each - cache - similar
+        cost = sent.cost(job.price)
+        savings["packing"] = Saving(
+            sent.requests - counters.sent,
+            None if cost is None or completion_cost is None else round(cost - completion_cost, 10))
+    if job.semantic is not None:
+        reused = similar.cost(job.price)
+        savings["semantic_cache"] = Saving(
+            similar.requests,
+            None if reused is None or embedding_cost is None else round(reused - embedding_cost,
+                                                                        10))
+    return savings
+
+
+def _saving(what: Tally, price: Price | None) -> Saving:
+    return Saving(what.requests, what.cost(price))
 
 
 def raise_failed_rows(columns: pl.DataFrame, job: Job) -> None:

@@ -36,6 +36,7 @@ from . import _cache
 from ._engine import Counters
 from ._job import Job
 from ._plan import (
+    ANSWERED,
     CACHEABLE,
     RESULT_SCHEMA,
     join_back,
@@ -44,7 +45,7 @@ from ._plan import (
 )
 from ._pricing import cost_or_none
 from ._report import RunReport
-from ._run import cost_without_savings, dispatch, make_report, run_sync
+from ._run import Tally, dispatch, make_report, run_sync, with_usage
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
@@ -200,11 +201,31 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
 
 @dataclass
 class Written:
-    """What :func:`write_table` wrote: rows per status, and what one request per row would
-    have cost (``None`` without a price), for the report's savings."""
+    """What :func:`write_table` wrote: rows per status, and the requests and tokens behind
+    them for the report's savings (see :func:`~llm_ops._run.tally`)."""
 
     statuses: dict[str, int]
-    cost_without_savings: float | None
+    tallies: dict[str, Tally]
+
+
+def _tallies(job: Job, work_dir: Path) -> dict[str, Tally]:
+    """Requests and tokens as if every row were sent, each distinct request once, and for the
+    cache hits, from the plan's tables and the answers now in the cache."""
+    assert job.cache_path is not None
+    plan = work_dir / "plan.duckdb"
+    with (duckdb.connect(str(plan), config=_cache.NO_EXTENSION_DOWNLOADS) as con,
+          _cache.attached(con, job.cache_path, alias="cache")):
+        row = con.execute(
+            "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, 0) AS p, "
+            "coalesce(c.completion_tokens, 0) AS c, m.key IS NULL AS hit FROM requests r "
+            "LEFT JOIN cache.llm_cache c ON c.key = r.key "
+            "LEFT JOIN misses m ON m.key = r.key) "
+            "SELECT sum(rows), sum(rows * p), sum(rows * c), count(*), sum(p), sum(c), "
+            "count(*) FILTER (hit), sum(p) FILTER (hit), sum(c) FILTER (hit) FROM t"
+        ).fetchall()[0]
+    values = [int(v or 0) for v in row]
+    return {"every_row": Tally(*values[0:3]), "each_distinct": Tally(*values[3:6]),
+            "cache": Tally(*values[6:9]), "similar": Tally()}
 
 
 def write_table(
@@ -218,7 +239,6 @@ def write_table(
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     counts: dict[str, int] = {}
-    without: float | None = 0.0 if job.price is not None else None
     writer: pq.ParquetWriter | None = None
     try:
         for batch in iter_batches(files, batch_rows):
@@ -227,8 +247,6 @@ def write_table(
             results = _batch_results(lookup_answers(job.cache_path, wanted),
                                      wanted.join(fresh, on="key"))
             columns = join_back(keyed.rows, results, job)
-            if without is not None:
-                without += cost_without_savings(job, keyed.distinct, results) or 0.0
             for status, n in columns[job.status_column].value_counts().iter_rows():
                 counts[str(status)] = counts.get(str(status), 0) + int(n)
             table = batch.hstack(columns.get_columns()).to_arrow()
@@ -241,7 +259,7 @@ def write_table(
     if writer is None:
         raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
     partial.replace(output)
-    return Written(statuses=counts, cost_without_savings=without)
+    return Written(statuses=counts, tallies=_tallies(job, work_dir))
 
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
@@ -255,6 +273,8 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce("error_run", "error").alias("error"),
         "prompt_tokens",
         "completion_tokens",
+        "similar_to",
+        "similarity",
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
 
 
@@ -268,9 +288,9 @@ def finish_report(
         distinct=plan.distinct, cache_hits=plan.cache_hits, counters=counters,
         statuses=written.statuses, stopped=None, budget_stop=budget_stop(job, counters),
     )
-    if report.cost is not None and written.cost_without_savings is not None:
-        saved = max(0.0, written.cost_without_savings - report.cost)
-        report = dataclasses.replace(report, cost_saved=round(saved, 10))
+    answered = sum(n for status, n in written.statuses.items() if status in ANSWERED)
+    report = with_usage(report, job, answered_rows=answered, tallies=written.tallies,
+                        counters=counters)
     assert job.cache_path is not None  # plan_table refuses to run without a cache
     _cache.record_run(job.cache_path, report.as_dict())
     return report

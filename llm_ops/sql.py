@@ -34,10 +34,11 @@ import pyarrow as pa
 from duckdb.func import FunctionNullHandling, PythonUDFType
 from duckdb.sqltypes import DOUBLE, INTEGER, VARCHAR
 
+from ._frame import run_frame
 from ._job import CachePath, Job, make_job
 from ._plan import key_rows
 from ._report import FAILED_STATUSES
-from ._run import run_frame, run_sync
+from ._run import run_sync
 from .exceptions import ConfigError, RowsFailedError
 
 __all__ = ["register"]

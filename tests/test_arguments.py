@@ -35,7 +35,7 @@ def test_unrenderable_column_type(complete):
 
 @pytest.mark.parametrize("model", ["", "  ", None])
 def test_empty_model(complete, model):
-    with pytest.raises(ConfigError, match="model must be a non-empty string"):
+    with pytest.raises(ConfigError, match="model must be a model name"):
         DF.pipe(complete, prompt="{text}", model=model)
 
 

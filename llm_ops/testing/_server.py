@@ -13,6 +13,11 @@ Per-request behaviour is set by directives inside the user message:
     fail the first two requests carrying this exact prompt, then answer normally
 ``[[sim:invalid=json]]`` / ``[[sim:invalid=schema]]``
     with a ``json_schema`` response format: answer prose, or an object missing its fields
+``[[sim:fail_for=sim-small]]``
+    these models (comma-separated) refuse the prompt with HTTP 400; others answer it
+``[[sim:unsure_for=sim-small]]``
+    these models answer unsure: a ``confidence`` number field of a structured answer is 0.2
+    (else 0.9), and a text answer starts with ``unsure:``
 """
 
 from __future__ import annotations
@@ -157,13 +162,15 @@ def reply_for(
 
 
 def structured_reply(
-    messages: list[dict[str, Any]], schema: dict[str, Any], *, broken: str | None = None
+    messages: list[dict[str, Any]], schema: dict[str, Any], *, broken: str | None = None,
+    unsure: bool = False,
 ) -> str:
     """The simulator's JSON answer for a ``json_schema`` response format.
 
     Strings are the first three words of the last user message, numbers and choices come from
-    a digest of the messages, arrays hold two items. ``broken="json"`` answers prose instead
-    of JSON, ``broken="schema"`` an empty object.
+    a digest of the messages, arrays hold two items; a number field named ``confidence`` is
+    0.9, or 0.2 when ``unsure``. ``broken="json"`` answers prose instead of JSON,
+    ``broken="schema"`` an empty object.
     """
     if broken == "json":
         return "Sure! Here is the JSON you asked for."
@@ -171,7 +178,11 @@ def structured_reply(
         return "{}"
     words = _user_text(messages).split()[:3]
     number = int(_digest(messages)[:8], 16)
-    return json.dumps(_instance(schema, schema, " ".join(words) or "text", number))
+    answer = _instance(schema, schema, " ".join(words) or "text", number)
+    if isinstance(answer, dict) and schema.get("properties", {}).get("confidence", {}).get(
+            "type") == "number":
+        answer["confidence"] = 0.2 if unsure else 0.9
+    return json.dumps(answer)
 
 
 def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int) -> Any:
@@ -448,9 +459,12 @@ class Simulator:
         digest = _digest(messages)
         self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
+        unsure = model in directives.get("unsure_for", "").split(",")
         reply, finish_reason, completion_tokens = reply_for(
             messages, model=model, max_tokens=body.get("max_tokens")
         )
+        if unsure:
+            reply, completion_tokens = f"unsure: {reply}", completion_tokens + 1
         response_format = body.get("response_format") or {}
         packed = parse_pack_request(text)
         if packed is not None:
@@ -458,7 +472,7 @@ class Simulator:
             completion_tokens = len(reply.split())
         elif response_format.get("type") == "json_schema":
             reply = structured_reply(messages, response_format["json_schema"]["schema"],
-                                     broken=directives.get("invalid"))
+                                     broken=directives.get("invalid"), unsure=unsure)
             completion_tokens = len(reply.split())
         prompt_tokens = _estimate_tokens(messages)
         refused = self._admit(prompt_tokens + (body.get("max_tokens") or completion_tokens))
@@ -477,6 +491,9 @@ class Simulator:
         if "status" in directives:
             status = int(directives["status"])
             return _error(status, f"simulated error {status}", "invalid_request_error")
+        if model in directives.get("fail_for", "").split(","):
+            return _error(400, f"simulated: {model} cannot answer this prompt",
+                          "invalid_request_error")
         if self.prompts[digest] <= int(directives.get("fail_times", 0)):
             status = int(directives.get("fail_status", 500))
             return _error(status, f"simulated transient error {status}", "server_error")

@@ -1,0 +1,67 @@
+"""Settings of the semantic cache (``semantic_cache=``); the search is in ``_similar``."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._key import build_request, canonical_json, messages_for
+from .exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class SemanticCache:
+    """Settings of the semantic cache, an opt-in second cache tier (``semantic_cache=``).
+
+    Parameters
+    ----------
+    model
+        Embedding model, on the same endpoint as the completions.
+    threshold
+        Cosine similarity from which a cached answer is reused (0 < threshold <= 1). High
+        values (0.95 and up) reuse answers to near-identical prompts only.
+    dimensions
+        Ask the embedding endpoint for vectors of this size.
+    batch_size
+        Texts per embedding request.
+
+    Examples
+    --------
+    >>> SemanticCache("text-embedding-3-small", threshold=0.97)
+    SemanticCache(model='text-embedding-3-small', threshold=0.97, dimensions=None, batch_size=256)
+    """
+
+    model: str
+    threshold: float = 0.95
+    dimensions: int | None = None
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError(f"SemanticCache needs an embedding model name such as "
+                              f"'text-embedding-3-small', got {self.model!r}")
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
+                0 < threshold <= 1):
+            raise ConfigError(f"SemanticCache threshold is a cosine similarity in (0, 1], "
+                              f"e.g. 0.95, got {threshold!r}")
+        for name in ("dimensions", "batch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"SemanticCache {name} must be a positive integer, got "
+                                  f"{value!r}")
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"dimensions": self.dimensions} if self.dimensions is not None else {}
+
+
+def scope_of(*, endpoint: str, model: str, params: Mapping[str, Any], system: str | None) -> str:
+    """A tagged hash of everything in a request but its user prompt: answers may only be
+    reused within one scope."""
+    request = build_request(endpoint=endpoint, model=model,
+                            messages=messages_for(system, "")[:-1], params=params)
+    return "scope-v1:" + hashlib.sha256(canonical_json(request).encode()).hexdigest()

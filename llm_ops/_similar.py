@@ -1,0 +1,137 @@
+"""The semantic cache: a second tier that reuses the answer of a *similar* cached request.
+
+A request that misses the exact cache is embedded (its user prompt, with the embedding model of
+:class:`SemanticCache`; vectors are cached in ``llm_embeddings``). Cached answers are candidates
+when they were indexed in ``llm_semantic_index`` by an earlier job with the semantic cache on,
+share the request's *scope* (endpoint, model, system message and every parameter: everything but
+the user prompt) and have a vector from the same embedding model. The most similar candidate is
+reused when its cosine similarity reaches the threshold.
+
+Vectors live in the cache database; the search reads the candidates of the batch's scopes from
+DuckDB in Arrow batches and scores every miss against them at once with one matrix product per
+block (numpy), about 30 times faster than ``array_cosine_similarity`` over a cross join on this
+machine, and with memory bounded by the block sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from . import _cache
+from ._engine import Counters
+from ._job import Job
+from ._plan import RESULT_SCHEMA, lookup_answers
+from ._semantic import scope_of
+from ._vectors import distinct_texts, embed_distinct
+
+_MISS_BLOCK = 2048
+_CANDIDATE_BLOCK = 16_384
+
+
+@dataclass
+class Similar:
+    """What the semantic tier did with a job's misses."""
+
+    results: pl.DataFrame  # RESULT_SCHEMA: status "similar", with similar_to and similarity
+    misses: pl.DataFrame  # the misses still to send (key, system, prompt, rows)
+    counters: Counters  # of the embedding requests
+    stopped: BaseException | None
+
+
+def _embedding_job(job: Job) -> Job:
+    assert job.semantic is not None
+    return dataclasses.replace(job, model=job.semantic.model, price=job.semantic_price,
+                               progress=None)
+
+
+async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
+    """Embed the misses, reuse answers of similar cached requests, index the rest.
+
+    The misses that are sent are indexed before they are sent, so their answers become
+    candidates for later jobs as soon as they are cached.
+    """
+    semantic = job.semantic
+    assert semantic is not None
+    empty = pl.DataFrame(schema=RESULT_SCHEMA)
+    if misses.is_empty():
+        return Similar(empty, misses, Counters(), None)
+    embedding_job = _embedding_job(job)
+    row_keys, texts = distinct_texts(misses, embedding_job, "prompt", semantic.params)
+    embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size)
+    scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
+                               system=system) for system in misses["system"].unique().to_list()}
+    with_vectors = (
+        misses.with_columns(embedding_key=row_keys["key"],
+                            scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))
+        .join(embedded.vectors.filter(pl.col("embedding").is_not_null())
+              .select(pl.col("key").alias("embedding_key"), "embedding"),
+              on="embedding_key", maintain_order="left")
+    )
+    best = _search(with_vectors, job)
+    matched = best.filter(pl.col("similarity") >= semantic.threshold)
+    reused = lookup_answers(job.cache_path, matched.select(pl.col("similar_to").alias("key")))
+    results = _similar_results(matched, reused)
+    remaining = misses.join(results.select("key"), on="key", how="anti")
+    if job.cache_path is not None:
+        index = with_vectors.join(results.select("key"), on="key", how="anti")
+        _cache.write_semantic_index(
+            job.cache_path, index.select("key", "scope", "embedding_key").to_dicts())
+    return Similar(results, remaining, embedded.counters, embedded.stopped)
+
+
+def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFrame:
+    """Result rows for the matched misses, carrying the reused answers and their provenance."""
+    return (
+        matched.join(reused.select("key", "text", "json", "prompt_tokens", "completion_tokens"),
+                     left_on="similar_to", right_on="key")
+        .with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
+        .select(list(RESULT_SCHEMA))
+        .cast(RESULT_SCHEMA)  # type: ignore[arg-type]
+    )
+
+
+def _normalised(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1.0, norms)
+
+
+def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
+    """The most similar candidate of each miss in its scope: key, similar_to, similarity."""
+    assert job.semantic is not None
+    schema = {"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
+    if misses.is_empty() or job.cache_path is None:
+        return pl.DataFrame(schema=schema)
+    dimensions = len(misses["embedding"][0])
+    queries = _normalised(np.asarray(misses["embedding"].to_list(), dtype=np.float32))
+    codes = {scope: code for code, scope in enumerate(misses["scope"].unique().to_list())}
+    query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
+    best = np.full(len(queries), -np.inf, dtype=np.float32)
+    best_key = np.full(len(queries), None, dtype=object)
+    for batch in _cache.similar_candidates(job.cache_path, list(codes),
+                                           embedding_model=job.semantic.model,
+                                           dimensions=dimensions, batch_rows=_CANDIDATE_BLOCK):
+        keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
+        scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])
+        flat = batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
+        candidates = _normalised(flat.reshape(len(keys), dimensions).astype(np.float32))
+        for start in range(0, len(queries), _MISS_BLOCK):
+            block = slice(start, start + _MISS_BLOCK)
+            scores = queries[block] @ candidates.T
+            scores[query_scopes[block, None] != scopes[None, :]] = -np.inf
+            top = scores.argmax(axis=1)
+            top_score = scores[np.arange(len(top)), top]
+            better = top_score > best[block]
+            best[block] = np.where(better, top_score, best[block])
+            best_key[block] = np.where(better, keys[top], best_key[block])
+    found = np.isfinite(best)
+    return pl.DataFrame(
+        {"key": misses["key"].filter(pl.Series(found)),
+         "similar_to": best_key[found].tolist(),
+         "similarity": np.minimum(best[found], 1.0).astype(np.float64)},
+        schema=schema,
+    )

@@ -1,0 +1,134 @@
+"""Vectors for distinct texts, from the embedding cache or the endpoint.
+
+Shared by :func:`llm_ops.llm_embed` and the semantic cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from . import _cache
+from ._engine import Batch, Counters, EmbeddingDispatcher, Outcome, Request
+from ._job import Job
+from ._key import (
+    build_embedding_request,
+    canonical_json,
+    embedding_key_sql,
+    normalize_base_url,
+    request_key,
+)
+from ._plan import group_and_key
+from ._progress import TerminalDisplay, Tracker
+from .exceptions import JobAbortedError
+
+
+def distinct_texts(frame: pl.DataFrame, job: Job, column: str,
+                   params: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Per-row embedding keys (null for null text) and the distinct texts (key, prompt, rows)."""
+    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt"),
+                         pl.lit(None, dtype=pl.String).alias("system"))
+    expression, parameters = embedding_key_sql(endpoint=job.base_url, model=job.model,
+                                               params=params)
+    row_keys, grouped = group_and_key(
+        texts, expression, parameters,
+        lambda _, text: request_key(_request(job, text, params)), with_system=False,
+    )
+    return row_keys, grouped.select("key", "prompt", "rows")
+
+
+def _request(job: Job, text: str, params: dict[str, Any]) -> dict[str, Any]:
+    return build_embedding_request(endpoint=job.base_url, model=job.model, text=text,
+                                   params=params)
+
+
+def _batches(misses: pl.DataFrame, job: Job, params: dict[str, Any],
+             size: int) -> Iterator[Request]:
+    for number, chunk in enumerate(misses.iter_slices(size)):
+        texts = chunk["prompt"].to_list()
+        yield Batch(
+            key=f"batch-{number}", messages=[], request_json="", rows=int(chunk["rows"].sum()),
+            keys=tuple(chunk["key"].to_list()), inputs=tuple(texts),
+            requests_json=tuple(canonical_json(_request(job, t, params)) for t in texts),
+        )
+
+
+@dataclass
+class Embedded:
+    """Vectors for distinct texts: one row per text (key, embedding, status, error)."""
+
+    vectors: pl.DataFrame
+    cache_hits: int
+    counters: Counters
+    stopped: BaseException | None
+
+
+async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any],
+                         batch_size: int, *, rows: int | None = None) -> Embedded:
+    """Vectors for ``distinct`` (key, prompt, rows): from the cache, else from the endpoint,
+    ``batch_size`` texts per request, written through to ``llm_embeddings``.
+
+    ``rows`` (the job's rows, for progress) turns on ``job.progress``.
+    """
+    hits = pl.DataFrame(schema={"key": pl.String, "embedding": pl.List(pl.Float32)})
+    if job.cache_path is not None and distinct.height:
+        found = pl.from_arrow(_cache.lookup_embeddings(job.cache_path,
+                                                       distinct.select("key").to_arrow()))
+        assert isinstance(found, pl.DataFrame)
+        hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
+    misses = distinct.join(hits.select("key"), on="key", how="anti")
+
+    dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,
+                                     params=params, settings=job.settings)
+    total = rows if rows is not None else int(distinct["rows"].sum())
+    tracker = Tracker(rows=total, rows_settled=total - int(misses["rows"].sum()),
+                      requests=-(-misses.height // batch_size), dispatcher=dispatcher)
+    answered: list[tuple[str, list[float] | None, str, str | None]] = []
+    pending: list[dict[str, Any]] = []
+    endpoint = normalize_base_url(job.base_url)
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        assert isinstance(request, Batch)
+        tracker.rows_done += request.rows
+        vectors = outcome.vectors or [None] * len(request.keys)  # type: ignore[list-item]
+        share = outcome.prompt_tokens // max(1, len(request.keys))
+        for key, vector, request_json in zip(request.keys, vectors, request.requests_json,
+                                             strict=True):
+            answered.append((key, vector, outcome.status, outcome.error))
+            if vector is not None and job.cache_path is not None:
+                pending.append({"key": key, "model": job.model, "endpoint": endpoint,
+                                "request": request_json, "dimensions": len(vector),
+                                "embedding": vector, "prompt_tokens": share,
+                                "latency_ms": outcome.latency_ms})
+        if job.cache_path is not None and len(pending) >= job.flush_every:
+            batch = pending[:]
+            pending.clear()
+            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, batch)
+
+    progress = job.progress if rows is not None else None
+    publisher = asyncio.create_task(tracker.publish(progress)) if progress is not None else None
+    stopped: BaseException | None = None
+    try:
+        await dispatcher.run(_batches(misses, job, params, batch_size), on_outcome)
+    except (JobAbortedError, asyncio.CancelledError) as exc:
+        stopped = exc
+    finally:
+        if publisher is not None:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+            if isinstance(progress, TerminalDisplay):
+                progress.close()
+        if job.cache_path is not None and pending:
+            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, pending)
+
+    fresh = pl.DataFrame(answered, schema={"key": pl.String, "embedding": pl.List(pl.Float32),
+                                           "status": pl.String, "error": pl.String},
+                         orient="row")
+    vectors = pl.concat([hits.with_columns(status=pl.lit("cached"),
+                                           error=pl.lit(None, pl.String)), fresh])
+    return Embedded(vectors=vectors, cache_hits=hits.height, counters=dispatcher.counters,
+                    stopped=stopped)
