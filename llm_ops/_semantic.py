@@ -59,9 +59,11 @@ class SemanticCache:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
 
 
-def scope_of(*, endpoint: str, model: str, params: Mapping[str, Any], system: str | None) -> str:
-    """A tagged hash of everything in a request but its user prompt: answers may only be
-    reused within one scope."""
+def scope_of(*, endpoint: str, model: str, params: Mapping[str, Any], system: str | None,
+             template: str) -> str:
+    """A tagged hash of a request with its user prompt replaced by the prompt's *template*:
+    answers may only be reused between requests of one scope, which differ only in the column
+    values rendered into the prompt."""
     request = build_request(endpoint=endpoint, model=model,
-                            messages=messages_for(system, "")[:-1], params=params)
+                            messages=messages_for(system, template), params=params)
     return "scope-v1:" + hashlib.sha256(canonical_json(request).encode()).hexdigest()

@@ -1,11 +1,14 @@
 """The semantic cache: a second tier that reuses the answer of a *similar* cached request.
 
-A request that misses the exact cache is embedded (its user prompt, with the embedding model of
-:class:`SemanticCache`; vectors are cached in ``llm_embeddings``). Cached answers are candidates
-when they were indexed in ``llm_semantic_index`` by an earlier job with the semantic cache on,
-share the request's *scope* (endpoint, model, system message and every parameter: everything but
-the user prompt) and have a vector from the same embedding model. The most similar candidate is
-reused when its cosine similarity reaches the threshold.
+A request that misses the exact cache is embedded with the embedding model of
+:class:`SemanticCache` (vectors are cached in ``llm_embeddings``). What is embedded is the column
+values rendered into the user prompt, not the template's own words: every row of a job shares
+those, and with them in the text, "Classify this title: Love it" and "Classify this title: Love"
+look 94% alike. The template is part of the request's *scope* instead, with the endpoint, model,
+system message and every parameter. Cached answers are candidates when they were indexed in
+``llm_semantic_index`` by an earlier job with the semantic cache on, share the scope and have a
+vector from the same embedding model. The most similar candidate is reused when its cosine
+similarity reaches the threshold.
 
 Vectors live in the cache database; the search reads the candidates of the batch's scopes from
 DuckDB in Arrow batches and scores every miss against them at once with one matrix product per
@@ -61,10 +64,12 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     if misses.is_empty():
         return Similar(empty, misses, Counters(), None)
     embedding_job = _embedding_job(job)
-    row_keys, texts = distinct_texts(misses, embedding_job, "prompt", semantic.params)
+    values = misses.select(job.prompt.values_in(pl.col("prompt")).alias("values"))
+    row_keys, texts = distinct_texts(values, embedding_job, "values", semantic.params)
     embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size)
     scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
-                               system=system) for system in misses["system"].unique().to_list()}
+                               system=system, template=job.prompt.source)
+              for system in misses["system"].unique().to_list()}
     with_vectors = (
         misses.with_columns(embedding_key=row_keys["key"],
                             scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))

@@ -54,6 +54,25 @@ class Template:
             return pl.lit("", dtype=pl.String)
         return pl.concat_str(pieces, ignore_nulls=False)
 
+    def values_in(self, rendered: pl.Expr) -> pl.Expr:
+        """The column values inside ``rendered`` prompts, one per line, without the template's
+        literal text: what the semantic cache embeds, so that the words every row shares do
+        not make every row look alike.
+
+        Examples
+        --------
+        >>> template = parse_template("Title: {title}. Say more:")
+        >>> pl.select(template.values_in(pl.lit("Title: Love it!. Say more:"))).item()
+        'Love it!'
+        """
+        if not self.columns:
+            return rendered
+        pattern = "".join(pl.escape_regex(literal) + ("(.*?)" if column else "")
+                          for literal, column in self.parts)
+        groups = rendered.str.extract_groups(f"(?s)^{pattern}$")
+        count = sum(1 for _, column in self.parts if column is not None)
+        return pl.concat_str([groups.struct[i] for i in range(count)], separator="\n")
+
 
 def parse_template(source: str, *, what: str = "prompt") -> Template:
     """Parse ``source``, raising :class:`TemplateError` if it is not a plain-column template."""

@@ -216,13 +216,17 @@ def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int
     return text
 
 
-def embed(text: str, dimensions: int = 64) -> list[float]:
+def embed(text: str, dimensions: int = 256) -> list[float]:
     """The simulator's embedding: a normalised hashed bag of words, so texts sharing words
-    have similar vectors (cosine similarity is the share of words in common, roughly)."""
+    have similar vectors (cosine similarity is about the share of words in common) and texts
+    that share none are near orthogonal. Each word adds a sign at eight hashed positions, so two
+    different words rarely look alike even in few dimensions."""
     vector = [0.0] * dimensions
     for word in re.findall(r"\w+", text.lower()):
-        digest = int(hashlib.sha256(word.encode()).hexdigest()[:8], 16)
-        vector[digest % dimensions] += 1.0 if digest & 1 << 31 else -1.0
+        digest = hashlib.sha256(word.encode()).digest()
+        for i in range(0, 32, 4):
+            position = int.from_bytes(digest[i:i + 4], "big")
+            vector[position % dimensions] += 1.0 if position & 1 << 31 else -1.0
     norm = math.sqrt(sum(v * v for v in vector))
     if norm == 0:
         vector[0], norm = 1.0, 1.0
@@ -332,7 +336,7 @@ class Simulator:
             body = json.loads(await request.read())
             inputs = body["input"]
             inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-            dimensions = int(body.get("dimensions") or 64)
+            dimensions = int(body.get("dimensions") or 256)
         except (ValueError, KeyError, TypeError):
             return _error(400, "body must be JSON with 'model' and 'input'",
                           "invalid_request_error")
