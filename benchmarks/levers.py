@@ -13,6 +13,10 @@ use list prices: the simulator's "sim-small" is priced as gpt-4o-mini and "sim" 
 2. **Cascade** on review texts, a share of them marked hard for the small model (its answer
    then starts with ``unsure:``, which the ``escalate`` rule catches). The baseline sends every
    row to the large model; llm_ops runs the large model alone, then the cascade.
+3. **Similarity search at scale**: random vectors for cached answers and misses in one scope,
+   searched by llm_ops (candidates read from DuckDB in batches, scored by blocked matrix
+   products), and, for the smaller sizes, by DuckDB's ``array_cosine_similarity`` over a
+   cross join, the plain-SQL alternative.
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import polars as pl
+import pyarrow as pa
 from baseline import complete_all
 
 from llm_ops import PRICES, Price, RunReport, SemanticCache, llm_complete
+from llm_ops._cache import connect
+from llm_ops._job import make_job
+from llm_ops._similar import _search
 from llm_ops.testing import LocalEndpoint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "womens_clothing_reviews.parquet"
@@ -154,6 +163,65 @@ def cascade(endpoint: LocalEndpoint, rows: int, hard_share: float, work: Path) -
                     f"{wall:.2f}", f"{(report.cost or 0) / cost:.2f}x"]))
 
 
+def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
+    """A cache whose answers k0, k1, ... are indexed with ``vectors`` in scope "s"."""
+    count, dimensions = vectors.shape
+    keys = [f"k{i}" for i in range(count)]
+    tables = {
+        "llm_cache": pa.table({"key": keys, "model": ["m"] * count, "endpoint": ["x"] * count,
+                               "request": ["{}"] * count, "status": ["ok"] * count}),
+        "llm_embeddings": pa.table({
+            "key": keys, "model": ["emb"] * count, "endpoint": ["x"] * count,
+            "request": ["{}"] * count, "dimensions": [dimensions] * count,
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dimensions)
+            .cast(pa.list_(pa.float32()))}),
+        "llm_semantic_index": pa.table({"key": keys, "scope": ["s"] * count,
+                                        "embedding_key": keys}),
+    }
+    with connect(path) as con:
+        for table, rows in tables.items():
+            con.register("new_rows", rows)
+            con.execute(f"INSERT INTO {table} ({', '.join(rows.column_names)}) "
+                        "SELECT * FROM new_rows")
+            con.unregister("new_rows")
+
+
+def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
+    print("\n### Similarity search: one batch of misses against the indexed answers of its "
+          "scope\n")
+    print(_row(["misses", "candidates", "dimensions", "llm_ops search s", "M pairs/s",
+                "DuckDB array_cosine_similarity s", "llm_ops / DuckDB"]))
+    print(_row(["---"] * 7))
+    rng = np.random.default_rng(0)
+    for misses, candidates, dimensions in sizes:
+        path = work / f"search-{misses}-{candidates}-{dimensions}.duckdb"
+        _fill_index(path, rng.standard_normal((candidates, dimensions), dtype=np.float32))
+        job = make_job(pl.Schema({"t": pl.String}), prompt="{t}", model="m", cache=path,
+                       base_url="http://127.0.0.1:1/v1", semantic_cache=SemanticCache("emb"))
+        queries = rng.standard_normal((misses, dimensions), dtype=np.float32)
+        frame = pl.DataFrame({"key": [f"q{i}" for i in range(misses)], "scope": ["s"] * misses,
+                              "embedding": queries.tolist()})
+        started = time.perf_counter()
+        _search(frame, job)
+        ours = time.perf_counter() - started
+        sql = ""
+        ratio = ""
+        if misses * candidates * dimensions <= 1.1e10:  # the cross join takes minutes beyond
+            with duckdb.connect(str(path), read_only=True) as con:
+                con.register("q", pa.table({"id": range(misses),
+                                            "embedding": pa.FixedSizeListArray.from_arrays(
+                                                pa.array(queries.ravel()), dimensions)}))
+                started = time.perf_counter()
+                con.execute(
+                    f"SELECT q.id, max(array_cosine_similarity(q.embedding, "
+                    f"e.embedding::FLOAT[{dimensions}])) FROM q, llm_embeddings e "
+                    "GROUP BY q.id").fetchall()
+                duck = time.perf_counter() - started
+            sql, ratio = f"{duck:.2f}", f"{ours / duck:.2f}x"
+        print(_row([f"{misses:,}", f"{candidates:,}", dimensions, f"{ours:.2f}",
+                    f"{misses * candidates / ours / 1e6:.0f}", sql, ratio]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,6 +232,10 @@ def main() -> None:
     with LocalEndpoint() as endpoint, tempfile.TemporaryDirectory() as work:
         semantic(endpoint, args.rows, args.threshold, Path(work))
         cascade(endpoint, min(args.rows, 5_000), args.hard_share, Path(work))
+        scale = max(1, args.rows // 1000)
+        search_scale(Path(work), [(100 * scale, 1_000 * scale, 256),
+                                  (250 * scale, 5_000 * scale, 256),
+                                  (250 * scale, 5_000 * scale, 1536)])
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import polars as pl
 from ._job import Job
 from ._plan import ANSWERED
 from ._report import STATUSES, ModelUsage, RunReport, Saving
-from ._run import Tally, Tier, run_once, status_counts, tally
-from ._run import add_costs as _add
+from ._run import Tier, run_once, status_counts
+from ._savings import Tally, add_costs, subtract_costs, tally
 
 ESCALATE_STATUSES = ("rejected", "failed", "invalid", "truncated")
 """Statuses that always send a row on to the next model of a cascade."""
@@ -93,11 +93,11 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
     savings: dict[str, Saving] = {}
     for report in reports:
         for name, usage in report.models.items():
-            models[name] = _sum_usage(models.get(name), usage)
+            models[name] = _sum_usage(models.get(name, ModelUsage()), usage)
         for lever, saving in report.savings.items():
-            savings[lever] = Saving(savings[lever].requests + saving.requests,
-                                    _add(savings[lever].cost, saving.cost)
-                                    ) if lever in savings else saving
+            before = savings.get(lever, Saving(0, 0.0))
+            savings[lever] = Saving(before.requests + saving.requests,
+                                    add_costs(before.cost, saving.cost))
     answered = columns.filter(pl.col(job.status_column).cast(pl.String).is_in(ANSWERED))
     final_rows = dict(answered[job.model_column].value_counts().iter_rows())
     for name in job.models:
@@ -114,17 +114,16 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
         every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"),
                            tier.results)["every_row"]
         if tier_job.model != last_model:
-            earlier_cost = _add(earlier_cost, tier.report.cost)
+            earlier_cost = add_costs(earlier_cost, tier.report.cost)
             fresh = tier.results.filter(pl.col("status") == "ok").join(keys, on="key", how="semi")
             kept_fresh += Tally(fresh.height, int(fresh["prompt_tokens"].sum() or 0),
                                 int(fresh["completion_tokens"].sum() or 0))
     would_cost = kept_fresh.cost(last_price)
-    savings["cascade"] = Saving(kept_fresh.requests, None if would_cost is None or earlier_cost
-                                is None else round(would_cost - earlier_cost, 10))
+    savings["cascade"] = Saving(kept_fresh.requests, subtract_costs(would_cost, earlier_cost))
 
     total_cost: float | None = 0.0
     for report in reports:
-        total_cost = _add(total_cost, report.cost)
+        total_cost = add_costs(total_cost, report.cost)
     without = every_row.cost(last_price)
     stopped = next((r for r in reports if r.outcome != "completed"), None)
     counts = status_counts(columns, job)
@@ -143,15 +142,12 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
         outcome=stopped.outcome if stopped else "completed",
         error=stopped.error if stopped else None,
         cost=total_cost,
-        cost_saved=None if without is None or total_cost is None else round(
-            without - total_cost, 10),
+        cost_saved=subtract_costs(without, total_cost),
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
         savings=savings, models=models,
     )
 
 
-def _sum_usage(a: ModelUsage | None, b: ModelUsage) -> ModelUsage:
-    if a is None:
-        return b
+def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:
     return ModelUsage(a.rows + b.rows, a.requests + b.requests, a.prompt_tokens + b.prompt_tokens,
-                      a.completion_tokens + b.completion_tokens, _add(a.cost, b.cost))
+                      a.completion_tokens + b.completion_tokens, add_costs(a.cost, b.cost))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
@@ -19,9 +18,10 @@ from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
 from ._plan import ANSWERED, CACHEABLE, join_back, plan_frame, results_frame
-from ._pricing import Price, cost_or_none
+from ._pricing import cost_or_none
 from ._progress import TerminalDisplay, Tracker
-from ._report import FAILED_STATUSES, STATUSES, ModelUsage, RunReport, Saving
+from ._report import FAILED_STATUSES, STATUSES, RunReport
+from ._savings import tally, with_usage
 from ._similar import find_similar
 from .exceptions import JobAbortedError, RowsFailedError
 
@@ -265,111 +265,9 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
     )
     answered = int(columns[job.status_column].cast(pl.String).is_in(ANSWERED).sum())
     report = with_usage(report, job, answered_rows=answered,
-                        tallies=tally(plan.distinct, results), counters=done.counters,
-                        embeddings=embeddings)
+                        tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
+                        counters=done.counters, embeddings=embeddings)
     return Tier(columns, report, plan.row_keys.select("key"), results, done.stopped)
-
-
-def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
-               counters: Counters, embeddings: Counters | None = None) -> RunReport:
-    """``report`` with its models, savings per lever and total saving filled in."""
-    models = {job.model: ModelUsage(rows=answered_rows, requests=counters.sent,
-                                    prompt_tokens=counters.prompt_tokens,
-                                    completion_tokens=counters.completion_tokens,
-                                    cost=report.cost)}
-    embedding_cost: float | None = 0.0
-    if embeddings is not None and job.semantic is not None:
-        embedding_cost = cost_or_none(job.semantic_price, requests=embeddings.answered,
-                                      input_tokens=embeddings.prompt_tokens, output_tokens=0)
-        models[job.semantic.model] = ModelUsage(
-            requests=embeddings.sent, prompt_tokens=embeddings.prompt_tokens, cost=embedding_cost)
-    cost = add_costs(report.cost, embedding_cost)
-    savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
-                            embedding_cost=embedding_cost)
-    every_row = tallies["every_row"].cost(job.price)
-    return dataclasses.replace(
-        report, cost=cost, models=models, savings=savings,
-        cost_saved=None if every_row is None or cost is None else round(every_row - cost, 10),
-    )
-
-
-def add_costs(a: float | None, b: float | None) -> float | None:
-    """The sum of two costs, unknown if either is."""
-    return None if a is None or b is None else round(a + b, 10)
-
-
-@dataclass(frozen=True)
-class Tally:
-    """Requests and their tokens, priced with :meth:`cost`."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def cost(self, price: Price | None) -> float | None:
-        return cost_or_none(price, requests=self.requests, input_tokens=self.prompt_tokens,
-                            output_tokens=self.completion_tokens)
-
-    def __add__(self, other: Tally) -> Tally:
-        return Tally(self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens)
-
-    def __sub__(self, other: Tally) -> Tally:
-        return Tally(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
-                     self.completion_tokens - other.completion_tokens)
-
-
-def tally(distinct: pl.DataFrame, results: pl.DataFrame) -> dict[str, Tally]:
-    """Requests and tokens as if each row were sent (``every_row``), each distinct request
-    once (``each_distinct``), and for those answered by the cache tiers (``cache``,
-    ``similar``); a request without an answer counts no tokens."""
-    per_key = distinct.select("key", "rows").join(
-        results.select("key", "status", "prompt_tokens", "completion_tokens"),
-        on="key", how="left",
-    ).with_columns(pl.col("prompt_tokens", "completion_tokens").fill_null(0),
-                   once=pl.lit(1, pl.Int64))
-
-    def sums(frame: pl.DataFrame, weight: pl.Expr) -> Tally:
-        row = frame.select(weight.sum().alias("requests"),
-                           (weight * pl.col("prompt_tokens")).sum().alias("prompt"),
-                           (weight * pl.col("completion_tokens")).sum().alias("completion")).row(0)
-        return Tally(*(int(value or 0) for value in row))
-
-    once = pl.col("once")
-    return {
-        "every_row": sums(per_key, pl.col("rows")),
-        "each_distinct": sums(per_key, once),
-        "cache": sums(per_key.filter(pl.col("status") == "cached"), once),
-        "similar": sums(per_key.filter(pl.col("status") == "similar"), once),
-    }
-
-
-def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
-                  completion_cost: float | None,
-                  embedding_cost: float | None) -> dict[str, Saving]:
-    """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`)."""
-    every_row, each = tallies["every_row"], tallies["each_distinct"]
-    cache, similar = tallies["cache"], tallies["similar"]
-    savings = {"dedupe": _saving(every_row - each, job.price)}
-    if job.cache_path is not None:
-        savings["cache"] = _saving(cache, job.price)
-    if job.rows_per_request > 1:
-        sent = each - cache - similar
-        cost = sent.cost(job.price)
-        savings["packing"] = Saving(
-            sent.requests - counters.sent,
-            None if cost is None or completion_cost is None else round(cost - completion_cost, 10))
-    if job.semantic is not None:
-        reused = similar.cost(job.price)
-        savings["semantic_cache"] = Saving(
-            similar.requests,
-            None if reused is None or embedding_cost is None else round(reused - embedding_cost,
-                                                                        10))
-    return savings
-
-
-def _saving(what: Tally, price: Price | None) -> Saving:
-    return Saving(what.requests, what.cost(price))
 
 
 def raise_failed_rows(columns: pl.DataFrame, job: Job) -> None:

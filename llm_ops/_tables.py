@@ -45,7 +45,8 @@ from ._plan import (
 )
 from ._pricing import cost_or_none
 from ._report import RunReport
-from ._run import Tally, dispatch, make_report, run_sync, with_usage
+from ._run import dispatch, make_report, run_sync
+from ._savings import Tally, with_usage
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"

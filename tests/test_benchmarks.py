@@ -29,3 +29,14 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     written = out.read_text()
     assert written.startswith("# llm-ops benchmark results")
     assert all(name in written for name in SCENARIOS)
+
+
+def test_levers_benchmark_prints_its_three_tables() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "levers.py"), "--rows", "400"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for title in ("Semantic cache", "Cascade", "Similarity search"):
+        assert f"### {title}" in done.stdout
+    assert "| llm_ops, cascade [sim-small, sim] |" in done.stdout

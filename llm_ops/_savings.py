@@ -1,0 +1,121 @@
+"""Accounting: what a job spent per model, and what each lever saved.
+
+A lever's saving is priced from the tokens of the answers it reused or the requests it spared,
+at the price of the model the job would otherwise have sent them to (see
+:data:`~llm_ops.LEVERS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import polars as pl
+
+from ._engine import Counters
+from ._job import Job
+from ._pricing import Price, cost_or_none
+from ._report import ModelUsage, RunReport, Saving
+
+
+def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
+               counters: Counters, embeddings: Counters | None = None) -> RunReport:
+    """``report`` with its models, savings per lever and total saving filled in."""
+    models = {job.model: ModelUsage(rows=answered_rows, requests=counters.sent,
+                                    prompt_tokens=counters.prompt_tokens,
+                                    completion_tokens=counters.completion_tokens,
+                                    cost=report.cost)}
+    embedding_cost: float | None = 0.0
+    if embeddings is not None and job.semantic is not None:
+        embedding_cost = cost_or_none(job.semantic_price, requests=embeddings.answered,
+                                      input_tokens=embeddings.prompt_tokens, output_tokens=0)
+        models[job.semantic.model] = ModelUsage(
+            requests=embeddings.sent, prompt_tokens=embeddings.prompt_tokens, cost=embedding_cost)
+    cost = add_costs(report.cost, embedding_cost)
+    savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
+                            embedding_cost=embedding_cost)
+    return dataclasses.replace(
+        report, cost=cost, models=models, savings=savings,
+        cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
+    )
+
+
+def add_costs(a: float | None, b: float | None) -> float | None:
+    """The sum of two costs, unknown if either is."""
+    return None if a is None or b is None else round(a + b, 10)
+
+
+def subtract_costs(a: float | None, b: float | None) -> float | None:
+    """``a - b``, unknown if either is."""
+    return None if a is None or b is None else round(a - b, 10)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Requests and their tokens, priced with :meth:`cost`."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def cost(self, price: Price | None) -> float | None:
+        return cost_or_none(price, requests=self.requests, input_tokens=self.prompt_tokens,
+                            output_tokens=self.completion_tokens)
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
+
+    def __sub__(self, other: Tally) -> Tally:
+        return Tally(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
+                     self.completion_tokens - other.completion_tokens)
+
+
+def tally(distinct: pl.DataFrame, results: pl.DataFrame,
+          cache_hits: pl.Series | None = None) -> dict[str, Tally]:
+    """Requests and tokens as if each row were sent (``every_row``), each distinct request
+    once (``each_distinct``), and for those answered by the cache tiers (``cache``: the keys
+    in ``cache_hits``; ``similar``); a request without an answer counts no tokens."""
+    hits = cache_hits if cache_hits is not None else pl.Series([], dtype=pl.String)
+    per_key = distinct.select("key", "rows").join(
+        results.select("key", "status", "prompt_tokens", "completion_tokens"),
+        on="key", how="left",
+    ).with_columns(pl.col("prompt_tokens", "completion_tokens").fill_null(0),
+                   once=pl.lit(1, pl.Int64))
+
+    def sums(frame: pl.DataFrame, weight: pl.Expr) -> Tally:
+        row = frame.select(weight.sum().alias("requests"),
+                           (weight * pl.col("prompt_tokens")).sum().alias("prompt"),
+                           (weight * pl.col("completion_tokens")).sum().alias("completion")).row(0)
+        return Tally(*(int(value or 0) for value in row))
+
+    once = pl.col("once")
+    return {
+        "every_row": sums(per_key, pl.col("rows")),
+        "each_distinct": sums(per_key, once),
+        "cache": sums(per_key.filter(pl.col("key").is_in(hits.implode())), once),
+        "similar": sums(per_key.filter(pl.col("status") == "similar"), once),
+    }
+
+
+def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
+                  completion_cost: float | None,
+                  embedding_cost: float | None) -> dict[str, Saving]:
+    """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`)."""
+    every_row, each = tallies["every_row"], tallies["each_distinct"]
+    cache, similar = tallies["cache"], tallies["similar"]
+    savings = {"dedupe": _saving(every_row - each, job.price)}
+    if job.cache_path is not None:
+        savings["cache"] = _saving(cache, job.price)
+    if job.rows_per_request > 1:
+        sent = each - cache - similar
+        savings["packing"] = Saving(sent.requests - counters.sent,
+                                    subtract_costs(sent.cost(job.price), completion_cost))
+    if job.semantic is not None:
+        savings["semantic_cache"] = Saving(similar.requests,
+                                           subtract_costs(similar.cost(job.price), embedding_cost))
+    return savings
+
+
+def _saving(what: Tally, price: Price | None) -> Saving:
+    return Saving(what.requests, what.cost(price))
