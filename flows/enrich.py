@@ -35,7 +35,14 @@ from prefect.blocks.system import Secret
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from llm_ops import ConfigError, JobAbortedError, LlmOpsError, Price, RunReport
+from llm_ops import (
+    ConfigError,
+    JobAbortedError,
+    LlmOpsError,
+    Price,
+    RunReport,
+    SemanticCache,
+)
 from llm_ops._engine import Counters
 from llm_ops._job import Job, make_job
 from llm_ops._tables import (
@@ -84,6 +91,10 @@ class EnrichConfig(BaseModel):
     price_per_request: float | None = Field(None, description="$ per request")
     max_cost: float | None = Field(None, description="stop sending past this many dollars")
     max_requests: int | None = Field(None, description="stop sending past this many requests")
+    semantic_cache_model: str | None = Field(
+        None, description="embedding model: reuse answers of similar cached requests")
+    similarity: float = Field(0.95, gt=0, le=1, description="cosine similarity from which a "
+                                                           "similar answer is reused")
 
     def pricing(self) -> Price | None:
         """The price given in the parameters, overriding llm_ops.PRICES for the model."""
@@ -116,6 +127,8 @@ def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
         max_attempts=config.max_attempts, timeout=config.timeout, rpm=config.rpm,
         tpm=config.tpm, pricing=config.pricing(), max_cost=config.max_cost,
         max_requests=config.max_requests,
+        semantic_cache=SemanticCache(config.semantic_cache_model, threshold=config.similarity)
+        if config.semantic_cache_model else None,
     )
     return files, job
 
@@ -146,6 +159,10 @@ def write_output(config: EnrichConfig) -> Written:
                        batch_rows=config.batch_rows)
 
 
+def _dollars(amount: float | None) -> float | str:
+    return "unknown" if amount is None else round(amount, 6)
+
+
 def report_table(report: RunReport) -> list[dict[str, Any]]:
     """The run report as rows of (figure, value) for a Prefect table artifact."""
     figures = {
@@ -154,9 +171,10 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
         "retries": report.retries,
         **{f"rows {status}": n for status, n in report.statuses.items()},
         "prompt tokens": report.prompt_tokens, "completion tokens": report.completion_tokens,
-        "cost ($)": "unknown" if report.cost is None else round(report.cost, 6),
-        "saved by cache and dedupe ($)": (
-            "unknown" if report.cost_saved is None else round(report.cost_saved, 6)),
+        "cost ($)": _dollars(report.cost),
+        "saved in all ($)": _dollars(report.cost_saved),
+        **{f"saved by {lever} (requests, $)": f"{saving.requests:,}, {_dollars(saving.cost)}"
+           for lever, saving in report.savings.items()},
         "wall seconds": round(report.wall_seconds, 2),
     }
     return [{"figure": name, "value": value} for name, value in figures.items()]

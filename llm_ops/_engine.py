@@ -129,6 +129,9 @@ class Counters:
     over_budget: int = 0  # requests not sent because a budget was reached
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # the embedding requests the semantic cache made for this job, and their tokens
+    embedding_requests: int = 0
+    embedding_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: Counters) -> None:

@@ -244,8 +244,7 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
     clock = time.perf_counter()
     plan = await asyncio.to_thread(plan_frame, frame, job)
     settled, misses = [plan.hits], plan.misses
-    embeddings: Counters | None = None
-    stopped: BaseException | None = None
+    embeddings, stopped = Counters(), None
     if job.semantic is not None:
         similar = await find_similar(misses, job)
         settled.append(similar.results)
@@ -255,6 +254,8 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
                               rows_settled=frame.height - int(misses["rows"].sum()))
     else:  # the endpoint refused the embeddings: it would refuse the completions too
         done = Dispatched(outcomes=[], counters=Counters(), stopped=stopped)
+    done.counters.embedding_requests = embeddings.sent
+    done.counters.embedding_tokens = embeddings.prompt_tokens
     results = results_frame(settled, done.outcomes)
     columns = await asyncio.to_thread(join_back, plan.row_keys, results, job)
     report = make_report(
@@ -266,7 +267,7 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
     answered = int(columns[job.status_column].cast(pl.String).is_in(ANSWERED).sum())
     report = with_usage(report, job, answered_rows=answered,
                         tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
-                        counters=done.counters, embeddings=embeddings)
+                        counters=done.counters)
     return Tier(columns, report, plan.row_keys.select("key"), results, done.stopped)
 
 

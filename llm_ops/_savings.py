@@ -19,18 +19,19 @@ from ._report import ModelUsage, RunReport, Saving
 
 
 def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
-               counters: Counters, embeddings: Counters | None = None) -> RunReport:
+               counters: Counters) -> RunReport:
     """``report`` with its models, savings per lever and total saving filled in."""
     models = {job.model: ModelUsage(rows=answered_rows, requests=counters.sent,
                                     prompt_tokens=counters.prompt_tokens,
                                     completion_tokens=counters.completion_tokens,
                                     cost=report.cost)}
     embedding_cost: float | None = 0.0
-    if embeddings is not None and job.semantic is not None:
-        embedding_cost = cost_or_none(job.semantic_price, requests=embeddings.answered,
-                                      input_tokens=embeddings.prompt_tokens, output_tokens=0)
-        models[job.semantic.model] = ModelUsage(
-            requests=embeddings.sent, prompt_tokens=embeddings.prompt_tokens, cost=embedding_cost)
+    if job.semantic is not None:
+        embedding_cost = cost_or_none(job.semantic_price, requests=counters.embedding_requests,
+                                      input_tokens=counters.embedding_tokens, output_tokens=0)
+        models[job.semantic.model] = ModelUsage(requests=counters.embedding_requests,
+                                                prompt_tokens=counters.embedding_tokens,
+                                                cost=embedding_cost)
     cost = add_costs(report.cost, embedding_cost)
     savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
                             embedding_cost=embedding_cost)

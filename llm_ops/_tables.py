@@ -47,10 +47,15 @@ from ._pricing import cost_or_none
 from ._report import RunReport
 from ._run import dispatch, make_report, run_sync
 from ._savings import Tally, with_usage
+from ._similar import find_similar
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
-_OUTCOME_SCHEMA = {"key": pl.String, "status": pl.String, "error": pl.String, "text": pl.String}
+# What a chunk's results file keeps: the outcome of every request, and the answers the cache
+# does not hold under the request's own key (failures' raw text, answers of similar requests).
+_OUTCOME_SCHEMA = {"key": pl.String, "status": pl.String, "error": pl.String, "text": pl.String,
+                   "json": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
+                   "similar_to": pl.String, "similarity": pl.Float64}
 
 
 def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
@@ -102,6 +107,9 @@ def plan_table(
     if job.cache_path is None:
         raise ConfigError("table jobs need a cache (answers are joined back from it); "
                           "pass a cache path instead of cache=False")
+    if job.cascade:
+        raise ConfigError("model cascades run in llm_complete for now, not over Parquet tables; "
+                          "pass one model, or load the table and use llm_complete")
     work_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*work_dir.glob(_CHUNK_GLOB), work_dir / "plan.duckdb"]:
         stale.unlink(missing_ok=True)
@@ -181,23 +189,37 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
         pl.col("status").replace({"cached": "ok"})
     )
     remaining = misses.join(earlier.select("key"), on="key", how="anti")
-    rows, waiting = int(misses["rows"].sum()), int(remaining["rows"].sum())
-    done = run_sync(dispatch(remaining, job, rows=rows, rows_settled=rows - waiting))
+    outcomes, counters = run_sync(_answer(job, remaining, rows=int(misses["rows"].sum())))
+    earlier = earlier.select("key", "status", "error").cast(pl.String)
+    pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
+        list(_OUTCOME_SCHEMA)).write_parquet(results_path(chunk))
+    return counters
+
+
+async def _answer(job: Job, misses: pl.DataFrame, *, rows: int) -> tuple[pl.DataFrame, Counters]:
+    """The semantic tier (if on), then the endpoint, for ``misses``; outcomes as in a results
+    file, and the counters."""
+    similar_rows = pl.DataFrame(schema=_OUTCOME_SCHEMA)
+    embeddings = Counters()
+    if job.semantic is not None:
+        similar = await find_similar(misses, job)
+        if similar.stopped is not None:
+            raise similar.stopped
+        similar_rows = similar.results.select(list(_OUTCOME_SCHEMA))
+        misses, embeddings = similar.misses, similar.counters
+    done = await dispatch(misses, job, rows=rows, rows_settled=rows - int(misses["rows"].sum()))
     if done.stopped is not None:
         raise done.stopped
+    done.counters.embedding_requests = embeddings.sent
+    done.counters.embedding_tokens = embeddings.prompt_tokens
     # Answers are read back from the cache; only what the cache does not keep is kept here.
-    outcomes = pl.DataFrame(
-        {
-            "key": [o.key for o in done.outcomes],
-            "status": [o.status for o in done.outcomes],
-            "error": [o.error for o in done.outcomes],
-            "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes],
-        },
-        schema=_OUTCOME_SCHEMA,
+    fresh = pl.DataFrame(
+        {"key": [o.key for o in done.outcomes], "status": [o.status for o in done.outcomes],
+         "error": [o.error for o in done.outcomes],
+         "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes]},
+        schema={name: _OUTCOME_SCHEMA[name] for name in ("key", "status", "error", "text")},
     )
-    earlier = earlier.select("key", "status", "error", pl.lit(None, pl.String).alias("text"))
-    pl.concat([earlier, outcomes]).write_parquet(results_path(chunk))
-    return done.counters
+    return pl.concat([similar_rows, fresh], how="diagonal_relaxed"), done.counters
 
 
 @dataclass
@@ -209,24 +231,30 @@ class Written:
     tallies: dict[str, Tally]
 
 
-def _tallies(job: Job, work_dir: Path) -> dict[str, Tally]:
-    """Requests and tokens as if every row were sent, each distinct request once, and for the
-    cache hits, from the plan's tables and the answers now in the cache."""
+def _tallies(job: Job, work_dir: Path, similar: pl.DataFrame) -> dict[str, Tally]:
+    """Requests and tokens as if every row were sent, each distinct request once, for the
+    cache hits and for the ``similar`` answers (key, prompt_tokens, completion_tokens), from
+    the plan's tables and the answers now in the cache."""
     assert job.cache_path is not None
     plan = work_dir / "plan.duckdb"
     with (duckdb.connect(str(plan), config=_cache.NO_EXTENSION_DOWNLOADS) as con,
           _cache.attached(con, job.cache_path, alias="cache")):
+        con.register("similar_answers", similar.to_arrow())
         row = con.execute(
-            "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, 0) AS p, "
-            "coalesce(c.completion_tokens, 0) AS c, m.key IS NULL AS hit FROM requests r "
+            "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, s.prompt_tokens, 0) AS p, "
+            "coalesce(c.completion_tokens, s.completion_tokens, 0) AS c, m.key IS NULL AS hit, "
+            "s.key IS NOT NULL AS is_similar FROM requests r "
             "LEFT JOIN cache.llm_cache c ON c.key = r.key "
-            "LEFT JOIN misses m ON m.key = r.key) "
+            "LEFT JOIN misses m ON m.key = r.key "
+            "LEFT JOIN similar_answers s ON s.key = r.key) "
             "SELECT sum(rows), sum(rows * p), sum(rows * c), count(*), sum(p), sum(c), "
-            "count(*) FILTER (hit), sum(p) FILTER (hit), sum(c) FILTER (hit) FROM t"
+            "count(*) FILTER (hit), sum(p) FILTER (hit), sum(c) FILTER (hit), "
+            "count(*) FILTER (is_similar), sum(p) FILTER (is_similar), sum(c) FILTER (is_similar) "
+            "FROM t"
         ).fetchall()[0]
     values = [int(v or 0) for v in row]
     return {"every_row": Tally(*values[0:3]), "each_distinct": Tally(*values[3:6]),
-            "cache": Tally(*values[6:9]), "similar": Tally()}
+            "cache": Tally(*values[6:9]), "similar": Tally(*values[9:12])}
 
 
 def write_table(
@@ -260,22 +288,21 @@ def write_table(
     if writer is None:
         raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
     partial.replace(output)
-    return Written(statuses=counts, tallies=_tallies(job, work_dir))
+    similar = fresh.filter(pl.col("status") == "similar").select(
+        "key", "prompt_tokens", "completion_tokens")
+    return Written(statuses=counts, tallies=_tallies(job, work_dir, similar))
 
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
-    """Answers from the cache, with this run's statuses (ok, failed, ...) taking precedence."""
+    """Answers from the cache, with this run's statuses (ok, failed, ...) taking precedence,
+    and this run's answers where the cache has none under the key (similar, invalid)."""
     merged = cached.join(fresh, on="key", how="full", coalesce=True, suffix="_run")
+    run_first = ("status", "error")
     return merged.select(
         "key",
-        pl.coalesce("text", "text_run").alias("text"),
-        "json",
-        pl.coalesce("status_run", "status").alias("status"),
-        pl.coalesce("error_run", "error").alias("error"),
-        "prompt_tokens",
-        "completion_tokens",
-        "similar_to",
-        "similarity",
+        *(pl.coalesce(f"{name}_run", name).alias(name) if name in run_first
+          else pl.coalesce(name, f"{name}_run").alias(name)
+          for name in RESULT_SCHEMA if name != "key"),
     ).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
 
 

@@ -21,6 +21,7 @@ import polars as pl
 from . import _cache
 from ._job import Job, ProgressOption, make_job
 from ._pricing import Price, cost_or_none, price_for
+from ._semantic import SemanticCache
 from ._tables import input_files, input_schema, plan_table, run_table
 from .exceptions import ConfigError, LlmOpsError
 from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
@@ -74,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--strict", action="store_true",
                      help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
+    run.add_argument("--semantic-cache", metavar="EMBEDDING_MODEL",
+                     help="reuse answers of similar cached requests, compared with this "
+                          "embedding model (rows get status 'similar')")
+    run.add_argument("--similarity", type=float, default=0.95, metavar="COSINE",
+                     help="with --semantic-cache: the similarity from which an answer is "
+                          "reused (default 0.95)")
 
     estimate = commands.add_parser(
         "estimate", help="count what a job would send, without sending anything",
@@ -143,7 +150,13 @@ def _job(
         max_tokens=args.max_tokens, temperature=args.temperature, max_attempts=args.max_attempts,
         timeout=args.timeout, rpm=args.rpm, tpm=args.tpm, progress=progress,
         pricing=_price(args), max_cost=args.max_cost, max_requests=args.max_requests,
+        semantic_cache=_semantic_cache(args),
     )
+
+
+def _semantic_cache(args: argparse.Namespace) -> SemanticCache | None:
+    model = getattr(args, "semantic_cache", None)
+    return SemanticCache(model, threshold=args.similarity) if model else None
 
 
 def _price(args: argparse.Namespace) -> Price | None:

@@ -110,3 +110,11 @@ def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
     assert answered["text"].n_unique() == 1  # one distinct request fit the budget
     assert (out["completion_status"] == "skipped").sum() == 4 - answered.height
     assert "a budget was reached" in capsys.readouterr().out
+
+
+def test_run_with_the_semantic_cache(job, table, tmp_path):
+    out, options = tmp_path / "out.parquet", ["--semantic-cache", "sim-embed", "--no-progress"]
+    assert main(["run", *job, "--out", str(out), *options]) == 0
+    pl.DataFrame({"id": [5], "text": ["Good!"]}).write_parquet(table)
+    assert main(["run", *job, "--out", str(out), *options, "--similarity", "0.9"]) == 0
+    assert pl.read_parquet(out)["completion_status"].to_list() == ["similar"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 import pytest
 
@@ -12,12 +14,13 @@ from llm_ops._tables import input_files, plan_table, run_chunk, run_table, write
 
 @pytest.fixture
 def job_on(tmp_path, endpoint, cache):
-    def make(texts):
+    def make(texts, **config):
         source = tmp_path / "in.parquet"
         pl.DataFrame({"text": texts}).write_parquet(source)
-        config = EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
-                              prompt="{text}", base_url=endpoint.base_url, cache=str(cache))
-        return build_job(config)
+        settings = EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
+                                prompt="{text}", base_url=endpoint.base_url, cache=str(cache),
+                                **config)
+        return build_job(settings)
     return make
 
 
@@ -55,3 +58,22 @@ def test_table_reports_count_what_dedupe_saved(job_on, tmp_path):
     files, job = job_on([f"t{i % 5}" for i in range(15)])  # each prompt thrice
     report = run_table(job, files, tmp_path / "out.parquet", batch_rows=4, chunk_size=10)
     assert report.cost_saved == pytest.approx(2 * report.cost)
+
+
+def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
+    out = tmp_path / "out.parquet"
+    for texts in (["red dress, lovely"], ["Lovely red dress!", "blue hat"]):
+        files, job = job_on(texts, semantic_cache_model="sim-embed", similarity=0.9)
+        report = run_table(job, files, out, batch_rows=4, chunk_size=10)
+    written = pl.read_parquet(out)
+    assert written["summary_status"].to_list() == ["similar", "ok"]
+    assert written["summary"][0].endswith("red dress, lovely")
+    assert written["summary_similarity"][0] == pytest.approx(1.0)
+    assert report.savings["semantic_cache"].requests == 1
+
+
+def test_cascades_are_refused_over_tables(job_on, tmp_path):
+    files, job = job_on(["a"])
+    job = dataclasses.replace(job, models=("sim-small", "sim"))
+    with pytest.raises(ConfigError, match="cascades run in llm_complete"):
+        plan_table(job, files, tmp_path / "work", batch_rows=4, chunk_size=10)
