@@ -8,8 +8,8 @@ Every row of a result gets one of these statuses:
 """
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
-from ._cascade import ESCALATE_STATUSES
 from ._embed import llm_embed
+from ._escalate import ESCALATE_STATUSES, ConfidenceBelow, confidence_below
 from ._estimate import Estimate, estimate
 from ._key import canonical_json, request_key
 from ._operator import llm_complete, llm_complete_async
@@ -36,6 +36,7 @@ __all__ = [
     "STATUSES",
     "CacheError",
     "CacheLockedError",
+    "ConfidenceBelow",
     "ConfigError",
     "Estimate",
     "JobAbortedError",
@@ -50,6 +51,7 @@ __all__ = [
     "SemanticCache",
     "TemplateError",
     "canonical_json",
+    "confidence_below",
     "default_cache_path",
     "estimate",
     "llm_complete",

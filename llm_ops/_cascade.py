@@ -15,14 +15,12 @@ from datetime import UTC, datetime
 
 import polars as pl
 
+from ._escalate import ESCALATE_STATUSES
 from ._job import Job
 from ._plan import ANSWERED
 from ._report import STATUSES, ModelUsage, RunReport, Saving
 from ._run import Tier, run_once, status_counts
 from ._savings import Tally, add_costs, subtract_costs, tally
-
-ESCALATE_STATUSES = ("rejected", "failed", "invalid", "truncated")
-"""Statuses that always send a row on to the next model of a cascade."""
 
 _ROW = "__llm_ops_row"
 

@@ -16,10 +16,10 @@ from pydantic import BaseModel
 
 from . import _cache
 from ._engine import EngineSettings, redact
+from ._escalate import EscalateOption, escalation_rule
 from ._key import build_request, messages_for, normalize_base_url
 from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, resolve_progress
-from ._report import STATUSES
 from ._schema import OutputSchema, output_schema
 from ._semantic import SemanticCache
 from ._template import Template, check_columns, parse_template
@@ -162,7 +162,7 @@ def make_job(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
-    escalate: pl.Expr | None = None,
+    escalate: EscalateOption = None,
     semantic_cache: SemanticCache | None = None,
 ) -> Job:
     models = _models(model)
@@ -242,8 +242,8 @@ def make_job(
     if semantic_cache is not None and cache_path is None:
         raise ConfigError("the semantic cache lives in the cache database: pass a cache path "
                           "instead of cache=False, or drop semantic_cache=")
-    if escalate is not None:
-        _check_escalate(escalate, columns, output, structured, len(models))
+    rule = (escalation_rule(escalate, columns, output, structured, len(models))
+            if escalate is not None else None)
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
               "seed": seed, "stop": stop,
               "response_format": structured.response_format() if structured else None}
@@ -274,7 +274,7 @@ def make_job(
         max_tokens_total=max_tokens_total,
         models=models,
         prices=prices,
-        escalate=escalate,
+        escalate=rule,
         semantic=semantic_cache,
         semantic_price=price_for(semantic_cache.model, pricing) if semantic_cache else None,
     )
@@ -290,30 +290,6 @@ def _models(model: object) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
     return tuple(names)
-
-
-def _check_escalate(escalate: object, columns: pl.Schema, output: str,
-                    structured: OutputSchema | None, models: int) -> None:
-    """``escalate=`` must be a boolean Polars expression over the input and answer columns."""
-    if models < 2:
-        raise ConfigError("escalate= decides which rows go on to the next model of a cascade: "
-                          "pass model=[first, second, ...] too")
-    if not isinstance(escalate, pl.Expr):
-        raise ConfigError("escalate must be a Polars expression that is true for rows to send to "
-                          "the next model, e.g. pl.col('label').struct.field('confidence') < 0.8")
-    answer_columns = {output: structured.dtype if structured else pl.String,
-                      f"{output}_status": pl.Enum(STATUSES), f"{output}_error": pl.String}
-    if structured is not None:
-        answer_columns[f"{output}_raw"] = pl.String
-    empty = pl.DataFrame(schema={**columns, **answer_columns})
-    try:
-        dtype = empty.select(escalate).to_series().dtype
-    except pl.exceptions.PolarsError as exc:
-        raise ConfigError(f"escalate cannot be evaluated on the input and answer columns "
-                          f"({', '.join(empty.columns)}): {exc}") from exc
-    if dtype != pl.Boolean:
-        raise ConfigError(f"escalate must give true/false per row, but gives {dtype}; compare it, "
-                          "e.g. ... < 0.8")
 
 
 def request_for(job: Job, system: str | None, prompt: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel
 
+from ._escalate import EscalateOption
 from ._frame import run_frame
 from ._job import CachePath, ProgressOption, make_job
 from ._pricing import PricingOption
@@ -69,7 +70,7 @@ def llm_complete(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
     semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
@@ -84,7 +85,7 @@ def llm_complete(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
     semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 def llm_complete(
@@ -120,7 +121,7 @@ def llm_complete(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
-    escalate: pl.Expr | None = None,
+    escalate: EscalateOption = None,
     semantic_cache: SemanticCache | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:
@@ -195,10 +196,10 @@ def llm_complete(
         pass this; rows not sent are ``skipped`` with the reason, everything answered is
         cached, and the report's ``budget_stop`` says why.
     escalate
-        With a cascade: a Polars expression over the input and answer columns, true for the
-        answered rows to send on to the next model, e.g.
-        ``pl.col("label").struct.field("confidence") < 0.8`` for a structured answer with a
-        confidence field, or ``pl.col("summary").str.contains("(?i)not sure")``.
+        With a cascade: which answered rows to send on to the next model.
+        :func:`~llm_ops.confidence_below` reads a confidence field of a structured answer,
+        e.g. ``confidence_below(0.7)``; any boolean Polars expression over the input and answer
+        columns works too, e.g. ``pl.col("summary").str.contains("(?i)not sure")``.
     semantic_cache
         A :class:`~llm_ops.SemanticCache` turns on the second cache tier: a request that misses
         the exact cache is embedded, and the answer of the most similar cached request with
@@ -248,7 +249,7 @@ async def llm_complete_async(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
     semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
 ) -> Frame: ...
 @overload
@@ -263,7 +264,7 @@ async def llm_complete_async(
     tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
     repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
     pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: pl.Expr | None = ...,
+    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
     semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
 ) -> tuple[Frame, RunReport]: ...
 async def llm_complete_async(
@@ -299,7 +300,7 @@ async def llm_complete_async(
     max_cost: float | None = None,
     max_requests: int | None = None,
     max_tokens_total: int | None = None,
-    escalate: pl.Expr | None = None,
+    escalate: EscalateOption = None,
     semantic_cache: SemanticCache | None = None,
     return_report: bool = False,
 ) -> Frame | tuple[Frame, RunReport]:

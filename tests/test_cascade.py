@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
-from llm_ops import ConfigError, Price
+from llm_ops import ConfigError, Price, confidence_below
 
 MODELS = ["sim-small", "sim"]
 PRICING = {"sim-small": Price(0.05, 0.20), "sim": Price(2.50, 10.00)}
@@ -117,3 +117,13 @@ def test_escalate_is_checked_before_sending(complete, endpoint, rule):
 def test_a_model_is_named_once(complete):
     with pytest.raises(ConfigError, match="each model once"):
         _ask(complete, "a", model=["sim", "sim"])
+
+
+def test_confidence_below_reads_the_confidence_field(complete):
+    out = _ask(complete, "a", f"b {UNSURE}", schema=Label, escalate=confidence_below(0.5))
+    assert out["completion_model"].to_list() == ["sim-small", "sim"]
+
+
+def test_confidence_below_needs_a_numeric_field(complete):
+    with pytest.raises(ConfigError, match="number field 'certainty'"):
+        _ask(complete, "a", schema=Label, escalate=confidence_below(0.5, field="certainty"))
