@@ -32,7 +32,8 @@ from ._plan import RESULT_SCHEMA, lookup_answers
 from ._semantic import scope_of
 from ._vectors import distinct_texts, embed_distinct
 
-_MISS_BLOCK = 2048
+_SLICE = 8_192  # misses embedded and searched together
+_MISS_BLOCK = 2_048  # score blocks of at most _MISS_BLOCK x _CANDIDATE_BLOCK floats (128 MB)
 _CANDIDATE_BLOCK = 16_384
 
 
@@ -55,21 +56,36 @@ def _embedding_job(job: Job) -> Job:
 async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     """Embed the misses, reuse answers of similar cached requests, index the rest.
 
-    The misses that are sent are indexed before they are sent, so their answers become
-    candidates for later jobs as soon as they are cached.
+    Works through the misses a slice at a time, so memory holds one slice's vectors. The
+    misses that are sent are indexed before they are sent, so their answers become candidates
+    for later jobs as soon as they are cached.
     """
+    assert job.semantic is not None
+    scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
+                               system=system, template=job.prompt.source)
+              for system in misses["system"].unique().to_list()}
+    found, counters = [pl.DataFrame(schema=RESULT_SCHEMA)], Counters()
+    stopped: BaseException | None = None
+    for part in misses.iter_slices(_SLICE):
+        results, used, stopped = await _find_in_slice(part, job, scopes)
+        found.append(results)
+        counters.add(used)
+        if stopped is not None:
+            break
+    results = pl.concat(found)
+    remaining = misses.join(results.select("key"), on="key", how="anti")
+    return Similar(results, remaining, counters, stopped)
+
+
+async def _find_in_slice(
+    misses: pl.DataFrame, job: Job, scopes: dict[str | None, str]
+) -> tuple[pl.DataFrame, Counters, BaseException | None]:
     semantic = job.semantic
     assert semantic is not None
-    empty = pl.DataFrame(schema=RESULT_SCHEMA)
-    if misses.is_empty():
-        return Similar(empty, misses, Counters(), None)
     embedding_job = _embedding_job(job)
     values = misses.select(job.prompt.values_in(pl.col("prompt")).alias("values"))
     row_keys, texts = distinct_texts(values, embedding_job, "values", semantic.params)
     embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size)
-    scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
-                               system=system, template=job.prompt.source)
-              for system in misses["system"].unique().to_list()}
     with_vectors = (
         misses.with_columns(embedding_key=row_keys["key"],
                             scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))
@@ -81,12 +97,11 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     matched = best.filter(pl.col("similarity") >= semantic.threshold)
     reused = lookup_answers(job.cache_path, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)
-    remaining = misses.join(results.select("key"), on="key", how="anti")
     if job.cache_path is not None:
         index = with_vectors.join(results.select("key"), on="key", how="anti")
         _cache.write_semantic_index(
             job.cache_path, index.select("key", "scope", "embedding_key").to_dicts())
-    return Similar(results, remaining, embedded.counters, embedded.stopped)
+    return results, embedded.counters, embedded.stopped
 
 
 def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFrame:
@@ -112,7 +127,7 @@ def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
     if misses.is_empty() or job.cache_path is None:
         return pl.DataFrame(schema=schema)
     dimensions = len(misses["embedding"][0])
-    queries = _normalised(np.asarray(misses["embedding"].to_list(), dtype=np.float32))
+    queries = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
     codes = {scope: code for code, scope in enumerate(misses["scope"].unique().to_list())}
     query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
     best = np.full(len(queries), -np.inf, dtype=np.float32)

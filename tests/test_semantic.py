@@ -96,3 +96,9 @@ def test_threshold_must_be_a_similarity(threshold):
 def test_it_needs_a_cache_file(complete):
     with pytest.raises(ConfigError, match="cache database"):
         _ask(complete, "x", cache=False, semantic_cache=SEMANTIC)
+
+
+def test_misses_are_searched_a_slice_at_a_time(warm, monkeypatch):
+    monkeypatch.setattr("llm_ops._similar._SLICE", 2)
+    out = _ask(warm, "a", "b", "The red dress is LOVELY!", "c", "d", semantic_cache=SEMANTIC)
+    assert out["completion_status"].to_list() == ["ok", "ok", "similar", "ok", "ok"]
