@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from ._operator import _schema, _to_polars
 from ._plan import plan_frame
 from ._pricing import PricingOption, cost_or_none
 from ._run import requests_for
+from ._savings import add_costs
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def estimate(
     /,
     *,
     prompt: str,
-    model: str,
+    model: str | Sequence[str],
     system: str | None = None,
     base_url: str | None = None,
     cache: CachePath = None,
@@ -71,7 +73,9 @@ def estimate(
 
     The arguments mean what they mean for ``llm_complete``; those that change the request
     (``system``, ``max_tokens``, ``temperature``, the endpoint) must match for cache hits
-    to be counted.
+    to be counted. For a cascade (``model=[small, large]``) the counts are the first model's,
+    and the cost range runs from every row answered by the first model to every row sent to
+    every model.
 
     Examples
     --------
@@ -82,6 +86,10 @@ def estimate(
     ...                 max_tokens=50, cache=False)
     >>> plan.requests, plan.skipped_rows, plan.output_tokens_max
     (2, 1, 100)
+    >>> cascade = estimate(frame, prompt="Summarize: {text}", model=["gpt-4o-mini", "gpt-4o"],
+    ...                    max_tokens=50, cache=False)
+    >>> cascade.cost_min == plan.cost_min, cascade.cost_max > 10 * plan.cost_max
+    (True, True)
     """
     frame = _to_polars(df)
     job = make_job(_schema(df), prompt=prompt, model=model, system=system, base_url=base_url,
@@ -95,8 +103,11 @@ def estimate(
     output_max = None if max_tokens is None else max_tokens * plan.misses.height
     cost_min = cost_or_none(job.price, requests=len(requests), input_tokens=input_tokens,
                             output_tokens=0)
-    cost_max = None if output_max is None else cost_or_none(
-        job.price, requests=len(requests), input_tokens=input_tokens, output_tokens=output_max)
+    cost_max: float | None = 0.0
+    for price in job.prices.values():
+        most = None if output_max is None else cost_or_none(
+            price, requests=len(requests), input_tokens=input_tokens, output_tokens=output_max)
+        cost_max = add_costs(cost_max, most)
     return Estimate(
         rows=frame.height, skipped_rows=frame.height - int(plan.distinct["rows"].sum()),
         distinct_requests=plan.distinct.height, cache_hits=plan.hits.height,
