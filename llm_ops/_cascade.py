@@ -35,17 +35,6 @@ def escalation(frame: pl.DataFrame, columns: pl.DataFrame, job: Job) -> pl.Serie
     return flagged
 
 
-def _spent(job: Job, cost: float, requests: int, tokens: int) -> Job:
-    """``job`` with its budgets reduced by what earlier models of the cascade spent."""
-    return dataclasses.replace(
-        job,
-        max_cost=None if job.max_cost is None else max(0.0, job.max_cost - cost),
-        max_requests=None if job.max_requests is None else max(0, job.max_requests - requests),
-        max_tokens_total=None if job.max_tokens_total is None else max(
-            0, job.max_tokens_total - tokens),
-    )
-
-
 async def run_cascade(
     frame: pl.DataFrame, job: Job
 ) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
@@ -58,11 +47,12 @@ async def run_cascade(
     tiers: list[tuple[Job, Tier, pl.Series]] = []  # tier job, its pass, its rows kept
     cost, requests, tokens = 0.0, 0, 0
     for number, model in enumerate(job.models):
-        tier_job = _spent(job.for_model(model), cost, requests, tokens)
+        tier_job = job.for_model(model).less_budget(cost=cost, requests=requests, tokens=tokens)
         tier = await run_once(subset, tier_job)
         cost += tier.report.cost or 0.0
-        requests += tier.report.requests_sent
-        tokens += tier.report.prompt_tokens + tier.report.completion_tokens
+        for usage in tier.report.models.values():  # embeddings too
+            requests += usage.requests
+            tokens += usage.prompt_tokens + usage.completion_tokens
         skipped = tier.columns[job.status_column].cast(pl.String) == "skipped"
         labelled = tier.columns.with_columns(
             pl.when(~skipped).then(pl.lit(model)).alias(job.model_column), rows)

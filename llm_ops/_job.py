@@ -61,6 +61,20 @@ class Job:
     semantic: SemanticCache | None = None
     semantic_price: Price | None = None
 
+    def less_budget(self, *, cost: float, requests: int, tokens: int) -> Job:
+        """This job with its budgets reduced by what was spent already: by earlier chunks,
+        earlier models of a cascade, or the embeddings of the semantic cache."""
+        if self.budget() is None:
+            return self
+        return dataclasses.replace(
+            self,
+            max_cost=None if self.max_cost is None else max(0.0, self.max_cost - cost),
+            max_requests=None if self.max_requests is None else max(0, self.max_requests
+                                                                    - requests),
+            max_tokens_total=None if self.max_tokens_total is None else max(
+                0, self.max_tokens_total - tokens),
+        )
+
     def for_model(self, model: str) -> Job:
         """This job with ``model`` (one of a cascade's) in use."""
         return dataclasses.replace(self, model=model, price=self.prices.get(model))

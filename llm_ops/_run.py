@@ -18,10 +18,9 @@ from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
 from ._plan import ANSWERED, CACHEABLE, join_back, plan_frame, results_frame
-from ._pricing import cost_or_none
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
-from ._savings import tally, with_usage
+from ._savings import completion_cost, less_spent, tally, with_usage
 from ._similar import find_similar
 from .exceptions import JobAbortedError, RowsFailedError
 
@@ -215,13 +214,6 @@ def make_report(
     )
 
 
-def completion_cost(job: Job, counters: Counters) -> float | None:
-    """What the requests counted in ``counters`` cost under the price of ``job.model``."""
-    return cost_or_none(job.price, requests=counters.answered,
-                        input_tokens=counters.prompt_tokens,
-                        output_tokens=counters.completion_tokens)
-
-
 def status_counts(columns: pl.DataFrame, job: Job) -> dict[str, int]:
     counts = columns[job.status_column].value_counts()
     return {str(status): int(n) for status, n in counts.iter_rows()}
@@ -250,12 +242,11 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
         settled.append(similar.results)
         misses, embeddings, stopped = similar.misses, similar.counters, similar.stopped
     if stopped is None:
-        done = await dispatch(misses, job, rows=frame.height,
+        done = await dispatch(misses, less_spent(job, embeddings), rows=frame.height,
                               rows_settled=frame.height - int(misses["rows"].sum()))
     else:  # the endpoint refused the embeddings: it would refuse the completions too
         done = Dispatched(outcomes=[], counters=Counters(), stopped=stopped)
-    done.counters.embedding_requests = embeddings.sent
-    done.counters.embedding_tokens = embeddings.prompt_tokens
+    done.counters.add(embeddings)
     results = results_frame(settled, done.outcomes)
     columns = await asyncio.to_thread(join_back, plan.row_keys, results, job)
     report = make_report(

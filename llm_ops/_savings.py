@@ -18,6 +18,30 @@ from ._pricing import Price, cost_or_none
 from ._report import ModelUsage, RunReport, Saving
 
 
+def completion_cost(job: Job, counters: Counters) -> float | None:
+    """What the completions counted in ``counters`` cost under the price of ``job.model``."""
+    return cost_or_none(job.price, requests=counters.answered,
+                        input_tokens=counters.prompt_tokens,
+                        output_tokens=counters.completion_tokens)
+
+
+def embedding_cost(job: Job, counters: Counters) -> float | None:
+    """What the semantic cache's embeddings counted in ``counters`` cost."""
+    if job.semantic is None:
+        return 0.0
+    return cost_or_none(job.semantic_price, requests=counters.embedding_requests,
+                        input_tokens=counters.embedding_tokens, output_tokens=0)
+
+
+def less_spent(job: Job, spent: Counters) -> Job:
+    """``job`` with its budgets reduced by everything ``spent`` counts, embeddings included."""
+    return job.less_budget(
+        cost=(completion_cost(job, spent) or 0.0) + (embedding_cost(job, spent) or 0.0),
+        requests=spent.sent + spent.embedding_requests,
+        tokens=spent.prompt_tokens + spent.completion_tokens + spent.embedding_tokens,
+    )
+
+
 def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
                counters: Counters) -> RunReport:
     """``report`` with its models, savings per lever and total saving filled in."""
@@ -25,16 +49,14 @@ def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict
                                     prompt_tokens=counters.prompt_tokens,
                                     completion_tokens=counters.completion_tokens,
                                     cost=report.cost)}
-    embedding_cost: float | None = 0.0
+    embeddings = embedding_cost(job, counters)
     if job.semantic is not None:
-        embedding_cost = cost_or_none(job.semantic_price, requests=counters.embedding_requests,
-                                      input_tokens=counters.embedding_tokens, output_tokens=0)
         models[job.semantic.model] = ModelUsage(requests=counters.embedding_requests,
                                                 prompt_tokens=counters.embedding_tokens,
-                                                cost=embedding_cost)
-    cost = add_costs(report.cost, embedding_cost)
+                                                cost=embeddings)
+    cost = add_costs(report.cost, embeddings)
     savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
-                            embedding_cost=embedding_cost)
+                            embedding_cost=embeddings)
     return dataclasses.replace(
         report, cost=cost, models=models, savings=savings,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),

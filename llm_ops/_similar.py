@@ -43,7 +43,7 @@ class Similar:
 
     results: pl.DataFrame  # RESULT_SCHEMA: status "similar", with similar_to and similarity
     misses: pl.DataFrame  # the misses still to send (key, system, prompt, rows)
-    counters: Counters  # of the embedding requests
+    counters: Counters  # embedding_requests and embedding_tokens
     stopped: BaseException | None
 
 
@@ -69,7 +69,7 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     for part in misses.iter_slices(_SLICE):
         results, used, stopped = await _find_in_slice(part, job, scopes)
         found.append(results)
-        counters.add(used)
+        counters.add(Counters(embedding_requests=used.sent, embedding_tokens=used.prompt_tokens))
         if stopped is not None:
             break
     results = pl.concat(found)

@@ -17,7 +17,6 @@ Memory is bounded by the batch size and the chunk size, not by the table.
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import shutil
@@ -43,10 +42,9 @@ from ._plan import (
     key_rows,
     lookup_answers,
 )
-from ._pricing import cost_or_none
 from ._report import RunReport
 from ._run import dispatch, make_report, run_sync
-from ._savings import Tally, with_usage
+from ._savings import Tally, less_spent, with_usage
 from ._similar import find_similar
 from .exceptions import ConfigError
 
@@ -154,17 +152,7 @@ def results_path(chunk: str | Path) -> Path:
 
 def remaining_budget(job: Job, spent: Counters) -> Job:
     """``job`` with its budgets reduced by what earlier chunks of the same job spent."""
-    if job.budget() is None:
-        return job
-    cost = cost_or_none(job.price, requests=spent.answered, input_tokens=spent.prompt_tokens,
-                        output_tokens=spent.completion_tokens) or 0.0
-    return dataclasses.replace(
-        job,
-        max_cost=None if job.max_cost is None else max(0.0, job.max_cost - cost),
-        max_requests=None if job.max_requests is None else job.max_requests - spent.sent,
-        max_tokens_total=None if job.max_tokens_total is None else (
-            job.max_tokens_total - spent.prompt_tokens - spent.completion_tokens),
-    )
+    return less_spent(job, spent)
 
 
 def budget_stop(job: Job, spent: Counters) -> str | None:
@@ -207,11 +195,11 @@ async def _answer(job: Job, misses: pl.DataFrame, *, rows: int) -> tuple[pl.Data
             raise similar.stopped
         similar_rows = similar.results.select(list(_OUTCOME_SCHEMA))
         misses, embeddings = similar.misses, similar.counters
-    done = await dispatch(misses, job, rows=rows, rows_settled=rows - int(misses["rows"].sum()))
+    done = await dispatch(misses, less_spent(job, embeddings), rows=rows,
+                          rows_settled=rows - int(misses["rows"].sum()))
     if done.stopped is not None:
         raise done.stopped
-    done.counters.embedding_requests = embeddings.sent
-    done.counters.embedding_tokens = embeddings.prompt_tokens
+    done.counters.add(embeddings)
     # Answers are read back from the cache; only what the cache does not keep is kept here.
     fresh = pl.DataFrame(
         {"key": [o.key for o in done.outcomes], "status": [o.status for o in done.outcomes],

@@ -102,3 +102,8 @@ def test_misses_are_searched_a_slice_at_a_time(warm, monkeypatch):
     monkeypatch.setattr("llm_ops._similar._SLICE", 2)
     out = _ask(warm, "a", "b", "The red dress is LOVELY!", "c", "d", semantic_cache=SEMANTIC)
     assert out["completion_status"].to_list() == ["ok", "ok", "similar", "ok", "ok"]
+
+
+def test_embeddings_count_against_the_budget(warm, endpoint):
+    out = _ask(warm, "a green hat", "a blue hat", semantic_cache=SEMANTIC, max_requests=2)
+    assert sorted(out["completion_status"].to_list()) == ["ok", "skipped"]  # 1 embedding, 1 sent
