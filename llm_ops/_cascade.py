@@ -18,9 +18,10 @@ import polars as pl
 from ._escalate import ESCALATE_STATUSES
 from ._job import Job
 from ._plan import ANSWERED
-from ._report import STATUSES, ModelUsage, RunReport, Saving
+from ._pricing import add_costs, subtract_costs
+from ._report import STATUSES, RunReport, Saving, sum_reports
 from ._run import Tier, run_once, status_counts
-from ._savings import Tally, add_costs, subtract_costs, tally
+from ._savings import Tally, tally
 
 _ROW = "__llm_ops_row"
 
@@ -74,23 +75,16 @@ async def run_cascade(
 def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
                      columns: pl.DataFrame, *, started_at: datetime,
                      wall_seconds: float) -> RunReport:
-    """One report for the whole cascade: sums over the models, rows per model from the final
-    columns, and the cascade's own saving."""
+    """One report for the whole cascade: the models' reports added up, with the rows, statuses
+    and rows per model of the final columns, and the cascade's own saving."""
     reports = [tier.report for _, tier, _ in tiers]
-    models: dict[str, ModelUsage] = {}
-    savings: dict[str, Saving] = {}
-    for report in reports:
-        for name, usage in report.models.items():
-            models[name] = _sum_usage(models.get(name, ModelUsage()), usage)
-        for lever, saving in report.savings.items():
-            before = savings.get(lever, Saving(0, 0.0))
-            savings[lever] = Saving(before.requests + saving.requests,
-                                    add_costs(before.cost, saving.cost))
+    total = sum_reports(reports, run_id=uuid.uuid4().hex[:12], started_at=started_at,
+                        finished_at=datetime.now(UTC), wall_seconds=wall_seconds,
+                        model=" > ".join(job.models))
     answered = columns.filter(pl.col(job.status_column).cast(pl.String).is_in(ANSWERED))
     final_rows = dict(answered[job.model_column].value_counts().iter_rows())
-    for name in job.models:
-        if name in models:
-            models[name] = dataclasses.replace(models[name], rows=int(final_rows.get(name, 0)))
+    models = {name: dataclasses.replace(usage, rows=int(final_rows.get(name, 0)))
+              if name in job.models else usage for name, usage in total.models.items()}
 
     # The cascade saves the last model's price on the rows an earlier model answered and kept,
     # and pays for everything the earlier models did.
@@ -106,36 +100,12 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
             fresh = tier.results.filter(pl.col("status") == "ok").join(keys, on="key", how="semi")
             kept_fresh += Tally(fresh.height, int(fresh["prompt_tokens"].sum() or 0),
                                 int(fresh["completion_tokens"].sum() or 0))
-    would_cost = kept_fresh.cost(last_price)
-    savings["cascade"] = Saving(kept_fresh.requests, subtract_costs(would_cost, earlier_cost))
-
-    total_cost: float | None = 0.0
-    for report in reports:
-        total_cost = add_costs(total_cost, report.cost)
-    without = every_row.cost(last_price)
-    stopped = next((r for r in reports if r.outcome != "completed"), None)
+    savings = {**total.savings, "cascade": Saving(
+        kept_fresh.requests, subtract_costs(kept_fresh.cost(last_price), earlier_cost))}
     counts = status_counts(columns, job)
-    first = reports[0]
-    return RunReport(
-        run_id=uuid.uuid4().hex[:12], started_at=started_at, finished_at=datetime.now(UTC),
-        model=" > ".join(job.models), endpoint=first.endpoint, rows=first.rows,
-        distinct_requests=first.distinct_requests,
-        cache_hits=sum(r.cache_hits for r in reports),
-        requests_sent=sum(r.requests_sent for r in reports),
-        retries=sum(r.retries for r in reports),
+    return dataclasses.replace(
+        total, rows=reports[0].rows, distinct_requests=reports[0].distinct_requests,
         statuses={status: counts.get(status, 0) for status in STATUSES},
-        prompt_tokens=sum(r.prompt_tokens for r in reports),
-        completion_tokens=sum(r.completion_tokens for r in reports),
-        wall_seconds=wall_seconds,
-        outcome=stopped.outcome if stopped else "completed",
-        error=stopped.error if stopped else None,
-        cost=total_cost,
-        cost_saved=subtract_costs(without, total_cost),
-        budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
+        cost_saved=subtract_costs(every_row.cost(last_price), total.cost),
         savings=savings, models=models,
     )
-
-
-def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:
-    return ModelUsage(a.rows + b.rows, a.requests + b.requests, a.prompt_tokens + b.prompt_tokens,
-                      a.completion_tokens + b.completion_tokens, add_costs(a.cost, b.cost))

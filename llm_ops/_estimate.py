@@ -9,9 +9,8 @@ from typing import Any
 from ._job import CachePath, make_job
 from ._operator import _schema, _to_polars
 from ._plan import plan_frame
-from ._pricing import PricingOption, cost_or_none
+from ._pricing import PricingOption, add_costs, cost_or_none
 from ._run import requests_for
-from ._savings import add_costs
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,16 @@ def cost_or_none(price: Price | None, *, requests: int, input_tokens: int,
     return price.cost(requests=requests, input_tokens=input_tokens, output_tokens=output_tokens)
 
 
+def add_costs(a: float | None, b: float | None) -> float | None:
+    """The sum of two costs, unknown if either is."""
+    return None if a is None or b is None else round(a + b, 10)
+
+
+def subtract_costs(a: float | None, b: float | None) -> float | None:
+    """``a - b``, unknown if either is."""
+    return None if a is None or b is None else round(a - b, 10)
+
+
 @dataclass
 class Budget:
     """Spending limits of one job; a request is only sent if its projected cost still fits."""

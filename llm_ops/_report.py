@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ._pricing import add_costs
+
 STATUSES = ("ok", "cached", "similar", "skipped", "rejected", "failed", "truncated", "invalid")
 """Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
 
@@ -167,6 +169,51 @@ class RunReport:
         if self.error:
             lines.append(f"  error              {self.error}")
         return "\n".join(lines)
+
+
+def sum_reports(reports: list[RunReport], *, run_id: str, started_at: datetime,
+                finished_at: datetime, wall_seconds: float, model: str) -> RunReport:
+    """One report adding up several (a cascade's models, a table's batches): counts, tokens,
+    costs, statuses, savings and models are summed; the first stop and budget stop are kept."""
+    models: dict[str, ModelUsage] = {}
+    savings: dict[str, Saving] = {}
+    statuses: dict[str, int] = dict.fromkeys(STATUSES, 0)
+    for report in reports:
+        for name, usage in report.models.items():
+            models[name] = _sum_usage(models.get(name, ModelUsage()), usage)
+        for lever, saving in report.savings.items():
+            before = savings.get(lever, Saving(0, 0.0))
+            savings[lever] = Saving(before.requests + saving.requests,
+                                    add_costs(before.cost, saving.cost))
+        for status, n in report.statuses.items():
+            statuses[status] = statuses.get(status, 0) + n
+    stopped = next((r for r in reports if r.outcome != "completed"), None)
+    costs = [r.cost for r in reports]
+    saved = [r.cost_saved for r in reports]
+    return RunReport(
+        run_id=run_id, started_at=started_at, finished_at=finished_at, model=model,
+        endpoint=reports[0].endpoint,
+        rows=sum(r.rows for r in reports),
+        distinct_requests=sum(r.distinct_requests for r in reports),
+        cache_hits=sum(r.cache_hits for r in reports),
+        requests_sent=sum(r.requests_sent for r in reports),
+        retries=sum(r.retries for r in reports),
+        statuses=statuses,
+        prompt_tokens=sum(r.prompt_tokens for r in reports),
+        completion_tokens=sum(r.completion_tokens for r in reports),
+        wall_seconds=wall_seconds,
+        outcome=stopped.outcome if stopped else "completed",
+        error=stopped.error if stopped else None,
+        cost=None if None in costs else round(sum(c or 0.0 for c in costs), 10),
+        cost_saved=None if None in saved else round(sum(c or 0.0 for c in saved), 10),
+        budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
+        savings=savings, models=models,
+    )
+
+
+def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:
+    return ModelUsage(a.rows + b.rows, a.requests + b.requests, a.prompt_tokens + b.prompt_tokens,
+                      a.completion_tokens + b.completion_tokens, add_costs(a.cost, b.cost))
 
 
 def _dollars(amount: float | None) -> str:

@@ -14,7 +14,7 @@ import polars as pl
 
 from ._engine import Counters
 from ._job import Job
-from ._pricing import Price, cost_or_none
+from ._pricing import Price, add_costs, cost_or_none, subtract_costs
 from ._report import ModelUsage, RunReport, Saving
 
 
@@ -61,16 +61,6 @@ def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict
         report, cost=cost, models=models, savings=savings,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
     )
-
-
-def add_costs(a: float | None, b: float | None) -> float | None:
-    """The sum of two costs, unknown if either is."""
-    return None if a is None or b is None else round(a + b, 10)
-
-
-def subtract_costs(a: float | None, b: float | None) -> float | None:
-    """``a - b``, unknown if either is."""
-    return None if a is None or b is None else round(a - b, 10)
 
 
 @dataclass(frozen=True)
