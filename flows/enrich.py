@@ -53,6 +53,7 @@ from llm_ops._tables import (
     input_schema,
     plan_table,
     remaining_budget,
+    run_cascade_table,
     run_chunk,
     write_table,
 )
@@ -67,7 +68,10 @@ class EnrichConfig(BaseModel):
     input: str = Field("data/womens_clothing_reviews.parquet", description="Parquet path or glob")
     output: str = Field("output/reviews_enriched.parquet", description="Parquet file to write")
     prompt: str = Field(DEMO_PROMPT, description="template with {column} references")
-    model: str = "sim"
+    model: str | list[str] = Field("sim", description="a model, or a cascade's models from "
+                                                       "the cheapest to the strongest")
+    escalate: str | None = Field(None, description="with a cascade: SQL condition sending an "
+                                                   "answered row to the next model")
     output_column: str = "summary"
     system: str | None = None
     base_url: str | None = Field(None, description="default: OPENAI_BASE_URL, then OpenAI")
@@ -129,6 +133,7 @@ def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
         max_requests=config.max_requests,
         semantic_cache=SemanticCache(config.semantic_cache_model, threshold=config.similarity)
         if config.semantic_cache_model else None,
+        escalate=config.escalate,
     )
     return files, job
 
@@ -150,6 +155,14 @@ def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
 def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
     _, job = build_job(config)
     return run_chunk(remaining_budget(job, spent), chunk)
+
+
+@task(name="cascade", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_retry_unless_aborted)
+def cascade_table(config: EnrichConfig) -> RunReport:
+    """The whole table through the cascade, batch by batch; a retry re-sends only what the
+    cache lacks."""
+    files, job = build_job(config)
+    return run_cascade_table(job, files, Path(config.output), batch_rows=config.batch_rows)
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)
@@ -190,6 +203,10 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     logger.info("enriching %d file(s) matching %s with model %s", len(files), config.input,
                 config.model)
 
+    if job.cascade:
+        report = cascade_table(config)
+        return _finish(config, report)
+
     plan = plan_requests(config)
     logger.info("%d rows, %d distinct requests, %d cached, %d to send in %d chunk(s)",
                 plan.rows, plan.distinct, plan.cache_hits, plan.misses, len(plan.chunks))
@@ -205,14 +222,19 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     written = write_output(config)
     report = finish_report(job, plan, counters, written, started_at=started_at,
                            wall_seconds=time.perf_counter() - clock)
+    return _finish(config, report)
+
+
+def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
+    """Publish the report, and fail the run past ``max_failure_ratio``."""
     create_table_artifact(report_table(report), key="enrich-report",
                           description=f"llm-ops run {report.run_id}: {config.input}")
-    logger.info("wrote %s\n%s", config.output, report)
-    if config.max_failure_ratio is not None and plan.rows:
-        ratio = report.failed_rows / plan.rows
+    get_run_logger().info("wrote %s\n%s", config.output, report)
+    if config.max_failure_ratio is not None and report.rows:
+        ratio = report.failed_rows / report.rows
         if ratio > config.max_failure_ratio:
             raise LlmOpsError(
-                f"{report.failed_rows} of {plan.rows} rows failed ({ratio:.1%}), more than "
+                f"{report.failed_rows} of {report.rows} rows failed ({ratio:.1%}), more than "
                 f"max_failure_ratio={config.max_failure_ratio:g}; the output was written and "
                 "every answer is cached, so a rerun sends only the failed rows"
             )

@@ -19,7 +19,7 @@ from ._escalate import ESCALATE_STATUSES
 from ._job import Job
 from ._plan import ANSWERED
 from ._pricing import add_costs, subtract_costs
-from ._report import STATUSES, RunReport, Saving, sum_reports
+from ._report import STATUSES, RunReport, Saving, add_spending, sum_reports
 from ._run import Tier, run_once, status_counts
 from ._savings import Tally, tally
 
@@ -46,14 +46,11 @@ async def run_cascade(
     subset = frame
     finals: list[pl.DataFrame] = []
     tiers: list[tuple[Job, Tier, pl.Series]] = []  # tier job, its pass, its rows kept
-    cost, requests, tokens = 0.0, 0, 0
+    spent: tuple[float, int, int] = (0.0, 0, 0)
     for number, model in enumerate(job.models):
-        tier_job = job.for_model(model).less_budget(cost=cost, requests=requests, tokens=tokens)
+        tier_job = job.for_model(model).less_budget(*spent)
         tier = await run_once(subset, tier_job)
-        cost += tier.report.cost or 0.0
-        for usage in tier.report.models.values():  # embeddings too
-            requests += usage.requests
-            tokens += usage.prompt_tokens + usage.completion_tokens
+        spent = add_spending(spent, tier.report.spending())
         skipped = tier.columns[job.status_column].cast(pl.String) == "skipped"
         labelled = tier.columns.with_columns(
             pl.when(~skipped).then(pl.lit(model)).alias(job.model_column), rows)

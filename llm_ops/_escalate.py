@@ -50,7 +50,7 @@ def confidence_below(threshold: float, *, field: str = "confidence") -> Confiden
     return ConfidenceBelow(float(threshold), field)
 
 
-EscalateOption = pl.Expr | ConfidenceBelow | None
+EscalateOption = pl.Expr | ConfidenceBelow | str | None
 
 
 def escalation_rule(escalate: object, columns: pl.Schema, output: str,
@@ -62,6 +62,12 @@ def escalation_rule(escalate: object, columns: pl.Schema, output: str,
                           "pass model=[first, second, ...] too")
     if isinstance(escalate, ConfidenceBelow):
         escalate = escalate.expr(output, structured)
+    elif isinstance(escalate, str):  # SQL, for the CLI and flow parameters
+        try:
+            escalate = pl.sql_expr(escalate)
+        except pl.exceptions.PolarsError as exc:
+            raise ConfigError(f"escalate {escalate!r} is not a SQL expression Polars can read "
+                              f"({exc}); e.g. \"{output} LIKE 'unsure:%'\"") from exc
     if not isinstance(escalate, pl.Expr):
         raise ConfigError("escalate must be a Polars expression that is true for rows to send to "
                           "the next model, e.g. pl.col('label').struct.field('confidence') < 0.8")

@@ -61,7 +61,7 @@ class Job:
     semantic: SemanticCache | None = None
     semantic_price: Price | None = None
 
-    def less_budget(self, *, cost: float, requests: int, tokens: int) -> Job:
+    def less_budget(self, cost: float, requests: int, tokens: int) -> Job:
         """This job with its budgets reduced by what was spent already: by earlier chunks,
         earlier models of a cascade, or the embeddings of the semantic cache."""
         if self.budget() is None:

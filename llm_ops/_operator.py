@@ -199,7 +199,8 @@ def llm_complete(
         With a cascade: which answered rows to send on to the next model.
         :func:`~llm_ops.confidence_below` reads a confidence field of a structured answer,
         e.g. ``confidence_below(0.7)``; any boolean Polars expression over the input and answer
-        columns works too, e.g. ``pl.col("summary").str.contains("(?i)not sure")``.
+        columns works too, e.g. ``pl.col("summary").str.contains("(?i)not sure")``, or a SQL
+        expression as a string, e.g. ``"summary LIKE 'unsure:%'"``.
     semantic_cache
         A :class:`~llm_ops.SemanticCache` turns on the second cache tier: a request that misses
         the exact cache is embedded, and the answer of the most similar cached request with

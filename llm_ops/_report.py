@@ -140,6 +140,13 @@ class RunReport:
         """Rows that got no usable answer (``rejected``, ``failed`` or ``invalid``)."""
         return sum(n for status, n in self.statuses.items() if status in FAILED_STATUSES)
 
+    def spending(self) -> tuple[float, int, int]:
+        """Dollars (0 when unknown), HTTP requests and tokens spent, embeddings included: what
+        a budget shared with later work must give up."""
+        usage = self.models.values()
+        return (self.cost or 0.0, sum(u.requests for u in usage),
+                sum(u.prompt_tokens + u.completion_tokens for u in usage))
+
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
         return asdict(self)
@@ -209,6 +216,11 @@ def sum_reports(reports: list[RunReport], *, run_id: str, started_at: datetime,
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
         savings=savings, models=models,
     )
+
+
+def add_spending(a: tuple[float, int, int], b: tuple[float, int, int]) -> tuple[float, int, int]:
+    """Two :meth:`RunReport.spending` figures added up."""
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:

@@ -36,9 +36,9 @@ def embedding_cost(job: Job, counters: Counters) -> float | None:
 def less_spent(job: Job, spent: Counters) -> Job:
     """``job`` with its budgets reduced by everything ``spent`` counts, embeddings included."""
     return job.less_budget(
-        cost=(completion_cost(job, spent) or 0.0) + (embedding_cost(job, spent) or 0.0),
-        requests=spent.sent + spent.embedding_requests,
-        tokens=spent.prompt_tokens + spent.completion_tokens + spent.embedding_tokens,
+        (completion_cost(job, spent) or 0.0) + (embedding_cost(job, spent) or 0.0),
+        spent.sent + spent.embedding_requests,
+        spent.prompt_tokens + spent.completion_tokens + spent.embedding_tokens,
     )
 
 

@@ -21,10 +21,12 @@ import glob
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -32,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _cache
+from ._cascade import run_cascade
 from ._engine import Counters
 from ._job import Job
 from ._plan import (
@@ -42,7 +45,7 @@ from ._plan import (
     key_rows,
     lookup_answers,
 )
-from ._report import RunReport
+from ._report import RunReport, add_spending, sum_reports
 from ._run import dispatch, make_report, run_sync
 from ._savings import Tally, less_spent, with_usage
 from ._similar import find_similar
@@ -106,8 +109,7 @@ def plan_table(
         raise ConfigError("table jobs need a cache (answers are joined back from it); "
                           "pass a cache path instead of cache=False")
     if job.cascade:
-        raise ConfigError("model cascades run in llm_complete for now, not over Parquet tables; "
-                          "pass one model, or load the table and use llm_complete")
+        raise ConfigError("a cascade runs over a table batch by batch: use run_cascade_table")
     work_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*work_dir.glob(_CHUNK_GLOB), work_dir / "plan.duckdb"]:
         stale.unlink(missing_ok=True)
@@ -312,10 +314,58 @@ def finish_report(
     return report
 
 
+def run_cascade_table(job: Job, files: list[Path], output: Path, *, batch_rows: int) -> RunReport:
+    """A cascade over a Parquet input, one batch of rows at a time, recorded as one run.
+
+    Each batch goes through the models as in ``llm_complete`` and is written as one row group
+    of a temporary file renamed into place at the end; budgets span the batches. The cache
+    carries answers from batch to batch, so a request repeated in a later batch is a cache hit
+    and a rerun after a crash sends only what the cache lacks.
+    """
+    started_at, clock = datetime.now(UTC), time.perf_counter()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    reports: list[RunReport] = []
+    spent: tuple[float, int, int] = (0.0, 0, 0)
+    stopped: BaseException | None = None
+    writer: pq.ParquetWriter | None = None
+    try:
+        for batch in iter_batches(files, batch_rows):
+            columns, report, stopped = run_sync(run_cascade(batch, job.less_budget(*spent)))
+            reports.append(report)
+            spent = add_spending(spent, report.spending())
+            if stopped is not None:
+                break
+            table = batch.hstack(columns.get_columns()).to_arrow()
+            writer = writer or pq.ParquetWriter(partial, table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    if not reports:
+        raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
+    total = sum_reports(reports, **_run_fields(job, started_at, clock))
+    if job.cache_path is not None:
+        _cache.record_run(job.cache_path, total.as_dict())
+    if stopped is not None:
+        raise stopped
+    partial.replace(output)
+    return total
+
+
+def _run_fields(job: Job, started_at: datetime, clock: float) -> dict[str, Any]:
+    return {"run_id": uuid.uuid4().hex[:12], "started_at": started_at,
+            "finished_at": datetime.now(UTC), "wall_seconds": time.perf_counter() - clock,
+            "model": " > ".join(job.models)}
+
+
 def run_table(
     job: Job, files: list[Path], output: Path, *, batch_rows: int, chunk_size: int
 ) -> RunReport:
-    """Plan, send every chunk and write, in this process; the work directory is removed."""
+    """Plan, send every chunk and write, in this process; the work directory is removed.
+    A cascade runs batch by batch instead (:func:`run_cascade_table`)."""
+    if job.cascade:
+        return run_cascade_table(job, files, output, batch_rows=batch_rows)
     started_at, clock = datetime.now(UTC), time.perf_counter()
     work_dir = output.with_name(output.name + ".work")
     plan = plan_table(job, files, work_dir, batch_rows=batch_rows, chunk_size=chunk_size)

@@ -20,7 +20,7 @@ import polars as pl
 
 from . import _cache
 from ._job import Job, ProgressOption, make_job
-from ._pricing import Price, cost_or_none, price_for
+from ._pricing import Price, add_costs, cost_or_none, price_for
 from ._semantic import SemanticCache
 from ._tables import input_files, input_schema, plan_table, run_table
 from .exceptions import ConfigError, LlmOpsError
@@ -30,7 +30,9 @@ from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
 def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
     parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", required=True, action="append",
+                        help="model name; give it again for a cascade, cheapest first "
+                             "(--model small --model large)")
     parser.add_argument("--output", default="completion", help="answer column name")
     parser.add_argument("--system", help="system message template")
     parser.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI "
@@ -75,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--strict", action="store_true",
                      help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
+    run.add_argument("--escalate", metavar="SQL",
+                     help="with a cascade: rows for the next model besides failed ones, a SQL "
+                          "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"")
     run.add_argument("--semantic-cache", metavar="EMBEDDING_MODEL",
                      help="reuse answers of similar cached requests, compared with this "
                           "embedding model (rows get status 'similar')")
@@ -145,12 +150,13 @@ def _job(
     api_key: str | None = None,
 ) -> Job:
     return make_job(
-        schema, prompt=args.prompt, model=args.model, output=args.output, system=args.system,
+        schema, prompt=args.prompt, model=args.model if len(args.model) > 1 else args.model[0],
+        output=args.output, system=args.system,
         base_url=args.base_url, api_key=api_key, cache=args.cache, concurrency=args.concurrency,
         max_tokens=args.max_tokens, temperature=args.temperature, max_attempts=args.max_attempts,
         timeout=args.timeout, rpm=args.rpm, tpm=args.tpm, progress=progress,
         pricing=_price(args), max_cost=args.max_cost, max_requests=args.max_requests,
-        semantic_cache=_semantic_cache(args),
+        semantic_cache=_semantic_cache(args), escalate=getattr(args, "escalate", None),
     )
 
 
@@ -202,7 +208,8 @@ def _estimate(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch:
         work = Path(scratch)
         files = _csv_as_parquet(input_files(args.input), work)
-        job = _job(args, input_schema(files), api_key="not-needed-nothing-is-sent")
+        first = argparse.Namespace(**{**vars(args), "model": args.model[:1]})  # sees every row
+        job = _job(first, input_schema(files), api_key="not-needed-nothing-is-sent")
         plan = plan_table(job, files, work, batch_rows=args.batch_rows,
                           chunk_size=args.chunk_size)
         chars = 0
@@ -215,10 +222,14 @@ def _estimate(args: argparse.Namespace) -> int:
     output_max = plan.misses * args.max_tokens if args.max_tokens else None
     output_bound = (f"{output_max:,}" if output_max is not None
                     else "unbounded (set --max-tokens for a bound)")
-    price = price_for(args.model, _price(args))
-    low = cost_or_none(price, requests=plan.misses, input_tokens=input_tokens, output_tokens=0)
-    high = None if output_max is None else cost_or_none(
-        price, requests=plan.misses, input_tokens=input_tokens, output_tokens=output_max)
+    # From every row answered by the first model to every row sent to every model.
+    prices = [price_for(model, _price(args)) for model in args.model]
+    low = cost_or_none(prices[0], requests=plan.misses, input_tokens=input_tokens,
+                       output_tokens=0)
+    high: float | None = 0.0
+    for price in prices:
+        high = add_costs(high, None if output_max is None else cost_or_none(
+            price, requests=plan.misses, input_tokens=input_tokens, output_tokens=output_max))
     print(f"rows                 {plan.rows:>12,}")
     print(f"rows skipped (null)  {plan.skipped:>12,}")
     print(f"distinct requests    {plan.distinct:>12,}")

@@ -118,3 +118,11 @@ def test_run_with_the_semantic_cache(job, table, tmp_path):
     pl.DataFrame({"id": [5], "text": ["Good!"]}).write_parquet(table)
     assert main(["run", *job, "--out", str(out), *options, "--similarity", "0.9"]) == 0
     assert pl.read_parquet(out)["completion_status"].to_list() == ["similar"]
+
+
+def test_run_a_cascade(job, tmp_path):
+    out, first = tmp_path / "out.parquet", [("sim-small" if a == "sim" else a) for a in job]
+    cascade = ["--model", "sim", "--escalate", "completion LIKE '%bad%'"]
+    assert main(["run", *first, *cascade, "--out", str(out), "--no-progress"]) == 0
+    assert pl.read_parquet(out)["completion_model"].to_list() == ["sim-small", "sim",
+                                                                  "sim-small", None]

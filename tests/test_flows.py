@@ -78,6 +78,16 @@ def test_a_flow_that_died_midway_completes_on_rerun(prefect, config, endpoint, t
     assert endpoint.stats()["answered"] == 40
 
 
+def test_flow_runs_a_cascade(prefect, config, endpoint):
+    cascade = config.model_copy(update={"model": ["sim-small", "sim"],
+                                        "escalate": "summary LIKE '%love%'"})
+    enrich_table(cascade)
+    models = pl.read_parquet(config.output)["summary_model"].to_list()
+    assert models == [{"great fit": "sim-small", "runs small": "sim-small", "love it": "sim",
+                       None: None}[t] for t in TEXTS]
+    assert _artifact_figures()["saved by cascade (requests, $)"].startswith("2, ")
+
+
 def test_a_missing_input_fails_the_run_early_and_writes_nothing(prefect, config, tmp_path):
     config = config.model_copy(update={"input": str(tmp_path / "nope.parquet")})
     with pytest.raises(ConfigError, match="no input file matches"):

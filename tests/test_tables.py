@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+import duckdb
 import polars as pl
 import pytest
 
@@ -72,8 +71,13 @@ def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
     assert report.savings["semantic_cache"].requests == 1
 
 
-def test_cascades_are_refused_over_tables(job_on, tmp_path):
-    files, job = job_on(["a"])
-    job = dataclasses.replace(job, models=("sim-small", "sim"))
-    with pytest.raises(ConfigError, match="cascades run in llm_complete"):
-        plan_table(job, files, tmp_path / "work", batch_rows=4, chunk_size=10)
+def test_a_cascade_runs_over_a_table_batch_by_batch(job_on, tmp_path, cache):
+    texts = ["a", "b [[sim:unsure_for=sim-small]]", "c", "a", "d [[sim:fail_for=sim-small]]"]
+    files, job = job_on(texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'")
+    report = run_table(job, files, tmp_path / "out.parquet", batch_rows=2, chunk_size=10)
+    written = pl.read_parquet(tmp_path / "out.parquet")
+    assert written["summary_model"].to_list() == ["sim-small", "sim", "sim-small", "sim-small",
+                                                  "sim"]
+    assert (report.rows, report.models["sim"].rows, report.cache_hits) == (5, 2, 1)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        assert con.sql("SELECT model FROM llm_runs").fetchall() == [("sim-small > sim",)]
