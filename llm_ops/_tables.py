@@ -13,6 +13,9 @@ directory, so a Prefect task, a Ray task or a plain loop can run it, and run it 
    one row group per batch, to a temporary file renamed into place at the end.
 
 Memory is bounded by the batch size and the chunk size, not by the table.
+
+A cascade (``model=[small, large]``) runs differently, batch by batch through the models
+(:func:`run_cascade_table`), because which rows reach the next model depends on the answers.
 """
 
 from __future__ import annotations
@@ -215,7 +218,7 @@ async def _answer(job: Job, misses: pl.DataFrame, *, rows: int) -> tuple[pl.Data
 @dataclass
 class Written:
     """What :func:`write_table` wrote: rows per status, and the requests and tokens behind
-    them for the report's savings (see :func:`~llm_ops._run.tally`)."""
+    them for the report's savings (see :func:`~llm_ops._savings.tally`)."""
 
     statuses: dict[str, int]
     tallies: dict[str, Tally]

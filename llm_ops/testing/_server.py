@@ -275,6 +275,7 @@ class Simulator:
     def reset(self) -> None:
         self.requests = 0
         self.by_status: Counter[int] = Counter()
+        self.by_model: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.prompts: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
@@ -290,6 +291,7 @@ class Simulator:
         return {
             "requests": self.requests,
             "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "by_model": dict(self.by_model),
             "faults": dict(self.faults),
             "distinct_prompts": len(self.prompts),
             "max_prompt_repeats": max(self.prompts.values(), default=0),
@@ -459,6 +461,7 @@ class Simulator:
         except (ValueError, KeyError, TypeError):
             return _error(400, "body must be JSON with 'model' and 'messages'",
                           "invalid_request_error")
+        self.by_model[model] += 1
         text = _user_text(messages)
         digest = _digest(messages)
         self.prompts[digest] += 1
