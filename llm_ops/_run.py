@@ -7,7 +7,7 @@ import concurrent.futures
 import time
 import uuid
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -17,11 +17,11 @@ from . import _cache
 from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
-from ._plan import ANSWERED, CACHEABLE, join_back, plan_frame, results_frame
+from ._plan import ANSWERED, CACHEABLE, RESULT_SCHEMA, join_back, plan_frame, results_frame
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
 from ._savings import completion_cost, less_spent, tally, with_usage
-from ._similar import find_similar
+from ._similar import find_similar, follow_leaders
 from .exceptions import JobAbortedError, RowsFailedError
 
 T = TypeVar("T")
@@ -141,6 +141,48 @@ class Dispatched:
     budget_stop: str | None = None
 
 
+@dataclass
+class Answered(Dispatched):
+    """A dispatch behind the semantic cache: ``settled`` holds the misses answered by
+    similarity (:data:`~llm_ops._plan.RESULT_SCHEMA`), ``outcomes`` the requests sent."""
+
+    settled: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(schema=RESULT_SCHEMA))
+
+
+async def answer_misses(misses: pl.DataFrame, job: Job, *, rows: int) -> Answered:
+    """Answer the cache misses: by similarity where ``job.semantic`` allows, else by sending.
+
+    Misses that follow another miss of the job (see :func:`~llm_ops._similar.find_similar`)
+    wait for its answer; if it got none, they are sent themselves. ``rows`` is the job's row
+    count, for progress.
+    """
+    if job.semantic is None:
+        done = await dispatch(misses, job, rows=rows, rows_settled=rows - _rows(misses))
+        return Answered(done.outcomes, done.counters, done.stopped, done.budget_stop)
+    similar = await find_similar(misses, job)
+    counters = similar.counters
+    if similar.stopped is not None:  # the embeddings were refused: completions would be too
+        return Answered([], counters, similar.stopped, settled=similar.results)
+    outcomes: list[Outcome] = []
+    settled, waiting, resend = [similar.results], similar.followers, similar.misses
+    stopped, budget_stop = None, None
+    while not resend.is_empty() and stopped is None:
+        done = await dispatch(resend, less_spent(job, counters), rows=rows,
+                              rows_settled=rows - _rows(resend) - _rows(waiting))
+        counters.add(done.counters)
+        outcomes += done.outcomes
+        stopped, budget_stop = done.stopped, budget_stop or done.budget_stop
+        followed, resend = follow_leaders(waiting, done.outcomes)
+        settled.append(followed)
+        waiting = waiting.clear()
+    return Answered(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
+
+
+def _rows(requests: pl.DataFrame) -> int:
+    return int(requests["rows"].sum())
+
+
 async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: int) -> Dispatched:
     """Send ``misses`` (key, system, prompt, rows), writing answers through to the cache.
 
@@ -235,19 +277,8 @@ async def run_once(frame: pl.DataFrame, job: Job) -> Tier:
     started_at = datetime.now(UTC)
     clock = time.perf_counter()
     plan = await asyncio.to_thread(plan_frame, frame, job)
-    settled, misses = [plan.hits], plan.misses
-    embeddings, stopped = Counters(), None
-    if job.semantic is not None:
-        similar = await find_similar(misses, job)
-        settled.append(similar.results)
-        misses, embeddings, stopped = similar.misses, similar.counters, similar.stopped
-    if stopped is None:
-        done = await dispatch(misses, less_spent(job, embeddings), rows=frame.height,
-                              rows_settled=frame.height - int(misses["rows"].sum()))
-    else:  # the endpoint refused the embeddings: it would refuse the completions too
-        done = Dispatched(outcomes=[], counters=Counters(), stopped=stopped)
-    done.counters.add(embeddings)
-    results = results_frame(settled, done.outcomes)
+    done = await answer_misses(plan.misses, job, rows=frame.height)
+    results = results_frame([plan.hits, done.settled], done.outcomes)
     columns = await asyncio.to_thread(join_back, plan.row_keys, results, job)
     report = make_report(
         job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,

@@ -8,7 +8,9 @@ look 94% alike. The template is part of the request's *scope* instead, with the 
 system message and every parameter. Cached answers are candidates when they were indexed in
 ``llm_semantic_index`` by an earlier job with the semantic cache on, share the scope and have a
 vector from the same embedding model. The most similar candidate is reused when its cosine
-similarity reaches the threshold.
+similarity reaches the threshold. Misses left over are compared with each other too: one within
+the threshold of an earlier miss that is sent (a *leader*) waits for the leader's answer, and
+is sent itself if the leader got none (:func:`follow_leaders`).
 
 Vectors live in the cache database; the search reads the candidates of the batch's scopes from
 DuckDB in Arrow batches and scores every miss against them at once with one matrix product per
@@ -26,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from . import _cache
-from ._engine import Counters
+from ._engine import Counters, Outcome
 from ._job import Job
 from ._plan import RESULT_SCHEMA, lookup_answers
 from ._semantic import scope_of
@@ -42,7 +44,9 @@ class Similar:
     """What the semantic tier did with a job's misses."""
 
     results: pl.DataFrame  # RESULT_SCHEMA: status "similar", with similar_to and similarity
-    misses: pl.DataFrame  # the misses still to send (key, system, prompt, rows)
+    misses: pl.DataFrame  # the misses to send now (key, system, prompt, rows)
+    followers: pl.DataFrame  # misses like one being sent: key, system, prompt, rows,
+    # similar_to (that one's key), similarity; see follow_leaders
     counters: Counters  # embedding_requests and embedding_tokens
     stopped: BaseException | None
 
@@ -64,22 +68,25 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
                                system=system, template=job.prompt.source)
               for system in misses["system"].unique().to_list()}
-    found, counters = [pl.DataFrame(schema=RESULT_SCHEMA)], Counters()
-    stopped: BaseException | None = None
+    found, following = [pl.DataFrame(schema=RESULT_SCHEMA)], [_FOLLOWERS.clear()]
+    counters, stopped = Counters(), None
     for part in misses.iter_slices(_SLICE):
-        results, used, stopped = await _find_in_slice(part, job, scopes)
+        results, followers, used, stopped = await _find_in_slice(part, job, scopes)
         found.append(results)
+        following.append(followers)
         counters.add(Counters(embedding_requests=used.sent, embedding_tokens=used.prompt_tokens))
         if stopped is not None:
             break
-    results = pl.concat(found)
-    remaining = misses.join(results.select("key"), on="key", how="anti")
-    return Similar(results, remaining, counters, stopped)
+    results, followers = pl.concat(found), pl.concat(following)
+    followers = misses.join(followers, on="key")
+    remaining = misses.join(pl.concat([results.select("key"), followers.select("key")]),
+                            on="key", how="anti")
+    return Similar(results, remaining, followers, counters, stopped)
 
 
 async def _find_in_slice(
     misses: pl.DataFrame, job: Job, scopes: dict[str | None, str]
-) -> tuple[pl.DataFrame, Counters, BaseException | None]:
+) -> tuple[pl.DataFrame, pl.DataFrame, Counters, BaseException | None]:
     semantic = job.semantic
     assert semantic is not None
     embedding_job = _embedding_job(job)
@@ -97,11 +104,12 @@ async def _find_in_slice(
     matched = best.filter(pl.col("similarity") >= semantic.threshold)
     reused = lookup_answers(job.cache_path, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)
+    unmatched = with_vectors.join(results.select("key"), on="key", how="anti")
     if job.cache_path is not None:
-        index = with_vectors.join(results.select("key"), on="key", how="anti")
         _cache.write_semantic_index(
-            job.cache_path, index.select("key", "scope", "embedding_key").to_dicts())
-    return results, embedded.counters, embedded.stopped
+            job.cache_path, unmatched.select("key", "scope", "embedding_key").to_dicts())
+    return (results, _followers(unmatched, semantic.threshold), embedded.counters,
+            embedded.stopped)
 
 
 def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFrame:
@@ -113,6 +121,70 @@ def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFram
         .select(list(RESULT_SCHEMA))
         .cast(RESULT_SCHEMA)  # type: ignore[arg-type]
     )
+
+
+_FOLLOWERS = pl.DataFrame(schema={"key": pl.String, "similar_to": pl.String,
+                                  "similarity": pl.Float64})
+
+
+def _followers(misses: pl.DataFrame, threshold: float) -> pl.DataFrame:
+    """Misses near enough to another miss of the same job to take its answer: key, similar_to
+    (the other's key) and similarity.
+
+    Greedy, in order: a miss follows the most similar earlier miss that is itself sent (a
+    leader), so every follower is within the threshold of the answer it gets, with no chains.
+    """
+    if misses.height < 2:
+        return _FOLLOWERS.clear()
+    dimensions = len(misses["embedding"][0])
+    vectors = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
+    scopes = misses["scope"].cast(pl.Categorical).to_physical().to_numpy()
+    near: list[list[tuple[float, int]]] = [[] for _ in range(misses.height)]
+    for start in range(0, misses.height, _MISS_BLOCK):
+        scores = vectors[start:start + _MISS_BLOCK] @ vectors.T
+        rows = np.arange(start, start + len(scores))[:, None]
+        earlier_alike = ((np.arange(misses.height)[None, :] < rows)
+                         & (scopes[start:start + len(scores), None] == scopes[None, :])
+                         & (scores >= threshold))
+        for i, j in zip(*np.nonzero(earlier_alike), strict=True):
+            near[start + i].append((float(scores[i, j]), int(j)))
+    leader = np.zeros(misses.height, dtype=bool)
+    follows: dict[int, tuple[int, float]] = {}
+    for i, candidates in enumerate(near):
+        best = max(((score, j) for score, j in candidates if leader[j]), default=None)
+        if best is None:
+            leader[i] = True
+        else:
+            follows[i] = (best[1], best[0])
+    keys = misses["key"]
+    return pl.DataFrame(
+        {"key": [keys[i] for i in follows], "similar_to": [keys[j] for j, _ in follows.values()],
+         "similarity": [min(score, 1.0) for _, score in follows.values()]},
+        schema=_FOLLOWERS.schema,
+    )
+
+
+def follow_leaders(followers: pl.DataFrame,
+                   outcomes: list[Outcome]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Followers whose leader was answered take its answer (status ``similar``); the others
+    are returned to be sent themselves (key, system, prompt, rows), never given a failure."""
+    answers = pl.DataFrame(
+        {"similar_to": [o.key for o in outcomes if o.status == "ok"],
+         "text": [o.text for o in outcomes if o.status == "ok"],
+         "json": [o.json for o in outcomes if o.status == "ok"],
+         "prompt_tokens": [o.prompt_tokens for o in outcomes if o.status == "ok"],
+         "completion_tokens": [o.completion_tokens for o in outcomes if o.status == "ok"]},
+        schema={"similar_to": pl.String, "text": pl.String, "json": pl.String,
+                "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64},
+    )
+    settled = (
+        followers.join(answers, on="similar_to")
+        .with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
+        .select(list(RESULT_SCHEMA)).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
+    )
+    resend = followers.join(settled.select("key"), on="key", how="anti").select(
+        "key", "system", "prompt", "rows")
+    return settled, resend
 
 
 def _normalised(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -49,9 +49,8 @@ from ._plan import (
     lookup_answers,
 )
 from ._report import RunReport, add_spending, sum_reports
-from ._run import dispatch, make_report, run_sync
+from ._run import answer_misses, make_report, run_sync
 from ._savings import Tally, less_spent, with_usage
-from ._similar import find_similar
 from .exceptions import ConfigError
 
 _CHUNK_GLOB = "chunk-*.parquet"
@@ -190,21 +189,11 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
 
 
 async def _answer(job: Job, misses: pl.DataFrame, *, rows: int) -> tuple[pl.DataFrame, Counters]:
-    """The semantic tier (if on), then the endpoint, for ``misses``; outcomes as in a results
-    file, and the counters."""
-    similar_rows = pl.DataFrame(schema=_OUTCOME_SCHEMA)
-    embeddings = Counters()
-    if job.semantic is not None:
-        similar = await find_similar(misses, job)
-        if similar.stopped is not None:
-            raise similar.stopped
-        similar_rows = similar.results.select(list(_OUTCOME_SCHEMA))
-        misses, embeddings = similar.misses, similar.counters
-    done = await dispatch(misses, less_spent(job, embeddings), rows=rows,
-                          rows_settled=rows - int(misses["rows"].sum()))
+    """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and the
+    counters."""
+    done = await answer_misses(misses, job, rows=rows)
     if done.stopped is not None:
         raise done.stopped
-    done.counters.add(embeddings)
     # Answers are read back from the cache; only what the cache does not keep is kept here.
     fresh = pl.DataFrame(
         {"key": [o.key for o in done.outcomes], "status": [o.status for o in done.outcomes],
@@ -212,7 +201,8 @@ async def _answer(job: Job, misses: pl.DataFrame, *, rows: int) -> tuple[pl.Data
          "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes]},
         schema={name: _OUTCOME_SCHEMA[name] for name in ("key", "status", "error", "text")},
     )
-    return pl.concat([similar_rows, fresh], how="diagonal_relaxed"), done.counters
+    similar = done.settled.select(list(_OUTCOME_SCHEMA))
+    return pl.concat([similar, fresh], how="diagonal_relaxed"), done.counters
 
 
 @dataclass

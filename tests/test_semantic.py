@@ -7,6 +7,8 @@ import polars as pl
 import pytest
 
 from llm_ops import ConfigError, SemanticCache, request_key
+from llm_ops._engine import Outcome
+from llm_ops._similar import follow_leaders
 from llm_ops.testing import expected_reply
 
 SEMANTIC = SemanticCache("sim-embed", threshold=0.9)
@@ -107,3 +109,21 @@ def test_misses_are_searched_a_slice_at_a_time(warm, monkeypatch):
 def test_embeddings_count_against_the_budget(warm, endpoint):
     out = _ask(warm, "a green hat", "a blue hat", semantic_cache=SEMANTIC, max_requests=2)
     assert sorted(out["completion_status"].to_list()) == ["ok", "skipped"]  # 1 embedding, 1 sent
+
+
+def test_near_duplicates_within_one_job_are_sent_once(complete, endpoint):
+    out = _ask(complete, "The red dress is lovely", "the red dress is LOVELY!", "a green hat",
+               semantic_cache=SEMANTIC)
+    assert sorted(out["completion_status"].to_list()) == ["ok", "ok", "similar"]
+    assert out["completion"][0] == out["completion"][1]
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_a_follower_whose_leader_got_no_answer_is_sent_itself():
+    followers = pl.DataFrame({"key": ["f1", "f2"], "system": [None, None], "prompt": ["1", "2"],
+                              "rows": [1, 1], "similar_to": ["l1", "l2"], "similarity": [1.0, 1.0]})
+    outcomes = [Outcome(key="l1", status="ok", text="answer"),
+                Outcome(key="l2", status="failed", error="HTTP 500")]
+    settled, resend = follow_leaders(followers, outcomes)
+    assert settled.select("key", "text", "status").rows() == [("f1", "answer", "similar")]
+    assert resend["key"].to_list() == ["f2"]
