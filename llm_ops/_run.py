@@ -164,19 +164,19 @@ async def answer_misses(misses: pl.DataFrame, job: Job, *, rows: int) -> Answere
     counters = similar.counters
     if similar.stopped is not None:  # the embeddings were refused: completions would be too
         return Answered([], counters, similar.stopped, settled=similar.results)
-    outcomes: list[Outcome] = []
-    settled, waiting, resend = [similar.results], similar.followers, similar.misses
-    stopped, budget_stop = None, None
-    while not resend.is_empty() and stopped is None:
-        done = await dispatch(resend, less_spent(job, counters), rows=rows,
-                              rows_settled=rows - _rows(resend) - _rows(waiting))
-        counters.add(done.counters)
-        outcomes += done.outcomes
-        stopped, budget_stop = done.stopped, budget_stop or done.budget_stop
-        followed, resend = follow_leaders(waiting, done.outcomes)
-        settled.append(followed)
-        waiting = waiting.clear()
-    return Answered(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
+    done = await dispatch(similar.misses, less_spent(job, counters), rows=rows,
+                          rows_settled=rows - _rows(similar.misses) - _rows(similar.followers))
+    counters.add(done.counters)
+    followed, resend = follow_leaders(similar.followers, done.outcomes)
+    outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
+    if not resend.is_empty() and stopped is None:  # their leaders got no answer
+        again = await dispatch(resend, less_spent(job, counters), rows=rows,
+                               rows_settled=rows - _rows(resend))
+        counters.add(again.counters)
+        outcomes, stopped = outcomes + again.outcomes, again.stopped
+        budget_stop = budget_stop or again.budget_stop
+    return Answered(outcomes, counters, stopped, budget_stop,
+                    settled=pl.concat([similar.results, followed]))
 
 
 def _rows(requests: pl.DataFrame) -> int:

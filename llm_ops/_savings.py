@@ -55,8 +55,8 @@ def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict
                                                 prompt_tokens=counters.embedding_tokens,
                                                 cost=embeddings)
     cost = add_costs(report.cost, embeddings)
-    savings = lever_savings(job, tallies, counters=counters, completion_cost=report.cost,
-                            embedding_cost=embeddings)
+    savings = lever_savings(job, tallies, counters=counters, on_completions=report.cost,
+                            on_embeddings=embeddings)
     return dataclasses.replace(
         report, cost=cost, models=models, savings=savings,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
@@ -112,9 +112,9 @@ def tally(distinct: pl.DataFrame, results: pl.DataFrame,
 
 
 def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
-                  completion_cost: float | None,
-                  embedding_cost: float | None) -> dict[str, Saving]:
-    """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`)."""
+                  on_completions: float | None, on_embeddings: float | None) -> dict[str, Saving]:
+    """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`),
+    given what the job spent on completions and on embeddings."""
     every_row, each = tallies["every_row"], tallies["each_distinct"]
     cache, similar = tallies["cache"], tallies["similar"]
     savings = {"dedupe": _saving(every_row - each, job.price)}
@@ -123,10 +123,10 @@ def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
     if job.rows_per_request > 1:
         sent = each - cache - similar
         savings["packing"] = Saving(sent.requests - counters.sent,
-                                    subtract_costs(sent.cost(job.price), completion_cost))
+                                    subtract_costs(sent.cost(job.price), on_completions))
     if job.semantic is not None:
         savings["semantic_cache"] = Saving(similar.requests,
-                                           subtract_costs(similar.cost(job.price), embedding_cost))
+                                           subtract_costs(similar.cost(job.price), on_embeddings))
     return savings
 
 

@@ -127,3 +127,11 @@ def test_a_follower_whose_leader_got_no_answer_is_sent_itself():
     settled, resend = follow_leaders(followers, outcomes)
     assert settled.select("key", "text", "status").rows() == [("f1", "answer", "similar")]
     assert resend["key"].to_list() == ["f2"]
+
+
+def test_a_failed_answer_is_never_passed_on_by_similarity(complete):
+    # Same words, but only the first carries the directive that makes the endpoint refuse.
+    out = _ask(complete, "coat [[sim:status=400]]", "COAT [[SIM:STATUS=400]]",
+               semantic_cache=SEMANTIC)
+    statuses = out["completion_status"].to_list()
+    assert statuses[1] == "ok" and statuses[0] in ("rejected", "similar")
