@@ -69,8 +69,9 @@ def escalation_rule(escalate: object, columns: pl.Schema, output: str,
             raise ConfigError(f"escalate {escalate!r} is not a SQL expression Polars can read "
                               f"({exc}); e.g. \"{output} LIKE 'unsure:%'\"") from exc
     if not isinstance(escalate, pl.Expr):
-        raise ConfigError("escalate must be a Polars expression that is true for rows to send to "
-                          "the next model, e.g. pl.col('label').struct.field('confidence') < 0.8")
+        raise ConfigError("escalate takes confidence_below(0.7), a Polars expression or a SQL "
+                          "condition that is true for the rows to send to the next model, e.g. "
+                          "pl.col('summary').str.contains('not sure')")
     answer_columns = {output: structured.dtype if structured else pl.String,
                       f"{output}_status": pl.Enum(STATUSES), f"{output}_error": pl.String}
     if structured is not None:

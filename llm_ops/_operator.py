@@ -205,8 +205,9 @@ def llm_complete(
         A :class:`~llm_ops.SemanticCache` turns on the second cache tier: a request that misses
         the exact cache is embedded, and the answer of the most similar cached request with
         the same model, system message and parameters is reused when the cosine similarity
-        reaches the threshold. Such rows get status ``similar``; ``<output>_similar_to`` (the
-        reused request's cache key) and ``<output>_similarity`` are added. Off by default.
+        reaches the threshold; near-duplicates within the job are sent once. Such rows get
+        status ``similar``; ``<output>_similar_to`` (the reused request's cache key) and
+        ``<output>_similarity`` are added. Off by default.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 

@@ -16,8 +16,9 @@ ok
 cached
     answer taken from the cache, nothing sent
 similar
-    answer of a *similar* cached request (``semantic_cache=``), nothing sent; which request
-    and how similar are in ``<output>_similar_to`` and ``<output>_similarity``
+    answer of a *similar* request (``semantic_cache=``): a cached one, or one sent earlier in
+    the job; which request and how similar are in ``<output>_similar_to`` and
+    ``<output>_similarity``
 skipped
     a referenced column was null; nothing sent
 rejected
@@ -43,8 +44,8 @@ cache
 packing
     several rows per request (``rows_per_request=``)
 semantic_cache
-    answers of similar cached requests (``semantic_cache=``); its cost is net of the
-    embeddings it paid for
+    answers of similar requests, cached or sent in the same job (``semantic_cache=``); its
+    cost is net of the embeddings it paid for
 cascade
     rows a cheaper model answered well enough, which the last model of ``model=[...]`` did
     not have to answer; its cost is net of everything the earlier models cost
