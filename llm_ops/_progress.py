@@ -30,6 +30,9 @@ class Progress:
         The adaptive concurrency limit right now.
     elapsed
         Seconds since the dispatch started.
+    phase
+        ``"sending"`` the requests, or ``"embedding"`` (``llm_embed``, and the misses the
+        semantic cache compares before anything is sent; its rows are those misses' rows).
     """
 
     rows: int
@@ -44,6 +47,7 @@ class Progress:
     completion_tokens: int
     concurrency: int
     elapsed: float
+    phase: str = "sending"
 
     @property
     def eta(self) -> float | None:
@@ -57,8 +61,9 @@ class Progress:
         rate = self.requests_done / self.elapsed if self.elapsed > 0 else 0.0
         tokens = (self.prompt_tokens + self.completion_tokens) / self.elapsed if self.elapsed else 0
         eta = f"{self.eta:.0f}s" if self.eta is not None else "?"
+        phase = "" if self.phase == "sending" else f"{self.phase} · "
         return (
-            f"llm-ops rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
+            f"llm-ops {phase}rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
             f"{tokens:,.0f} tok/s · 429s {self.rate_limited:,} · retries {self.retries:,} · "
             f"concurrency {self.concurrency} · ETA {eta}"
         )
@@ -70,8 +75,10 @@ ProgressCallback = Callable[[Progress], None]
 class Tracker:
     """Counts rows as outcomes arrive and publishes :class:`Progress` while a job runs."""
 
-    def __init__(self, *, rows: int, rows_settled: int, requests: int, dispatcher: Dispatcher):
+    def __init__(self, *, rows: int, rows_settled: int, requests: int, dispatcher: Dispatcher,
+                 phase: str = "sending"):
         self.rows = rows
+        self.phase = phase
         self.rows_done = rows_settled
         self.requests = requests
         self.dispatcher = dispatcher
@@ -92,6 +99,7 @@ class Tracker:
             completion_tokens=counters.completion_tokens,
             concurrency=self.dispatcher.concurrency.current,
             elapsed=time.monotonic() - self.started,
+            phase=self.phase,
         )
 
     async def publish(self, callback: ProgressCallback, interval: float = 0.5) -> None:

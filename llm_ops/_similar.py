@@ -53,8 +53,7 @@ class Similar:
 
 def _embedding_job(job: Job) -> Job:
     assert job.semantic is not None
-    return dataclasses.replace(job, model=job.semantic.model, price=job.semantic_price,
-                               progress=None)
+    return dataclasses.replace(job, model=job.semantic.model, price=job.semantic_price)
 
 
 async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
@@ -70,8 +69,11 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
               for system in misses["system"].unique().to_list()}
     found, following = [pl.DataFrame(schema=RESULT_SCHEMA)], [_FOLLOWERS.clear()]
     counters, stopped = Counters(), None
+    rows = rows_after = int(misses["rows"].sum())
     for part in misses.iter_slices(_SLICE):
-        results, followers, used, stopped = await _find_in_slice(part, job, scopes)
+        rows_after -= int(part["rows"].sum())
+        results, followers, used, stopped = await _find_in_slice(
+            part, job, scopes, progress=(rows, rows_after))
         found.append(results)
         following.append(followers)
         counters.add(Counters(embedding_requests=used.sent, embedding_tokens=used.prompt_tokens))
@@ -85,14 +87,15 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
 
 
 async def _find_in_slice(
-    misses: pl.DataFrame, job: Job, scopes: dict[str | None, str]
+    misses: pl.DataFrame, job: Job, scopes: dict[str | None, str], *, progress: tuple[int, int]
 ) -> tuple[pl.DataFrame, pl.DataFrame, Counters, BaseException | None]:
     semantic = job.semantic
     assert semantic is not None
     embedding_job = _embedding_job(job)
     values = misses.select(job.prompt.values_in(pl.col("prompt")).alias("values"))
     row_keys, texts = distinct_texts(values, embedding_job, "values", semantic.params)
-    embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size)
+    embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size,
+                                    rows=progress[0], rows_after=progress[1])
     with_vectors = (
         misses.with_columns(embedding_key=row_keys["key"],
                             scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))

@@ -68,11 +68,13 @@ class Embedded:
 
 
 async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any],
-                         batch_size: int, *, rows: int | None = None) -> Embedded:
+                         batch_size: int, *, rows: int | None = None,
+                         rows_after: int = 0) -> Embedded:
     """Vectors for ``distinct`` (key, prompt, rows): from the cache, else from the endpoint,
     ``batch_size`` texts per request, written through to ``llm_embeddings``.
 
-    ``rows`` (the job's rows, for progress) turns on ``job.progress``.
+    ``rows`` (all the rows being embedded, for progress) turns on ``job.progress``;
+    ``rows_after`` of them wait for later calls.
     """
     hits = pl.DataFrame(schema={"key": pl.String, "embedding": pl.List(pl.Float32)})
     if job.cache_path is not None and distinct.height:
@@ -85,8 +87,9 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
     dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,
                                      params=params, settings=job.settings)
     total = rows if rows is not None else int(distinct["rows"].sum())
-    tracker = Tracker(rows=total, rows_settled=total - int(misses["rows"].sum()),
-                      requests=-(-misses.height // batch_size), dispatcher=dispatcher)
+    tracker = Tracker(rows=total, rows_settled=total - int(misses["rows"].sum()) - rows_after,
+                      requests=-(-misses.height // batch_size), dispatcher=dispatcher,
+                      phase="embedding")
     answered: list[tuple[str, list[float] | None, str, str | None]] = []
     pending: list[dict[str, Any]] = []
     endpoint = normalize_base_url(job.base_url)

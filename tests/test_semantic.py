@@ -135,3 +135,9 @@ def test_a_failed_answer_is_never_passed_on_by_similarity(complete):
                semantic_cache=SEMANTIC)
     statuses = out["completion_status"].to_list()
     assert statuses[1] == "ok" and statuses[0] in ("rejected", "similar")
+
+
+def test_progress_covers_the_embeddings(complete):
+    seen = []
+    _ask(complete, "a green hat", "a red coat", semantic_cache=SEMANTIC, progress=seen.append)
+    assert {snapshot.phase for snapshot in seen} == {"embedding", "sending"}
