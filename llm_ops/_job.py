@@ -241,7 +241,8 @@ def make_job(
     if max_cost is not None:
         if isinstance(max_cost, bool) or not isinstance(max_cost, int | float) or max_cost < 0:
             raise ConfigError(f"max_cost must be a number of dollars >= 0, got {max_cost!r}")
-        for name, price in prices.items():
+        embedding = [semantic_cache.model] if semantic_cache is not None else []
+        for name, price in {**prices, **{m: price_for(m, pricing) for m in embedding}}.items():
             if price is None:
                 raise ConfigError(f"max_cost needs a price for model {name!r}, which has none; "
                                   "pass pricing={'" + name + "': Price(...)}")

@@ -141,3 +141,8 @@ def test_progress_covers_the_embeddings(complete):
     seen = []
     _ask(complete, "a green hat", "a red coat", semantic_cache=SEMANTIC, progress=seen.append)
     assert {snapshot.phase for snapshot in seen} == {"embedding", "sending"}
+
+
+def test_max_cost_needs_a_price_for_the_embedding_model(complete):
+    with pytest.raises(ConfigError, match="price for model 'my-embedder'"):
+        _ask(complete, "x", max_cost=1.0, semantic_cache=SemanticCache("my-embedder"))
