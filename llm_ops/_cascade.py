@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from datetime import UTC, datetime
 
 import polars as pl
@@ -55,7 +54,7 @@ async def run_cascade(
         labelled = tier.columns.with_columns(
             pl.when(~skipped).then(pl.lit(model)).alias(job.model_column), rows)
         last = number == len(job.models) - 1 or tier.stopped is not None
-        flagged = (pl.Series([False] * subset.height) if last
+        flagged = (pl.repeat(False, subset.height, eager=True) if last
                    else escalation(subset, tier.columns, job))
         finals.append(labelled.filter(~flagged))
         tiers.append((tier_job, tier, ~flagged))
@@ -75,8 +74,7 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
     """One report for the whole cascade: the models' reports added up, with the rows, statuses
     and rows per model of the final columns, and the cascade's own saving."""
     reports = [tier.report for _, tier, _ in tiers]
-    total = sum_reports(reports, run_id=uuid.uuid4().hex[:12], started_at=started_at,
-                        finished_at=datetime.now(UTC), wall_seconds=wall_seconds,
+    total = sum_reports(reports, started_at=started_at, wall_seconds=wall_seconds,
                         model=" > ".join(job.models))
     answered = columns.filter(pl.col(job.status_column).cast(pl.String).is_in(ANSWERED))
     final_rows = dict(answered[job.model_column].value_counts().iter_rows())

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ._pricing import add_costs
@@ -179,10 +180,11 @@ class RunReport:
         return "\n".join(lines)
 
 
-def sum_reports(reports: list[RunReport], *, run_id: str, started_at: datetime,
-                finished_at: datetime, wall_seconds: float, model: str) -> RunReport:
-    """One report adding up several (a cascade's models, a table's batches): counts, tokens,
-    costs, statuses, savings and models are summed; the first stop and budget stop are kept."""
+def sum_reports(reports: list[RunReport], *, started_at: datetime, wall_seconds: float,
+                model: str) -> RunReport:
+    """One new run's report adding up several (a cascade's models, a table's batches): counts,
+    tokens, costs, statuses, savings and models are summed; the first stop and budget stop are
+    kept."""
     models: dict[str, ModelUsage] = {}
     savings: dict[str, Saving] = {}
     statuses: dict[str, int] = dict.fromkeys(STATUSES, 0)
@@ -199,7 +201,8 @@ def sum_reports(reports: list[RunReport], *, run_id: str, started_at: datetime,
     costs = [r.cost for r in reports]
     saved = [r.cost_saved for r in reports]
     return RunReport(
-        run_id=run_id, started_at=started_at, finished_at=finished_at, model=model,
+        run_id=uuid.uuid4().hex[:12], started_at=started_at, finished_at=datetime.now(UTC),
+        model=model,
         endpoint=reports[0].endpoint,
         rows=sum(r.rows for r in reports),
         distinct_requests=sum(r.distinct_requests for r in reports),

@@ -39,6 +39,10 @@ _MISS_BLOCK = 2_048  # score blocks of at most _MISS_BLOCK x _CANDIDATE_BLOCK fl
 _CANDIDATE_BLOCK = 16_384
 
 
+_FOLLOWERS = pl.DataFrame(schema={"key": pl.String, "similar_to": pl.String,
+                                  "similarity": pl.Float64})
+
+
 @dataclass
 class Similar:
     """What the semantic tier did with a job's misses."""
@@ -117,17 +121,19 @@ async def _find_in_slice(
 
 def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFrame:
     """Result rows for the matched misses, carrying the reused answers and their provenance."""
+    return _as_similar(matched.join(
+        reused.select("key", "text", "json", "prompt_tokens", "completion_tokens"),
+        left_on="similar_to", right_on="key"))
+
+
+def _as_similar(answers: pl.DataFrame) -> pl.DataFrame:
+    """Rows of :data:`RESULT_SCHEMA` with status ``similar`` from key, similar_to, similarity
+    and the reused answer's text, json and tokens."""
     return (
-        matched.join(reused.select("key", "text", "json", "prompt_tokens", "completion_tokens"),
-                     left_on="similar_to", right_on="key")
-        .with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
+        answers.with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
         .select(list(RESULT_SCHEMA))
         .cast(RESULT_SCHEMA)  # type: ignore[arg-type]
     )
-
-
-_FOLLOWERS = pl.DataFrame(schema={"key": pl.String, "similar_to": pl.String,
-                                  "similarity": pl.Float64})
 
 
 def _followers(misses: pl.DataFrame, threshold: float) -> pl.DataFrame:
@@ -172,19 +178,13 @@ def follow_leaders(followers: pl.DataFrame,
     """Followers whose leader was answered take its answer (status ``similar``); the others
     are returned to be sent themselves (key, system, prompt, rows), never given a failure."""
     answers = pl.DataFrame(
-        {"similar_to": [o.key for o in outcomes if o.status == "ok"],
-         "text": [o.text for o in outcomes if o.status == "ok"],
-         "json": [o.json for o in outcomes if o.status == "ok"],
-         "prompt_tokens": [o.prompt_tokens for o in outcomes if o.status == "ok"],
-         "completion_tokens": [o.completion_tokens for o in outcomes if o.status == "ok"]},
+        [(o.key, o.text, o.json, o.prompt_tokens, o.completion_tokens)
+         for o in outcomes if o.status == "ok"],
         schema={"similar_to": pl.String, "text": pl.String, "json": pl.String,
                 "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64},
+        orient="row",
     )
-    settled = (
-        followers.join(answers, on="similar_to")
-        .with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
-        .select(list(RESULT_SCHEMA)).cast(RESULT_SCHEMA)  # type: ignore[arg-type]
-    )
+    settled = _as_similar(followers.join(answers, on="similar_to"))
     resend = followers.join(settled.select("key"), on="key", how="anti").select(
         "key", "system", "prompt", "rows")
     return settled, resend

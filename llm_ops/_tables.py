@@ -24,12 +24,10 @@ import glob
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import polars as pl
@@ -337,19 +335,14 @@ def run_cascade_table(job: Job, files: list[Path], output: Path, *, batch_rows: 
             writer.close()
     if not reports:
         raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
-    total = sum_reports(reports, **_run_fields(job, started_at, clock))
+    total = sum_reports(reports, started_at=started_at, model=" > ".join(job.models),
+                        wall_seconds=time.perf_counter() - clock)
     if job.cache_path is not None:
         _cache.record_run(job.cache_path, total.as_dict())
     if stopped is not None:
         raise stopped
     partial.replace(output)
     return total
-
-
-def _run_fields(job: Job, started_at: datetime, clock: float) -> dict[str, Any]:
-    return {"run_id": uuid.uuid4().hex[:12], "started_at": started_at,
-            "finished_at": datetime.now(UTC), "wall_seconds": time.perf_counter() - clock,
-            "model": " > ".join(job.models)}
 
 
 def run_table(

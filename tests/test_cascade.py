@@ -127,3 +127,19 @@ def test_confidence_below_reads_the_confidence_field(complete):
 def test_confidence_below_needs_a_numeric_field(complete):
     with pytest.raises(ConfigError, match="number field 'certainty'"):
         _ask(complete, "a", schema=Label, escalate=confidence_below(0.5, field="certainty"))
+
+
+def test_escalate_sql_must_parse(complete):
+    with pytest.raises(ConfigError, match="not a SQL expression"):
+        _ask(complete, "a", escalate="completion LIKE")
+
+
+def test_confidence_below_takes_a_number():
+    with pytest.raises(ConfigError, match="takes a number"):
+        confidence_below("high")
+
+
+@pytest.mark.parametrize("model", [[], ["sim", 3]])
+def test_a_cascade_names_its_models(complete, model):
+    with pytest.raises(ConfigError, match="list of names for a cascade"):
+        _ask(complete, "a", model=model)

@@ -146,3 +146,14 @@ def test_progress_covers_the_embeddings(complete):
 def test_max_cost_needs_a_price_for_the_embedding_model(complete):
     with pytest.raises(ConfigError, match="price for model 'my-embedder'"):
         _ask(complete, "x", max_cost=1.0, semantic_cache=SemanticCache("my-embedder"))
+
+
+@pytest.mark.parametrize("setting", [{"model": ""}, {"dimensions": 0}, {"batch_size": True}])
+def test_bad_settings_are_refused(setting):
+    with pytest.raises(ConfigError, match="SemanticCache"):
+        SemanticCache(**{"model": "sim-embed", **setting})
+
+
+def test_semantic_cache_must_be_a_semantic_cache(complete):
+    with pytest.raises(ConfigError, match="takes a SemanticCache"):
+        _ask(complete, "x", semantic_cache="sim-embed")
