@@ -35,7 +35,7 @@ import pyarrow as pa
 from baseline import complete_all
 
 from llm_ops import PRICES, Price, RunReport, SemanticCache, llm_complete
-from llm_ops._cache import connect
+from llm_ops._cache import Cache
 from llm_ops._job import make_job
 from llm_ops._similar import _search
 from llm_ops.testing import LocalEndpoint
@@ -184,7 +184,7 @@ def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
         "llm_semantic_index": pa.table({"key": keys, "scope": ["s"] * count,
                                         "embedding_key": keys}),
     }
-    with connect(path) as con:
+    with Cache(path).connect(read_only=False) as con:
         for table, rows in tables.items():
             con.register("new_rows", rows)
             con.execute(f"INSERT INTO {table} ({', '.join(rows.column_names)}) "

@@ -1,23 +1,38 @@
-"""The cache database: a DuckDB file holding ``llm_cache`` and ``llm_runs``.
+"""The cache database: a DuckDB file holding ``llm_cache``, ``llm_runs`` and friends.
 
 Location: the ``cache=`` argument, else the ``LLM_OPS_CACHE`` environment variable, else
 ``$XDG_CACHE_HOME/llm-ops/cache.duckdb`` (``~/.cache/llm-ops/cache.duckdb``).
 
 DuckDB lets one process hold a file open for writing and locks every other process out, readers
-included. So connections here are short: opened for one lookup or one batch of writes and closed
-at once, and opening retries for a while when another process holds the lock. Between flushes an
-analyst can open the file read-only.
+included, and a reader that holds the file locks writers out. So an answer is never written
+straight into the file. Every row a job writes is first appended to the **journal**, a folder of
+JSON-lines files next to the cache (``cache.duckdb.journal/``), in batches of at most
+:data:`JOURNAL_BATCH` rows, which survives a crash of the process; from there it is merged
+into the DuckDB file whenever the file is free. A lock can delay that merge, never lose an
+answer or stop a job: lookups read the journal too, and journal files left behind (by a crash,
+or by a reader that held the file until the job ended) are merged on the next open.
+
+Each job's writer holds an exclusive ``flock`` on its own ``<writer>.lock`` file while it
+lives; journal files of a writer whose lock is free belong to a finished or dead process and
+may be merged by anyone (merging is idempotent: a key already present keeps its first row).
 
 The schema only changes through the numbered migrations in :data:`MIGRATIONS`; the versions
-applied are recorded in ``llm_ops_migrations``.
+applied are recorded in ``llm_ops_migrations``. All SQL on these tables lives in this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import logging
 import os
 import random
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,11 +44,15 @@ import pyarrow as pa
 from .exceptions import CacheError, CacheLockedError
 
 CACHE_ENV = "LLM_OPS_CACHE"
+JOURNAL_BATCH = 32
+"""Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
+killed job loses at most C + 32 answers it had received."""
 # Extensions cannot be downloaded here (and should not be, silently, anywhere).
 NO_EXTENSION_DOWNLOADS: dict[str, str | bool | int | float | list[str]] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
 }
+_log = logging.getLogger("llm_ops")
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -132,6 +151,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
 )
 
+
 _CACHE_SCHEMA = pa.schema(
     [
         ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
@@ -141,11 +161,43 @@ _CACHE_SCHEMA = pa.schema(
         ("latency_ms", pa.float64()), ("attempts", pa.int32()),
     ]
 )
+_EMBEDDING_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
+        ("request", pa.string()), ("dimensions", pa.int32()),
+        ("embedding", pa.list_(pa.float32())), ("prompt_tokens", pa.int32()),
+        ("latency_ms", pa.float64()),
+    ]
+)
 
-
-# Files (path, inode) this process has brought up to date: checking on every flush costs ms.
-_MIGRATED: set[tuple[Path, int]] = set()
-_IN_PROCESS = threading.RLock()
+# Column types of each table's journal lines, as DuckDB's read_json wants them.
+_COLUMNS: dict[str, dict[str, str]] = {
+    "llm_cache": {
+        "key": "VARCHAR", "model": "VARCHAR", "endpoint": "VARCHAR", "request": "VARCHAR",
+        "status": "VARCHAR", "response_text": "VARCHAR", "response_json": "VARCHAR",
+        "finish_reason": "VARCHAR", "prompt_tokens": "INTEGER", "completion_tokens": "INTEGER",
+        "latency_ms": "DOUBLE", "attempts": "INTEGER",
+    },
+    "llm_embeddings": {
+        "key": "VARCHAR", "model": "VARCHAR", "endpoint": "VARCHAR", "request": "VARCHAR",
+        "dimensions": "INTEGER", "embedding": "FLOAT[]", "prompt_tokens": "INTEGER",
+        "latency_ms": "DOUBLE",
+    },
+    "llm_semantic_index": {"key": "VARCHAR", "scope": "VARCHAR", "embedding_key": "VARCHAR"},
+    "llm_runs": {
+        "run_id": "VARCHAR", "started_at": "TIMESTAMPTZ", "finished_at": "TIMESTAMPTZ",
+        "model": "VARCHAR", "endpoint": "VARCHAR", "rows": "BIGINT",
+        "distinct_requests": "BIGINT", "cache_hits": "BIGINT", "requests_sent": "BIGINT",
+        "retries": "BIGINT", "statuses": "MAP(VARCHAR, BIGINT)", "prompt_tokens": "BIGINT",
+        "completion_tokens": "BIGINT", "wall_seconds": "DOUBLE", "outcome": "VARCHAR",
+        "error": "VARCHAR", "cost": "DOUBLE", "cost_saved": "DOUBLE", "budget_stop": "VARCHAR",
+        "savings": "MAP(VARCHAR, STRUCT(requests BIGINT, cost DOUBLE))",
+        "models": "MAP(VARCHAR, STRUCT(rows BIGINT, requests BIGINT, prompt_tokens BIGINT, "
+                  "completion_tokens BIGINT, cost DOUBLE))",
+    },
+}
+_KEYS = {"llm_cache": "key", "llm_embeddings": "key", "llm_semantic_index": "key",
+         "llm_runs": "run_id"}
 
 
 def default_cache_path() -> Path:
@@ -172,109 +224,29 @@ def _open(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
         # connection to the cache itself); DuckDB then insists on that connection's settings.
         if "different configuration" not in str(exc):
             raise
+    try:
         return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.ConnectionException as exc:
+        # ... and it is open for writing there: reading through the same instance is fine.
+        if not read_only or "different configuration" not in str(exc):
+            raise
+        return duckdb.connect(str(path))
 
 
 def _is_lock_error(exc: duckdb.Error) -> bool:
     return "lock" in str(exc).lower()
 
 
-def open_cache(
-    cache: str | os.PathLike[str] | None = None, *, read_only: bool = True,
-    lock_timeout: float = 30.0,
-) -> duckdb.DuckDBPyConnection:
-    """Open the cache database for your own queries; close it when done.
-
-    Read-only by default, so a running job can keep writing between your queries. While a job
-    is flushing answers the file is locked for a moment; opening waits for it (up to
-    ``lock_timeout`` seconds) instead of failing with DuckDB's raw IO error.
-
-    Use it as a context manager::
-
-        with open_cache("output/cache.duckdb") as con:
-            con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model").show()
-    """
-    path = resolve_cache_path(cache)
-    assert path is not None
-    if read_only and not path.exists():
-        raise CacheError(f"there is no cache at {path} yet; run a job first, or pass the path "
-                         f"of an existing cache (cache= or {CACHE_ENV})")
-    con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
-    if not read_only:
-        migrate(con)
-    return con
-
-
-def _open_retrying(
-    path: Path, *, read_only: bool, lock_timeout: float
-) -> duckdb.DuckDBPyConnection:
-    deadline = time.monotonic() + lock_timeout
-    delay = 0.01
-    while True:
-        try:
-            return _open(path, read_only=read_only)
-        except duckdb.Error as exc:
-            if not _is_lock_error(exc):
-                raise CacheError(f"cannot open the cache {path}: {exc}") from exc
-            if time.monotonic() >= deadline:
-                raise CacheLockedError(
-                    f"the cache {path} is held by another process (DuckDB allows one writer and "
-                    f"locks out everyone else while it writes); waited {lock_timeout:.0f}s. "
-                    "Jobs hold it only while flushing: retry, or close the other connection, or "
-                    f"point this job at another file with cache=... or {CACHE_ENV}."
-                ) from exc
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.5)
-
-
-@contextmanager
-def connect(
-    path: Path, *, read_only: bool = False, lock_timeout: float = 30.0
-) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection to the cache file, migrated, retried while another holds it.
-
-    Connections of this process are taken one at a time: DuckDB shares one database instance
-    per file within a process, and a thread opening it while another thread's close tears it
-    down gets a half-initialised connection.
-    """
-    if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with _IN_PROCESS:
-        con = _open_retrying(path, read_only=read_only, lock_timeout=lock_timeout)
-        try:
-            identity = (path, path.stat().st_ino)  # DuckDB has created the file by now
-            if not read_only and identity not in _MIGRATED:
-                migrate(con)
-                _MIGRATED.add(identity)
-            yield con
-        except duckdb.Error as exc:
-            raise CacheError(f"cache {path}: {exc}") from exc
-        finally:
-            con.close()
-
-
-@contextmanager
-def attached(
-    con: duckdb.DuckDBPyConnection, path: Path, *, alias: str, lock_timeout: float = 30.0
-) -> Iterator[None]:
-    """Attach the cache read-only to another connection (e.g. for a big anti-join), briefly."""
-    deadline = time.monotonic() + lock_timeout
-    while True:
-        try:
-            con.execute(f"ATTACH '{_sql_string(str(path))}' AS {alias} (READ_ONLY)")
-            break
-        except duckdb.Error as exc:
-            if not _is_lock_error(exc) or time.monotonic() >= deadline:
-                raise CacheError(f"cannot attach the cache {path}: {exc}") from exc
-            time.sleep(0.05)
-    try:
-        yield
-    finally:
-        con.execute(f"DETACH {alias}")
-
-
 def _sql_string(text: str) -> str:
-    return text.replace("'", "''")
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Connections of this process are taken one at a time: DuckDB shares one database instance per
+# file within a process, and a thread opening it while another thread's close tears it down
+# gets a half-initialised connection.
+_IN_PROCESS = threading.RLock()
+# Files (path, inode) this process has brought up to date: checking on every write costs ms.
+_MIGRATED: set[tuple[Path, int]] = set()
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
@@ -284,9 +256,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
         "applied_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp)"
     )
-    # fetchall, not fetchone: DuckDB keeps a partly fetched result open on the connection
-    current = int(con.execute("SELECT coalesce(max(version), 0) FROM llm_ops_migrations")
-                  .fetchall()[0][0])
+    current = _schema_version(con)
     for version, name, sql in MIGRATIONS:
         if version <= current:
             continue
@@ -304,101 +274,437 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     return current
 
 
-def lookup(path: Path, keys: pa.Table) -> pa.Table:
-    """Cached answers for the ``key`` column of ``keys``: one join, not one query per key."""
-    return _rows_for_keys(path, "llm_cache", _CACHE_SCHEMA, keys)
+def _schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    # fetchall, not fetchone: DuckDB keeps a partly fetched result open on the connection
+    exists = con.execute("SELECT count(*) FROM duckdb_tables() "
+                         "WHERE table_name = 'llm_ops_migrations'").fetchall()[0][0]
+    if not exists:
+        return 0
+    return int(con.execute("SELECT coalesce(max(version), 0) FROM llm_ops_migrations")
+               .fetchall()[0][0])
 
 
-def _rows_for_keys(path: Path, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
-    if not path.exists():
-        return schema.empty_table()
-    columns = ", ".join(f"t.{name}" for name in schema.names)
-    with connect(path) as con:
-        con.register("wanted_keys", keys)
-        result = con.sql(
-            f"SELECT {columns} FROM {table} t SEMI JOIN wanted_keys w ON t.key = w.key"
-        ).to_arrow_table()
-        con.unregister("wanted_keys")
-    return result
+LATEST_VERSION = MIGRATIONS[-1][0]
 
 
-def write_answers(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert answers; a key already present keeps its first answer."""
-    _insert_new(path, "llm_cache", _CACHE_SCHEMA, rows)
+class Cache:
+    """One cache database file and its journal; every statement on the cache tables.
+
+    Connections are short: opened for one lookup or one merge and closed at once, retried
+    while another process holds the file (up to ``lock_timeout`` seconds for reads).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0):
+        self.path = Path(path)
+        self.journal = self.path.with_name(self.path.name + ".journal")
+        self.lock_timeout = lock_timeout
+        self.last_merge_error: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.path)!r})"
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Make sure the cache can be used before anything is paid for: create its folder and
+        the database, migrate it, check that the file and the journal can be written, and merge
+        journal files a dead or finished job left behind. Raises :class:`CacheError` naming
+        the path and what to do; a lock held elsewhere only delays the merge."""
+        hint = (f"choose a writable location with cache=... or {CACHE_ENV}, or pass cache=False "
+                "to run without a cache")
+        try:
+            self.journal.mkdir(parents=True, exist_ok=True)
+            probe = self.journal / f".probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CacheError(f"cannot use the cache {self.path}: {exc.strerror or exc} "
+                             f"({exc.filename or self.journal}); {hint}") from exc
+        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
+            raise CacheError(f"cannot use the cache {self.path}: the file is not readable and "
+                             f"writable by this user; {hint}")
+        if not self._up_to_date():
+            with self.connect(read_only=False):
+                pass  # creates and migrates
+        self.merge_orphans(wait=0.5)
+
+    def _up_to_date(self) -> bool:
+        if not self.path.exists():
+            return False
+        identity = (self.path, self.path.stat().st_ino)
+        if identity in _MIGRATED:
+            return True
+        with self.connect(read_only=True) as con:
+            current = _schema_version(con)
+        if current > LATEST_VERSION:
+            raise CacheError(f"the cache {self.path} has schema version {current}, newer than "
+                             f"this llm-ops knows ({LATEST_VERSION}); upgrade llm-ops")
+        if current == LATEST_VERSION:
+            _MIGRATED.add(identity)
+        return current == LATEST_VERSION
+
+    def _open_retrying(self, *, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + wait
+        delay = 0.01
+        while True:
+            try:
+                return _open(self.path, read_only=read_only)
+            except duckdb.Error as exc:
+                if not _is_lock_error(exc):
+                    raise CacheError(f"cannot open the cache {self.path}: {exc}") from exc
+                if time.monotonic() >= deadline:
+                    raise CacheLockedError(
+                        f"the cache {self.path} is held by another process (DuckDB allows one "
+                        f"writer and locks out everyone else while it writes); waited "
+                        f"{wait:.0f}s. Close the other connection, read it through "
+                        f"llm_ops.open_cache or a snapshot (llm-ops cache snapshot), or point "
+                        f"this job at another file with cache=... or {CACHE_ENV}."
+                    ) from exc
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.5)
+
+    @contextmanager
+    def connect(
+        self, *, read_only: bool = True, wait: float | None = None
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection, migrated when writable, retried while the file is held."""
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        with _IN_PROCESS:
+            con = self._open_retrying(
+                read_only=read_only, wait=self.lock_timeout if wait is None else wait)
+            try:
+                identity = (self.path, self.path.stat().st_ino)  # DuckDB created the file
+                if not read_only and identity not in _MIGRATED:
+                    migrate(con)
+                    _MIGRATED.add(identity)
+                yield con
+            except duckdb.Error as exc:
+                raise CacheError(f"cache {self.path}: {exc}") from exc
+            finally:
+                con.close()
+
+    @contextmanager
+    def attached(self, con: duckdb.DuckDBPyConnection, *, alias: str) -> Iterator[None]:
+        """Attach the cache read-only to another connection (say, for a big anti-join),
+        briefly; :meth:`answers_sql` then reads it together with the journal."""
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                con.execute(f"ATTACH {_sql_string(str(self.path))} AS {alias} (READ_ONLY)")
+                break
+            except duckdb.Error as exc:
+                if not _is_lock_error(exc) or time.monotonic() >= deadline:
+                    raise CacheError(f"cannot attach the cache {self.path}: {exc}") from exc
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            con.execute(f"DETACH {alias}")
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _journal_files(self, table: str) -> list[Path]:
+        if not self.journal.is_dir():
+            return []
+        return sorted(self.journal.glob(f"*.{table}.jsonl"))
+
+    def _journal_sql(self, table: str, columns: Sequence[str], files: Sequence[Path]) -> str:
+        spec = ", ".join(f"{_sql_string(name)}: {_sql_string(_COLUMNS[table][name])}"
+                         for name in _COLUMNS[table])
+        paths = ", ".join(_sql_string(str(f)) for f in files)
+        # ignore_errors: the last line of a file being appended to may be incomplete
+        return (f"SELECT {', '.join(columns)} FROM read_json([{paths}], "
+                f"format='newline_delimited', columns={{{spec}}}, ignore_errors=true) "
+                f"WHERE {_KEYS[table]} IS NOT NULL")
+
+    def answers_sql(self, alias: str, columns: Sequence[str]) -> str:
+        """A query over the answers of the attached cache ``alias`` and of the journal, one
+        row per key, with ``columns`` of ``llm_cache``."""
+        listed = ", ".join(columns)
+        files = self._journal_files("llm_cache")
+        if not files:
+            return f"SELECT {listed} FROM {alias}.llm_cache"
+        return (f"SELECT DISTINCT ON (key) {listed} FROM ("
+                f"SELECT {listed}, 0 AS journal FROM {alias}.llm_cache UNION ALL "
+                f"{self._journal_sql('llm_cache', [*columns, '1 AS journal'], files)}) "
+                "ORDER BY key, journal")
+
+    def _rows_for_keys(self, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
+        if not self.path.exists():
+            return schema.empty_table()
+        columns = list(schema.names)
+        for attempt in range(3):
+            files = self._journal_files(table)
+            query = f"SELECT {', '.join(columns)} FROM {table}"
+            if files:
+                query = (f"SELECT DISTINCT ON (key) * FROM ({query} UNION ALL "
+                         f"{self._journal_sql(table, columns, files)})")
+            try:
+                with self.connect() as con:
+                    con.register("wanted_keys", keys)
+                    return con.sql(f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w "
+                                   "ON t.key = w.key").to_arrow_table().cast(schema)
+            except CacheError as exc:
+                # A journal file merged and removed between listing and reading: list again.
+                if attempt == 2 or "No files found" not in str(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    def lookup(self, keys: pa.Table) -> pa.Table:
+        """Cached answers for the ``key`` column of ``keys`` (journal included), in one join."""
+        return self._rows_for_keys("llm_cache", _CACHE_SCHEMA, keys)
+
+    def lookup_embeddings(self, keys: pa.Table) -> pa.Table:
+        """Cached vectors for the ``key`` column of ``keys`` (journal included), in one join."""
+        return self._rows_for_keys("llm_embeddings", _EMBEDDING_SCHEMA, keys)
+
+    def similar_candidates(
+        self, scopes: Sequence[str], *, embedding_model: str, dimensions: int,
+        batch_rows: int = 65_536,
+    ) -> Iterator[pa.RecordBatch]:
+        """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
+        as batches of (key, scope, embedding), read a batch at a time."""
+        if not self.path.exists() or not scopes:
+            return
+        with self.connect() as con:
+            con.register("wanted_scopes", pa.table({"scope": list(scopes)}))
+            reader = con.sql(
+                "SELECT i.key, i.scope, e.embedding FROM llm_semantic_index i "
+                "SEMI JOIN wanted_scopes w ON i.scope = w.scope "
+                "JOIN llm_embeddings e ON e.key = i.embedding_key "
+                "JOIN llm_cache c ON c.key = i.key "
+                "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions",
+                params={"model": embedding_model, "dimensions": dimensions},
+            ).to_arrow_reader(batch_rows)
+            yield from reader
+            con.unregister("wanted_scopes")
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def writer(self, *, merge_every: int = 1024) -> JournalWriter:
+        """A writer for one job: rows go to the journal at once and into the file in batches."""
+        return JournalWriter(self, merge_every=merge_every)
+
+    def write(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``rows`` through a writer of their own (journal, then a brief merge)."""
+        if not rows:
+            return
+        writer = self.writer()
+        for row in rows:
+            writer.add(table, row)
+        writer.close(wait=2.0)
+
+    def record_run(self, run: Mapping[str, Any]) -> None:
+        """Append one row to ``llm_runs``."""
+        self.write("llm_runs", [run])
+
+    def merge_files(self, files: Sequence[Path], *, wait: float) -> bool:
+        """Insert journal ``files`` into their tables and delete them; ``False`` (nothing
+        deleted) when the file stays locked for ``wait`` seconds or cannot be written."""
+        by_table: dict[str, list[Path]] = {}
+        for file in files:
+            by_table.setdefault(file.name.rsplit(".", 2)[-2], []).append(file)
+        try:
+            with self.connect(read_only=False, wait=wait) as con:
+                con.execute("BEGIN TRANSACTION")
+                for table, paths in by_table.items():
+                    present = [p for p in paths if p.exists()]
+                    if not present:
+                        continue
+                    names = list(_COLUMNS[table])
+                    con.execute(f"INSERT INTO {table} ({', '.join(names)}) "
+                                f"{self._journal_sql(table, names, present)} "
+                                "ON CONFLICT DO NOTHING")
+                con.execute("COMMIT")
+        except CacheError as exc:
+            self.last_merge_error = str(exc)
+            return False
+        for file in files:
+            file.unlink(missing_ok=True)
+        return True
+
+    def merge_orphans(self, *, wait: float) -> int:
+        """Merge the journal files of writers that are gone (crashed, or ended while the file
+        was held); returns how many files were merged."""
+        if not self.journal.is_dir():
+            return 0
+        merged = 0
+        writers = {f.name.split(".", 1)[0] for f in self.journal.glob("*.jsonl")}
+        for writer_id in sorted(writers):
+            lock = self.journal / f"{writer_id}.lock"
+            with _held(lock, blocking=False) as free:
+                if not free:
+                    continue  # a live job: it merges its own files
+                files = sorted(self.journal.glob(f"{writer_id}.*.jsonl"))
+                if self.merge_files(files, wait=wait):
+                    merged += len(files)
+                    lock.unlink(missing_ok=True)
+        return merged
+
+    # -- reading for people -------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Journal files waiting to be merged into the database file."""
+        return len(list(self.journal.glob("*.jsonl"))) if self.journal.is_dir() else 0
 
 
-def _insert_new(
-    path: Path, table: str, schema: pa.Schema, rows: Sequence[Mapping[str, Any]]
-) -> None:
-    if not rows:
+@contextmanager
+def _held(path: Path, *, blocking: bool) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` for the block; yields whether it was taken."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
         return
-    batch = pa.Table.from_pylist(list(rows), schema=schema)
-    names = ", ".join(schema.names)
-    with connect(path) as con:
-        con.register("new_rows", batch)
-        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows "
-                    "ON CONFLICT DO NOTHING")
-        con.unregister("new_rows")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
-_EMBEDDING_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
-        ("request", pa.string()), ("dimensions", pa.int32()),
-        ("embedding", pa.list_(pa.float32())), ("prompt_tokens", pa.int32()),
-        ("latency_ms", pa.float64()),
-    ]
-)
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    raise TypeError(f"cannot journal a {type(value).__name__}")
 
 
-def lookup_embeddings(path: Path, keys: pa.Table) -> pa.Table:
-    """Cached vectors for the ``key`` column of ``keys``, in one join."""
-    return _rows_for_keys(path, "llm_embeddings", _EMBEDDING_SCHEMA, keys)
+class JournalWriter:
+    """Appends one job's rows to its own journal files and merges them into the database.
+
+    :meth:`add` is called from the job's event loop; :meth:`merge` may run in a worker
+    thread. Rows reach the journal file once :data:`JOURNAL_BATCH` (or ``merge_every``, if
+    fewer) are buffered, or on :meth:`write`, so a crash loses at most that many. Closed
+    ("sealed") files are merged in the order written; a merge that cannot get the file leaves
+    them for the next one.
+    """
+
+    def __init__(self, cache: Cache, *, merge_every: int):
+        self.cache = cache
+        self.merge_every = merge_every
+        self.batch = min(JOURNAL_BATCH, merge_every)
+        host = socket.gethostname().replace(".", "_")  # dots separate the parts of file names
+        self.id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._lock = threading.Lock()
+        self._merging = threading.Lock()
+        self._buffer: dict[str, list[str]] = {}
+        self._files: dict[str, Any] = {}  # table -> open file of the current segment
+        self._segment = 0
+        self._sealed: list[Path] = []
+        self.unmerged = 0  # rows added since the last successful merge began
+        cache.journal.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = os.open(cache.journal / f"{self.id}.lock",
+                                            os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def add(self, table: str, row: Mapping[str, Any]) -> None:
+        line = json.dumps(row, ensure_ascii=False, default=_json_default)
+        with self._lock:
+            buffer = self._buffer.setdefault(table, [])
+            buffer.append(line)
+            self.unmerged += 1
+            if len(buffer) >= self.batch:
+                self._write(table)
+
+    def write(self) -> None:
+        """Append everything buffered to the journal files."""
+        with self._lock:
+            for table in list(self._buffer):
+                self._write(table)
+
+    def _write(self, table: str) -> None:
+        lines = self._buffer.get(table)
+        if not lines:
+            return
+        try:
+            file = self._files.get(table)
+            if file is None:
+                path = self.cache.journal / f"{self.id}.{self._segment:06d}.{table}.jsonl"
+                file = self._files[table] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+            file.write("\n".join(lines) + "\n")
+            file.flush()  # into the OS: it survives the death of this process
+        except OSError as exc:
+            raise CacheError(f"cannot write the journal of the cache {self.cache.path}: "
+                             f"{exc.strerror or exc}") from exc
+        lines.clear()
+
+    def _seal(self) -> list[Path]:
+        with self._lock:
+            for table in list(self._buffer):
+                self._write(table)
+            for file in self._files.values():
+                file.close()
+                self._sealed.append(Path(file.name))
+            self._files.clear()
+            self._segment += 1
+            self.unmerged = 0
+            return list(self._sealed)
+
+    def merge(self, *, wait: float) -> bool:
+        """Seal the current files and merge every sealed one; ``True`` when all are merged."""
+        with self._merging:
+            files = self._seal()
+            if not files:
+                return True
+            if not self.cache.merge_files(files, wait=wait):
+                return False
+            with self._lock:
+                self._sealed = [f for f in self._sealed if f not in files]
+            return True
+
+    def close(self, *, wait: float) -> None:
+        """Merge what is left, waiting up to ``wait`` seconds for the file; what cannot be
+        merged stays in the journal, is read by lookups, and is merged by the next open."""
+        merged = False
+        try:
+            merged = self.merge(wait=wait)
+        finally:
+            if self._lock_fd is not None:
+                if merged:
+                    (self.cache.journal / f"{self.id}.lock").unlink(missing_ok=True)
+                os.close(self._lock_fd)  # from now on, anyone may merge what is left
+                self._lock_fd = None
+        if not merged:
+            pending = self.cache.pending()
+            _log.warning(
+                "llm-ops: %d journal file(s) of %s could not be merged yet (%s); the answers "
+                "are safe in %s and are merged when the cache is next opened",
+                pending, self.cache.path, self.cache.last_merge_error or "file held elsewhere",
+                self.cache.journal)
 
 
-def write_embeddings(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert vectors; a key already present keeps its first vector."""
-    _insert_new(path, "llm_embeddings", _EMBEDDING_SCHEMA, rows)
+def open_cache(
+    cache: str | os.PathLike[str] | None = None, *, read_only: bool = True,
+    lock_timeout: float = 30.0,
+) -> duckdb.DuckDBPyConnection:
+    """Open the cache database for your own queries; close it when done.
 
+    Read-only by default. Opening waits (up to ``lock_timeout`` seconds) while a job merges
+    answers into the file, instead of failing with DuckDB's raw IO error, and merges what
+    finished jobs left in the journal first. While you hold the connection, running jobs keep
+    their answers in the journal and merge them once you close it; to hold a copy as long as
+    you like, take a snapshot (``llm-ops cache snapshot``).
 
-_SEMANTIC_SCHEMA = pa.schema(
-    [("key", pa.string()), ("scope", pa.string()), ("embedding_key", pa.string())]
-)
+    Use it as a context manager::
 
+        with open_cache("output/cache.duckdb") as con:
+            con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model").show()
+    """
+    path = resolve_cache_path(cache)
+    assert path is not None
+    if read_only and not path.exists():
+        raise CacheError(f"there is no cache at {path} yet; run a job first, or pass the path "
+                         f"of an existing cache (cache= or {CACHE_ENV})")
+    store = Cache(path, lock_timeout=lock_timeout)
+    with contextlib.suppress(CacheError):
+        store.merge_orphans(wait=min(lock_timeout, 2.0))
+    con = store._open_retrying(read_only=read_only, wait=lock_timeout)
+    if not read_only:
+        migrate(con)
+    return con
 
-def write_semantic_index(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Make cached answers findable by similarity: key, scope and the prompt's vector key."""
-    _insert_new(path, "llm_semantic_index", _SEMANTIC_SCHEMA, rows)
-
-
-def similar_candidates(
-    path: Path, scopes: Sequence[str], *, embedding_model: str, dimensions: int,
-    batch_rows: int = 65_536,
-) -> Iterator[pa.RecordBatch]:
-    """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
-    as batches of (key, scope, embedding), read a batch at a time."""
-    if not path.exists() or not scopes:
-        return
-    with connect(path) as con:
-        con.register("wanted_scopes", pa.table({"scope": list(scopes)}))
-        reader = con.sql(
-            "SELECT i.key, i.scope, e.embedding FROM llm_semantic_index i "
-            "SEMI JOIN wanted_scopes w ON i.scope = w.scope "
-            "JOIN llm_embeddings e ON e.key = i.embedding_key "
-            "JOIN llm_cache c ON c.key = i.key "
-            "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions",
-            params={"model": embedding_model, "dimensions": dimensions},
-        ).to_arrow_reader(batch_rows)
-        yield from reader
-        con.unregister("wanted_scopes")
-
-
-def record_run(path: Path, run: Mapping[str, Any]) -> None:
-    """Append one row to ``llm_runs``."""
-    names = list(run)
-    with connect(path) as con:
-        placeholders = ", ".join("?" for _ in names)
-        con.execute(
-            f"INSERT INTO llm_runs ({', '.join(names)}) VALUES ({placeholders})",
-            [run[name] for name in names],
-        )

@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 import polars as pl
 
-from . import _cache
 from ._job import CachePath, Job, ProgressOption, make_job
 from ._operator import Frame, _same_kind, _schema, _to_polars
 from ._plan import STATUS_DTYPE
@@ -93,6 +92,8 @@ def llm_embed(
 async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any],
                batch_size: int) -> pl.DataFrame:
     started_at, clock = datetime.now(UTC), time.perf_counter()
+    if job.cache is not None:
+        await asyncio.to_thread(job.cache.prepare)  # before anything is paid for
     row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, job, column, params)
     done = await embed_distinct(distinct, job, params, batch_size, rows=frame.height)
     columns = _join_back(row_keys, done.vectors, frame, column, job)
@@ -101,8 +102,8 @@ async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any
         distinct=distinct.height, cache_hits=done.cache_hits, counters=done.counters,
         statuses=status_counts(columns, job), stopped=done.stopped,
     )
-    if job.cache_path is not None:
-        await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
+    if job.cache is not None:
+        await asyncio.to_thread(job.cache.record_run, report.as_dict())
     if done.stopped is not None:
         raise done.stopped
     if job.on_error == "raise" and report.failed_rows:

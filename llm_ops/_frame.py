@@ -7,7 +7,6 @@ import sys
 
 import polars as pl
 
-from . import _cache
 from ._cascade import run_cascade
 from ._job import Job
 from ._report import RunReport
@@ -21,13 +20,15 @@ async def run_frame(
 
     ``record=False`` leaves ``llm_runs`` alone (SQL functions run once per vector).
     """
+    if job.cache is not None:
+        await asyncio.to_thread(job.cache.prepare)  # before anything is paid for
     if job.cascade:
         columns, report, stopped = await run_cascade(frame, job)
     else:
         tier = await run_once(frame, job)
         columns, report, stopped = tier.columns, tier.report, tier.stopped
-    if record and job.cache_path is not None:
-        await asyncio.to_thread(_cache.record_run, job.cache_path, report.as_dict())
+    if record and job.cache is not None:
+        await asyncio.to_thread(job.cache.record_run, report.as_dict())
     if stopped is not None:
         if isinstance(stopped, asyncio.CancelledError):
             print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)

@@ -7,7 +7,6 @@ import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,6 +14,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from . import _cache
+from ._cache import Cache
 from ._engine import EngineSettings, redact
 from ._escalate import EscalateOption, escalation_rule
 from ._key import build_request, messages_for, normalize_base_url
@@ -40,7 +40,7 @@ class Job:
     output: str
     base_url: str
     api_key: str
-    cache_path: Path | None
+    cache: Cache | None
     params: dict[str, Any]
     settings: EngineSettings
     on_error: str
@@ -269,7 +269,7 @@ def make_job(
         output=output,
         base_url=url,
         api_key=key,
-        cache_path=cache_path,
+        cache=None if cache_path is None else Cache(cache_path),
         params={k: v for k, v in params.items() if v is not None},
         settings=EngineSettings(
             concurrency=concurrency, max_attempts=max_attempts, timeout=float(timeout),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from . import _cache
+from ._cache import Cache
 from ._engine import TRUNCATED_MESSAGE, Outcome
 from ._job import Job, request_for
 from ._key import UPPERCASE_ESCAPE_PATTERN, key_sql, request_key
@@ -118,7 +118,7 @@ def group_and_key(
 def plan_frame(frame: pl.DataFrame, job: Job) -> Plan:
     """Render every row, key it, dedupe and anti-join the distinct requests against the cache."""
     keyed = key_rows(frame, job)
-    hits = lookup_answers(job.cache_path, keyed.distinct)
+    hits = lookup_answers(job.cache, keyed.distinct)
     misses = keyed.distinct.join(hits.select("key"), on="key", how="anti")
     return Plan(row_keys=keyed.rows, distinct=keyed.distinct, hits=hits, misses=misses)
 
@@ -127,11 +127,11 @@ def _memory_db() -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config=_cache.NO_EXTENSION_DOWNLOADS)
 
 
-def lookup_answers(cache_path: Path | None, distinct: pl.DataFrame) -> pl.DataFrame:
+def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
     empty = pl.DataFrame(schema=RESULT_SCHEMA)
-    if cache_path is None or distinct.is_empty():
+    if cache is None or distinct.is_empty():
         return empty
-    found = pl.from_arrow(_cache.lookup(cache_path, distinct.select("key").to_arrow()))
+    found = pl.from_arrow(cache.lookup(distinct.select("key").to_arrow()))
     assert isinstance(found, pl.DataFrame)
     return found.select(
         "key",

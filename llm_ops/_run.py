@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import polars as pl
 
-from . import _cache
 from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
+from ._persist import CacheSink
 from ._plan import ANSWERED, CACHEABLE, RESULT_SCHEMA, join_back, plan_frame, results_frame
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
@@ -28,70 +28,27 @@ T = TypeVar("T")
 
 
 class AnswerSink:
-    """Collects outcomes and writes cacheable answers through to the cache in batches.
-
-    Once ``flush_every`` answers are unwritten (pending, or in a write not yet committed), the
-    worker that adds another waits for the write before it sends again, so a crash loses at
-    most ``concurrency + flush_every`` paid answers. :meth:`flush_periodically` bounds how
-    long an answer waits when answers trickle in.
-    """
+    """Collects a dispatch's outcomes and writes its cacheable answers through to the cache."""
 
     def __init__(self, job: Job):
         self.job = job
         self.outcomes: list[Outcome] = []
-        self._pending: list[dict[str, Any]] = []
-        self._lock = asyncio.Lock()
-        self._writing: asyncio.Future[None] | None = None
-        self._in_write = 0  # answers in the write under way
-        self._background: set[asyncio.Future[None]] = set()
+        self.cache = None if job.cache is None else CacheSink(
+            job.cache, merge_every=job.flush_every, merge_seconds=job.flush_seconds)
         self._endpoint = normalize_base_url(job.base_url)
 
-    async def add(self, request: Request, outcome: Outcome) -> None:
+    def add(self, request: Request, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
-        if self.job.cache_path is None or outcome.status not in CACHEABLE:
+        if self.cache is None or outcome.status not in CACHEABLE:
             return
-        self._pending.append(
-            {
-                "key": outcome.key, "model": self.job.model, "endpoint": self._endpoint,
-                "request": request.request_json, "status": outcome.status,
-                "response_text": outcome.text, "response_json": outcome.json,
-                "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
-            }
-        )
-        unwritten = len(self._pending) + self._in_write
-        if unwritten >= self.job.flush_every:
-            await self.flush()
-        elif len(self._pending) >= self.job.flush_every // 2 and not self._lock.locked():
-            # Start writing at half a batch, so the other half fills while it is written and
-            # workers only wait when the endpoint outpaces the disk.
-            self._background.add(asyncio.ensure_future(self.flush()))
-            self._background = {task for task in self._background if not task.done()}
-
-    async def flush(self) -> None:
-        """Write what is pending; waits for any write already under way first."""
-        async with self._lock:
-            if self._writing is not None:  # a cancelled flush's write may still be running
-                await asyncio.shield(self._writing)
-                self._writing, self._in_write = None, 0
-            batch, self._pending = self._pending, []
-            if batch and self.job.cache_path is not None:
-                self._writing = asyncio.ensure_future(
-                    asyncio.to_thread(_cache.write_answers, self.job.cache_path, batch))
-                self._in_write = len(batch)
-                await asyncio.shield(self._writing)
-                self._writing, self._in_write = None, 0
-
-    async def close(self) -> None:
-        """Finish every write started so far, then write what is left."""
-        await asyncio.gather(*self._background)  # a failed write surfaces here
-        await self.flush()
-
-    async def flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.job.flush_seconds)
-            await self.flush()
+        self.cache.add("llm_cache", {
+            "key": outcome.key, "model": self.job.model, "endpoint": self._endpoint,
+            "request": request.request_json, "status": outcome.status,
+            "response_text": outcome.text, "response_json": outcome.json,
+            "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
+        })
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -201,9 +158,9 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for member, answer in outcome.items or [(request, outcome)]:
             tracker.rows_done += member.rows
-            await sink.add(member, answer)
+            sink.add(member, answer)
 
-    helpers = [asyncio.create_task(sink.flush_periodically())]
+    helpers = [] if sink.cache is None else [asyncio.create_task(sink.cache.merge_periodically())]
     if job.progress is not None:
         helpers.append(asyncio.create_task(tracker.publish(job.progress)))
     stopped: BaseException | None = None
@@ -218,7 +175,8 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
         await asyncio.gather(*helpers, return_exceptions=True)
         if isinstance(job.progress, TerminalDisplay):
             job.progress.close()
-        await sink.close()
+        if sink.cache is not None:
+            await sink.cache.close()
     budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
     return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped,
                       budget_stop=budget_stop)

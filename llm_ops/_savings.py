@@ -118,7 +118,7 @@ def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
     every_row, each = tallies["every_row"], tallies["each_distinct"]
     cache, similar = tallies["cache"], tallies["similar"]
     savings = {"dedupe": _saving(every_row - each, job.price)}
-    if job.cache_path is not None:
+    if job.cache is not None:
         savings["cache"] = _saving(cache, job.price)
     if job.rows_per_request > 1:
         sent = each - cache - similar

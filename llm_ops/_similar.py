@@ -20,6 +20,7 @@ machine, and with memory bounded by the block sizes.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import _cache
 from ._engine import Counters, Outcome
 from ._job import Job
 from ._plan import RESULT_SCHEMA, lookup_answers
@@ -109,12 +109,12 @@ async def _find_in_slice(
     )
     best = _search(with_vectors, job)
     matched = best.filter(pl.col("similarity") >= semantic.threshold)
-    reused = lookup_answers(job.cache_path, matched.select(pl.col("similar_to").alias("key")))
+    reused = lookup_answers(job.cache, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)
     unmatched = with_vectors.join(results.select("key"), on="key", how="anti")
-    if job.cache_path is not None:
-        _cache.write_semantic_index(
-            job.cache_path, unmatched.select("key", "scope", "embedding_key").to_dicts())
+    if job.cache is not None:
+        await asyncio.to_thread(job.cache.write, "llm_semantic_index",
+                                unmatched.select("key", "scope", "embedding_key").to_dicts())
     return (results, _followers(unmatched, semantic.threshold), embedded.counters,
             embedded.stopped)
 
@@ -199,7 +199,7 @@ def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
     """The most similar candidate of each miss in its scope: key, similar_to, similarity."""
     assert job.semantic is not None
     schema = {"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
-    if misses.is_empty() or job.cache_path is None:
+    if misses.is_empty() or job.cache is None:
         return pl.DataFrame(schema=schema)
     dimensions = len(misses["embedding"][0])
     queries = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
@@ -207,9 +207,9 @@ def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
     query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
     best = np.full(len(queries), -np.inf, dtype=np.float32)
     best_key = np.full(len(queries), None, dtype=object)
-    for batch in _cache.similar_candidates(job.cache_path, list(codes),
-                                           embedding_model=job.semantic.model,
-                                           dimensions=dimensions, batch_rows=_CANDIDATE_BLOCK):
+    for batch in job.cache.similar_candidates(list(codes), embedding_model=job.semantic.model,
+                                              dimensions=dimensions,
+                                              batch_rows=_CANDIDATE_BLOCK):
         keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
         scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])
         flat = batch.column("embedding").flatten().to_numpy(zero_copy_only=False)

@@ -105,7 +105,7 @@ def plan_table(
     job: Job, files: list[Path], work_dir: Path, *, batch_rows: int, chunk_size: int
 ) -> TablePlan:
     """Key and dedupe the whole input, anti-join the cache, write the misses as chunk files."""
-    if job.cache_path is None:
+    if job.cache is None:
         raise ConfigError("table jobs need a cache (answers are joined back from it); "
                           "pass a cache path instead of cache=False")
     if job.cascade:
@@ -113,8 +113,7 @@ def plan_table(
     work_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*work_dir.glob(_CHUNK_GLOB), work_dir / "plan.duckdb"]:
         stale.unlink(missing_ok=True)
-    with _cache.connect(job.cache_path):
-        pass  # create and migrate the cache before it is attached read-only
+    job.cache.prepare()
     with duckdb.connect(str(work_dir / "plan.duckdb"), config=_cache.NO_EXTENSION_DOWNLOADS) as con:
         # Counted up batch by batch, so the table never holds more than the distinct requests.
         con.execute("CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
@@ -127,10 +126,11 @@ def plan_table(
                         "FROM batch_requests ON CONFLICT (key) DO UPDATE "
                         "SET rows = requests.rows + excluded.rows")
             con.unregister("batch_requests")
-        with _cache.attached(con, job.cache_path, alias="cache"):
+        with job.cache.attached(con, alias="cache"):
             con.execute(
                 "CREATE TABLE misses AS SELECT r.* FROM requests r "
-                "ANTI JOIN cache.llm_cache c ON r.key = c.key ORDER BY r.key"
+                f"ANTI JOIN ({job.cache.answers_sql('cache', ['key'])}) c ON r.key = c.key "
+                "ORDER BY r.key"
             )
         distinct, keyed_rows = con.execute(
             "SELECT count(*), coalesce(sum(rows), 0) FROM requests").fetchall()[0]
@@ -173,9 +173,11 @@ def run_chunk(job: Job, chunk: str | Path) -> Counters:
     :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
     stopped the job.
     """
+    assert job.cache is not None  # plan_table refuses to run without a cache
+    job.cache.prepare()
     misses = pl.read_parquet(chunk)
     # Answered by an earlier attempt of this chunk: they count as answered in this run.
-    earlier = lookup_answers(job.cache_path, misses).with_columns(
+    earlier = lookup_answers(job.cache, misses).with_columns(
         pl.col("status").replace({"cached": "ok"})
     )
     remaining = misses.join(earlier.select("key"), on="key", how="anti")
@@ -216,16 +218,17 @@ def _tallies(job: Job, work_dir: Path, similar: pl.DataFrame) -> dict[str, Tally
     """Requests and tokens as if every row were sent, each distinct request once, for the
     cache hits and for the ``similar`` answers (key, prompt_tokens, completion_tokens), from
     the plan's tables and the answers now in the cache."""
-    assert job.cache_path is not None
+    assert job.cache is not None
     plan = work_dir / "plan.duckdb"
+    answers = job.cache.answers_sql("cache", ["key", "prompt_tokens", "completion_tokens"])
     with (duckdb.connect(str(plan), config=_cache.NO_EXTENSION_DOWNLOADS) as con,
-          _cache.attached(con, job.cache_path, alias="cache")):
+          job.cache.attached(con, alias="cache")):
         con.register("similar_answers", similar.to_arrow())
         row = con.execute(
             "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, s.prompt_tokens, 0) AS p, "
             "coalesce(c.completion_tokens, s.completion_tokens, 0) AS c, m.key IS NULL AS hit, "
             "s.key IS NOT NULL AS is_similar FROM requests r "
-            "LEFT JOIN cache.llm_cache c ON c.key = r.key "
+            f"LEFT JOIN ({answers}) c ON c.key = r.key "
             "LEFT JOIN misses m ON m.key = r.key "
             "LEFT JOIN similar_answers s ON s.key = r.key) "
             "SELECT sum(rows), sum(rows * p), sum(rows * c), count(*), sum(p), sum(c), "
@@ -254,7 +257,7 @@ def write_table(
         for batch in iter_batches(files, batch_rows):
             keyed = key_rows(batch, job)
             wanted = keyed.distinct.select("key")
-            results = _batch_results(lookup_answers(job.cache_path, wanted),
+            results = _batch_results(lookup_answers(job.cache, wanted),
                                      wanted.join(fresh, on="key"))
             columns = join_back(keyed.rows, results, job)
             for status, n in columns[job.status_column].value_counts().iter_rows():
@@ -300,8 +303,8 @@ def finish_report(
     answered = sum(n for status, n in written.statuses.items() if status in ANSWERED)
     report = with_usage(report, job, answered_rows=answered, tallies=written.tallies,
                         counters=counters)
-    assert job.cache_path is not None  # plan_table refuses to run without a cache
-    _cache.record_run(job.cache_path, report.as_dict())
+    assert job.cache is not None  # plan_table refuses to run without a cache
+    job.cache.record_run(report.as_dict())
     return report
 
 
@@ -337,8 +340,8 @@ def run_cascade_table(job: Job, files: list[Path], output: Path, *, batch_rows: 
         raise ConfigError(f"the input {', '.join(map(str, files))} has no rows")
     total = sum_reports(reports, started_at=started_at, model=" > ".join(job.models),
                         wall_seconds=time.perf_counter() - clock)
-    if job.cache_path is not None:
-        _cache.record_run(job.cache_path, total.as_dict())
+    if job.cache is not None:
+        job.cache.record_run(total.as_dict())
     if stopped is not None:
         raise stopped
     partial.replace(output)

@@ -12,7 +12,6 @@ from typing import Any
 
 import polars as pl
 
-from . import _cache
 from ._engine import Batch, Counters, EmbeddingDispatcher, Outcome, Request
 from ._job import Job
 from ._key import (
@@ -22,6 +21,7 @@ from ._key import (
     normalize_base_url,
     request_key,
 )
+from ._persist import CacheSink
 from ._plan import group_and_key
 from ._progress import TerminalDisplay, Tracker
 from .exceptions import JobAbortedError
@@ -77,9 +77,8 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
     ``rows_after`` of them wait for later calls.
     """
     hits = pl.DataFrame(schema={"key": pl.String, "embedding": pl.List(pl.Float32)})
-    if job.cache_path is not None and distinct.height:
-        found = pl.from_arrow(_cache.lookup_embeddings(job.cache_path,
-                                                       distinct.select("key").to_arrow()))
+    if job.cache is not None and distinct.height:
+        found = pl.from_arrow(job.cache.lookup_embeddings(distinct.select("key").to_arrow()))
         assert isinstance(found, pl.DataFrame)
         hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
     misses = distinct.join(hits.select("key"), on="key", how="anti")
@@ -91,7 +90,8 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
                       requests=-(-misses.height // batch_size), dispatcher=dispatcher,
                       phase="embedding")
     answered: list[tuple[str, list[float] | None, str, str | None]] = []
-    pending: list[dict[str, Any]] = []
+    sink = None if job.cache is None else CacheSink(
+        job.cache, merge_every=job.flush_every, merge_seconds=job.flush_seconds)
     endpoint = normalize_base_url(job.base_url)
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
@@ -102,31 +102,29 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
         for key, vector, request_json in zip(request.keys, vectors, request.requests_json,
                                              strict=True):
             answered.append((key, vector, outcome.status, outcome.error))
-            if vector is not None and job.cache_path is not None:
-                pending.append({"key": key, "model": job.model, "endpoint": endpoint,
-                                "request": request_json, "dimensions": len(vector),
-                                "embedding": vector, "prompt_tokens": share,
-                                "latency_ms": outcome.latency_ms})
-        if job.cache_path is not None and len(pending) >= job.flush_every:
-            batch = pending[:]
-            pending.clear()
-            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, batch)
+            if vector is not None and sink is not None:
+                sink.add("llm_embeddings", {
+                    "key": key, "model": job.model, "endpoint": endpoint,
+                    "request": request_json, "dimensions": len(vector), "embedding": vector,
+                    "prompt_tokens": share, "latency_ms": outcome.latency_ms})
 
     progress = job.progress if rows is not None else None
-    publisher = asyncio.create_task(tracker.publish(progress)) if progress is not None else None
+    helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
+    if progress is not None:
+        helpers.append(asyncio.create_task(tracker.publish(progress)))
     stopped: BaseException | None = None
     try:
         await dispatcher.run(_batches(misses, job, params, batch_size), on_outcome)
     except (JobAbortedError, asyncio.CancelledError) as exc:
         stopped = exc
     finally:
-        if publisher is not None:
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
-            if isinstance(progress, TerminalDisplay):
-                progress.close()
-        if job.cache_path is not None and pending:
-            await asyncio.to_thread(_cache.write_embeddings, job.cache_path, pending)
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if isinstance(progress, TerminalDisplay):
+            progress.close()
+        if sink is not None:
+            await sink.close()
 
     fresh = pl.DataFrame(answered, schema={"key": pl.String, "embedding": pl.List(pl.Float32),
                                            "status": pl.String, "error": pl.String},

@@ -1,0 +1,171 @@
+"""Paid answers survive whatever else holds the cache file, and crashes; an unusable cache is
+found before anything is sent."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import polars as pl
+import pytest
+
+from llm_ops import CacheError, llm_complete, llm_embed, open_cache
+
+ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
+
+HOLD = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def _count(cache) -> int:
+    with open_cache(cache) as con:
+        return con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+
+
+@pytest.fixture
+def blocked_dir(tmp_path):
+    """A cache path whose folder cannot be created: its parent is a file."""
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "cache.duckdb"
+
+
+def test_an_unusable_cache_path_fails_before_sending(complete, endpoint, blocked_dir):
+    with pytest.raises(CacheError, match=r"a-file/cache\.duckdb.*cache=False"):
+        ROWS.pipe(complete, prompt="{text}", cache=blocked_dir)
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_an_unusable_cache_path_fails_embeddings_before_sending(endpoint, blocked_dir):
+    with pytest.raises(CacheError, match="a-file"):
+        ROWS.pipe(llm_embed, column="text", model="sim-embed", base_url=endpoint.base_url,
+                  cache=blocked_dir)
+    assert endpoint.stats()["embedding_requests"] == 0
+
+
+def test_a_file_that_is_not_a_cache_fails_before_sending(complete, endpoint, tmp_path):
+    (tmp_path / "notes.duckdb").write_text("not a database")
+    with pytest.raises(CacheError, match=r"notes\.duckdb"):
+        ROWS.pipe(complete, prompt="{text}", cache=tmp_path / "notes.duckdb")
+    assert endpoint.stats()["requests"] == 0
+
+
+def _hold(cache):
+    reader = subprocess.Popen([sys.executable, "-c", HOLD, str(cache)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert reader.stdout is not None and reader.stdout.readline() == "holding\n"
+    return reader
+
+
+def test_a_reader_holding_the_file_costs_no_answer_and_no_job(complete, endpoint, cache):
+    ROWS.head(1).pipe(complete, prompt="{text}")  # the file exists, so a reader can hold it
+    reader = _hold(cache)
+    try:
+        out = ROWS.pipe(complete, prompt="{text}", flush_every=16, flush_seconds=0.1)
+    finally:
+        reader.communicate("")
+    assert out["completion_status"].to_list() == ["cached"] + ["ok"] * 199
+    assert _count(cache) == 200  # merged from the journal once the reader let go
+    endpoint.reset()
+    again = ROWS.pipe(complete, prompt="{text}")
+    assert again["completion_status"].to_list() == ["cached"] * 200
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_answers_in_the_journal_are_cache_hits_before_they_are_merged(complete, endpoint, cache):
+    ROWS.head(1).pipe(complete, prompt="{text}")
+    reader = _hold(cache)
+    try:
+        ROWS.pipe(complete, prompt="{text}")
+        endpoint.reset()
+        again = ROWS.pipe(complete, prompt="{text}")
+    finally:
+        reader.communicate("")
+    assert again["completion_status"].to_list() == ["cached"] * 200
+    assert endpoint.stats()["requests"] == 0
+
+
+WRITER = """
+import sys, polars as pl
+from llm_ops import llm_complete
+df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(600)]})
+df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
+        concurrency=16, flush_every=16, flush_seconds=0.05, progress=False)
+"""
+
+
+def test_open_cache_reads_while_a_job_writes(endpoint, cache):
+    pl.DataFrame({"text": ["first"]}).pipe(
+        llm_complete, prompt="{text}", model="sim",
+        base_url=endpoint.base_url, cache=cache)
+    job = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
+    counts = []
+    while job.poll() is None:
+        with open_cache(cache) as con:  # waits out a merge instead of failing
+            counts.append(con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0])
+        time.sleep(0.01)
+    assert job.returncode == 0
+    assert len(counts) > 5 and counts == sorted(counts)
+    assert _count(cache) == 601
+
+
+KILLED = """
+import sys, polars as pl
+from llm_ops import llm_complete
+df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(3000)]})
+df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
+        concurrency=16, progress=False)
+"""
+
+
+def _wait_for_answers(endpoint, count):
+    deadline = time.monotonic() + 60
+    while endpoint.stats()["answered"] < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _resent_after(endpoint, cache, sig) -> tuple[int, subprocess.Popen[str]]:
+    """Answers the endpoint gave the job before ``sig`` that a rerun asks for again."""
+    job = subprocess.Popen([sys.executable, "-c", KILLED, endpoint.base_url, str(cache)],
+                           stderr=subprocess.PIPE, text=True)
+    _wait_for_answers(endpoint, 1500)
+    job.send_signal(sig)
+    job.communicate(timeout=60)
+    answered = endpoint.stats()["answered"]
+    endpoint.reset()
+    df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(3000)]})
+    out = df.pipe(llm_complete, prompt="{text}", model="sim",
+                  base_url=endpoint.base_url, cache=cache, concurrency=16)
+    assert set(out["completion_status"].unique()) == {"ok", "cached"}
+    return endpoint.stats()["requests"] - (3000 - answered), job
+
+
+def test_after_sigkill_a_rerun_resends_at_most_concurrency_plus_64(endpoint, cache):
+    resent, _ = _resent_after(endpoint, cache, signal.SIGKILL)
+    assert resent <= 16 + 64
+
+
+def test_after_sigterm_a_rerun_resends_nothing_answered(endpoint, cache):
+    resent, job = _resent_after(endpoint, cache, signal.SIGTERM)
+    assert job.returncode != 0
+    assert resent == 0
+    with open_cache(cache) as con:
+        assert con.execute("SELECT outcome FROM llm_runs ORDER BY started_at").fetchall()[0] == (
+            "interrupted",)
+
+
+def test_a_crashed_jobs_journal_is_merged_on_the_next_open(endpoint, cache):
+    job = subprocess.Popen([sys.executable, "-c", KILLED, endpoint.base_url, str(cache)])
+    _wait_for_answers(endpoint, 500)
+    job.kill()
+    job.wait()
+    with duckdb.connect(str(cache), read_only=True) as con:
+        before = con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+    assert _count(cache) >= before  # open_cache merged what the journal held
+    assert not list(cache.with_name(cache.name + ".journal").glob("*.jsonl"))
