@@ -4,7 +4,7 @@ Every row of a result gets one of these statuses:
 
 >>> import llm_ops
 >>> llm_ops.STATUSES
-('ok', 'cached', 'similar', 'skipped', 'rejected', 'failed', 'truncated', 'invalid')
+('ok', 'cached', 'similar', 'skipped', 'rejected', 'filtered', 'failed', 'truncated', 'invalid')
 """
 
 from ._cache import CACHE_ENV, default_cache_path, open_cache
@@ -22,6 +22,7 @@ from .exceptions import (
     CacheLockedError,
     ConfigError,
     JobAbortedError,
+    JobInterruptedError,
     LlmOpsError,
     MissingApiKeyError,
     RowsFailedError,
@@ -40,6 +41,7 @@ __all__ = [
     "ConfigError",
     "Estimate",
     "JobAbortedError",
+    "JobInterruptedError",
     "LlmOpsError",
     "MissingApiKeyError",
     "ModelUsage",

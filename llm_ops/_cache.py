@@ -544,6 +544,31 @@ class Cache:
 
     # -- reading for people -------------------------------------------------------------------
 
+    def snapshot(self, target: str | os.PathLike[str]) -> Path:
+        """Copy the cache, with what the journal holds, into a new file ``target``: a copy
+        to query (or open in another tool) for as long as you like, while jobs go on writing
+        the original."""
+        out = Path(target)
+        if out.exists():
+            raise CacheError(f"{out} exists already; choose a new file for the snapshot")
+        if not self.path.exists():
+            raise CacheError(f"there is no cache at {self.path} yet; run a job first")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(CacheError):
+            self.merge_orphans(wait=2.0)
+        with duckdb.connect(config=NO_EXTENSION_DOWNLOADS) as con, self.attached(con, alias="src"):
+            con.execute(f"ATTACH {_sql_string(str(out))} AS snapshot")
+            con.execute("COPY FROM DATABASE src TO snapshot")
+            for table in ("llm_cache", "llm_embeddings"):  # answers still in the journal
+                files = self._journal_files(table)
+                if files:
+                    names = list(_COLUMNS[table])
+                    con.execute(f"INSERT INTO snapshot.{table} ({', '.join(names)}) "
+                                f"{self._journal_sql(table, names, files)} "
+                                "ON CONFLICT DO NOTHING")
+            con.execute("DETACH snapshot")
+        return out
+
     def pending(self) -> int:
         """Journal files waiting to be merged into the database file."""
         return len(list(self.journal.glob("*.jsonl"))) if self.journal.is_dir() else 0

@@ -96,7 +96,8 @@ async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any
         await asyncio.to_thread(job.cache.prepare)  # before anything is paid for
     row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, job, column, params)
     done = await embed_distinct(distinct, job, params, batch_size, rows=frame.height)
-    columns = _join_back(row_keys, done.vectors, frame, column, job)
+    columns = _join_back(row_keys, done.vectors, frame, column, job,
+                         dimensions=params.get("dimensions"))
     report = make_report(
         job, started_at=started_at, wall_seconds=time.perf_counter() - clock, rows=frame.height,
         distinct=distinct.height, cache_hits=done.cache_hits, counters=done.counters,
@@ -112,15 +113,15 @@ async def _run(frame: pl.DataFrame, job: Job, column: str, params: dict[str, Any
 
 
 def _join_back(row_keys: pl.DataFrame, results: pl.DataFrame, frame: pl.DataFrame, column: str,
-               job: Job) -> pl.DataFrame:
+               job: Job, *, dimensions: int | None) -> pl.DataFrame:
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
     widths = joined["embedding"].drop_nulls().list.len().unique()
     if len(widths) > 1:
         raise ConfigError(f"the endpoint returned vectors of different sizes {widths.to_list()}; "
                           "pass dimensions= to fix one")
-    vector = pl.col("embedding")
-    if len(widths) == 1:
-        vector = vector.list.to_array(int(widths[0]))
+    # An Array column even when no row got a vector, so frames of reruns line up.
+    width = int(widths[0]) if len(widths) == 1 else (dimensions or 0)
+    vector = pl.col("embedding").list.to_array(width)
     skipped = frame[column].is_null()
     return joined.with_columns(skipped=skipped).select(
         vector.alias(job.output),

@@ -14,24 +14,36 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import urlencode
 
 import httpx2
 import openai
 
+from ._key import normalize_base_url
 from ._limits import AdaptiveConcurrency, RateLimiter
 from ._pack import PACK_FORMAT, pack_messages, unpack
 from ._pricing import Budget
 from ._schema import InvalidOutput
-from .exceptions import JobAbortedError
+from ._signals import stopped_by_signals
+from .exceptions import JobAbortedError, JobInterruptedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
+FINISHED = frozenset({"stop", "tool_calls", "function_call"})
+"""``finish_reason`` values of a finished answer. ``length`` is ``truncated``,
+``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
+finish and is retried."""
+CONNECT_FAILURES_TO_ABORT = 16  # attempts in a row that could not connect, once connected
+DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
+STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
+"""Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
 REPAIR_PROMPT = ("That answer did not match the required JSON schema ({}). Reply again with "
                  "only JSON that matches the schema.")
@@ -81,6 +93,18 @@ class Batch(Request):
     keys: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     requests_json: tuple[str, ...] = ()
+    input_rows: tuple[int, ...] = ()  # input rows waiting for each input
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Two halves, each its own request."""
+        middle = len(self.inputs) // 2
+        halves = (slice(None, middle), slice(middle, None))
+        return tuple(  # type: ignore[return-value]
+            Batch(key=f"{self.key}.{n}", messages=[], request_json="",
+                  rows=sum(self.input_rows[half]), keys=self.keys[half],
+                  inputs=self.inputs[half], requests_json=self.requests_json[half],
+                  input_rows=self.input_rows[half])
+            for n, half in enumerate(halves))
 
 
 @dataclass
@@ -99,6 +123,7 @@ class Outcome:
     completion_tokens: int = 0
     latency_ms: float = 0.0
     attempts: int = 0
+    http_status: int | None = None  # of the last failed attempt the endpoint answered
 
 
 @dataclass
@@ -144,11 +169,33 @@ class Counters:
                 setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
 
 
-def redact(text: str, secret: str | None) -> str:
-    """Remove an API key (and anything shaped like one) from a message."""
-    if secret:
-        text = text.replace(secret, "***")
+MIN_SECRET_LENGTH = 8  # shorter keys ("x", "local") cannot be told from words in a message
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """Remove secrets (and anything shaped like an API key) from a message.
+
+    A secret is only removed where it stands on its own, not inside a longer word, and only if
+    it is long enough to be one, so a server's message stays readable with ``api_key="x"``.
+    """
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET_LENGTH:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
     return _SECRET_LIKE.sub("***", text)
+
+
+class _RedactingFilter(logging.Filter):
+    """httpx2 logs every request's URL at INFO, query included; a gateway's key may be there."""
+
+    secrets: ClassVar[set[str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            record.msg, record.args = redact(record.getMessage(), *self.secrets), ()
+        return True
+
+
+logging.getLogger("httpx2").addFilter(_RedactingFilter())
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -157,15 +204,18 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None,
+                 http_status: int | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+        self.http_status = http_status
 
 
 class _Final(Exception):
-    def __init__(self, status: str, message: str):
+    def __init__(self, status: str, message: str, http_status: int | None = None):
         super().__init__(message)
         self.status = status
+        self.http_status = http_status
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -215,6 +265,7 @@ class Dispatcher:
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
         budget: Budget | None = None,
+        query: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.budget = budget
@@ -225,8 +276,16 @@ class Dispatcher:
         self.counters = Counters()
         self.concurrency = AdaptiveConcurrency(settings.concurrency)
         self.limiter = RateLimiter(rpm=settings.rpm, tpm=settings.tpm)
-        self._api_key = api_key
+        self._secrets = (api_key, *(query or {}).values())
         self._aborted: JobAbortedError | None = None
+        # Until one request got through, requests go one at a time: a wrong key, an empty
+        # quota or an unreachable endpoint then costs one request, not a wave of them.
+        self._connected = asyncio.Event()
+        self._alone = asyncio.Lock()
+        self._connect_failures = 0
+        self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
+        self._drained = False
+        self._workers: list[asyncio.Task[None]] = []
         self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
         limits = httpx2.Limits(
             max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
@@ -237,6 +296,10 @@ class Dispatcher:
             http_client=self.http,
         )
         self.url = f"{self.client.base_url}{self.path}"
+        if query:
+            self.url += "?" + urlencode(query)
+            _RedactingFilter.secrets.update(v for v in query.values() if v)
+        self.endpoint = normalize_base_url(base_url)
         self.headers = {
             **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
             **self.client.auth_headers,
@@ -253,25 +316,48 @@ class Dispatcher:
         the job (credentials, quota); requests not yet started are then never sent.
         """
         work = iter(requests)
-        workers = [
+        workers = self._workers = [
             asyncio.create_task(self._worker(work, on_outcome))
             for _ in range(self.settings.concurrency)
         ]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for worker in workers:
-                worker.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            await self.client.close()
+        with stopped_by_signals(self):
+            try:
+                await asyncio.gather(*workers)
+            except asyncio.CancelledError:
+                if not self._drained:
+                    raise
+            finally:
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                await self.client.close()
         if self._aborted is not None:
             raise self._aborted
+        if self._stopping:
+            raise JobInterruptedError(
+                "the job was stopped by SIGTERM; what was in flight was answered and every "
+                "answer is cached, so a rerun sends only the rest")
+
+    def stop(self) -> None:
+        """Send nothing new; give what is in flight up to :data:`DRAIN_SECONDS` (or the
+        timeout, if shorter) to be answered, then cancel it."""
+        if self._stopping:
+            return
+        self._stopping = True
+        asyncio.get_running_loop().call_later(min(DRAIN_SECONDS, self.settings.timeout),
+                                              self._drain_timeout)
+
+    def _drain_timeout(self) -> None:
+        if any(not worker.done() for worker in self._workers):
+            self._drained = True
+            for worker in self._workers:
+                worker.cancel()
 
     async def _worker(
         self, work: Iterator[Request], on_outcome: Callable[[Request, Outcome], Awaitable[None]]
     ) -> None:
         for request in work:
-            if self._aborted is not None:
+            if self._aborted is not None or self._stopping:
                 return
             outcome = await self._attempt_loop(request)
             if outcome.status == "aborted":
@@ -311,10 +397,13 @@ class Dispatcher:
             for member in pack.members
         ])
 
-    async def _request_loop(self, request: Request) -> Outcome:
+    async def _request_loop(self, request: Request, *, split_on_status: bool = False) -> Outcome:
+        """Attempts until an outcome; ``split_on_status``: stop at the first failure the
+        endpoint answered with an HTTP error (not a 429), for the caller to split."""
         started = time.perf_counter()
         estimate = self.estimate_tokens(request)
-        last_error = "no attempt made"
+        last_error, last_status = "no attempt made", None
+        attempt = 0
         if self.limiter.too_large(estimate):
             outcome = Outcome(
                 key=request.key, status="failed", attempts=0,
@@ -325,7 +414,7 @@ class Dispatcher:
             return outcome
         messages, repaired = request.messages, False
         for attempt in range(1, self.settings.max_attempts + 1):
-            if self._aborted is not None:
+            if self._aborted is not None or (self._stopping and attempt > 1):
                 return Outcome(key=request.key, status="aborted")
             if attempt > 1:
                 self.counters.retries += 1
@@ -350,23 +439,27 @@ class Dispatcher:
             except _Retryable as exc:
                 if self.budget is not None:  # failed attempts bill no tokens
                     self.budget.settle(expected, (0, 0))
-                last_error = str(exc)
+                last_error, last_status = str(exc), exc.http_status
+                if split_on_status and last_status not in (None, 429):
+                    break  # the caller splits the request instead
                 if attempt < self.settings.max_attempts:
                     await asyncio.sleep(self._backoff(attempt, exc.retry_after))
                 continue
             except _Final as exc:
                 if self.budget is not None:
                     self.budget.settle(expected, (0, 0))
-                outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
+                outcome = Outcome(key=request.key, status=exc.status, error=str(exc),
+                                  http_status=exc.http_status)
             outcome.attempts = attempt
             outcome.latency_ms = (time.perf_counter() - started) * 1000
             return outcome
         return Outcome(
             key=request.key,
             status="failed",
-            error=f"gave up after {self.settings.max_attempts} attempts: {last_error}",
-            attempts=self.settings.max_attempts,
+            error=f"gave up after {attempt} attempt{'s' * (attempt > 1)}: {last_error}",
+            attempts=attempt,
             latency_ms=(time.perf_counter() - started) * 1000,
+            http_status=last_status,
         )
 
     def _expected_tokens(self, request: Request, estimate: int) -> tuple[int, int]:
@@ -395,21 +488,35 @@ class Dispatcher:
         self, request: Request, messages: list[dict[str, str]], estimate: int
     ) -> Outcome:
         body = json.dumps(self._body(request, messages), ensure_ascii=False).encode()
+        if not self._connected.is_set():
+            async with self._alone:
+                if self._aborted is not None:
+                    raise _Final("aborted", str(self._aborted))
+                if not self._connected.is_set():
+                    return await self._send(request, body, estimate)
+        return await self._send(request, body, estimate)
+
+    async def _send(self, request: Request, body: bytes, estimate: int) -> Outcome:
         await self.limiter.admit(estimate)
         await self.concurrency.acquire()
         self.counters.sent += 1
         try:
             response = await self.http.post(self.url, content=body, headers=self.headers)
             payload = response.content
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            raise self._could_not_connect(exc) from exc
         except httpx2.TimeoutException as exc:
             self.counters.timeouts += 1
             self.concurrency.on_congestion()
             raise _Retryable(f"timed out after {self.settings.timeout:g}s") from exc
         except (httpx2.HTTPError, OSError) as exc:
             detail = str(exc) or type(exc).__name__
-            raise _Retryable(redact(f"connection error: {detail}", self._api_key)) from exc
+            raise _Retryable(redact(f"connection error: {detail}", *self._secrets)) from exc
         finally:
             self.concurrency.release()
+        self._connect_failures = 0
+        if response.status_code not in RETRYABLE_STATUS | ABORT_STATUS:
+            self._connected.set()  # reachable, and the credentials are accepted
         self.limiter.observe(response.headers)
         if response.status_code >= 400:
             raise self._classify_status(response.status_code, payload, response.headers)
@@ -423,7 +530,7 @@ class Dispatcher:
     ) -> Exception:
         error = _error_body(payload)
         message = _one_line(redact(f"HTTP {status}: {error.get('message') or _preview(payload)}",
-                                   self._api_key))
+                                   *self._secrets))
         if status in ABORT_STATUS:
             self._abort(
                 f"the endpoint refused the credentials ({message}); the job was stopped and "
@@ -446,8 +553,21 @@ class Dispatcher:
                     self.limiter.pause(retry_after)
                 else:
                     self.concurrency.on_congestion()
-            return _Retryable(message, retry_after)
-        return _Final("rejected", message)
+            return _Retryable(message, retry_after, http_status=status)
+        return _Final("rejected", message, http_status=status)
+
+    def _could_not_connect(self, exc: Exception) -> _Retryable:
+        """A connection that could not be made; a run of them stops the job."""
+        self._connect_failures += 1
+        detail = redact(str(exc) or type(exc).__name__, *self._secrets)
+        limit = (CONNECT_FAILURES_TO_ABORT if self._connected.is_set()
+                 else self.settings.max_attempts)
+        if self._connect_failures >= limit:
+            self._abort(
+                f"could not connect to {self.endpoint} ({self._connect_failures} attempts in a "
+                f"row failed: {_one_line(detail)}); the job was stopped. Check base_url and "
+                "that the server is running, then rerun: answers so far are cached.")
+        return _Retryable(f"could not connect: {detail}")
 
     def _abort(self, message: str) -> None:
         if self._aborted is None:
@@ -461,16 +581,26 @@ class Dispatcher:
             text = choice["message"]["content"]
             finish_reason = choice.get("finish_reason")
             usage = body.get("usage") or {}
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            completion_tokens = int(usage.get("completion_tokens") or 0)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
+        self.counters.answered += 1  # billed, whatever became of it
+        self.counters.prompt_tokens += prompt_tokens
+        self.counters.completion_tokens += completion_tokens
+        if body.get("error"):
+            error = body["error"]
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise _Retryable(_one_line(redact(f"the endpoint answered with an error: {detail}",
+                                              *self._secrets)))
+        if finish_reason == "content_filter":
+            raise _Final("filtered", "the endpoint's content filter stopped the answer "
+                                     "(finish_reason 'content_filter')")
+        if finish_reason != "length" and finish_reason not in FINISHED:
+            raise _Retryable(f"the answer did not finish (finish_reason {finish_reason!r})")
         if not isinstance(text, str):
             raise _Final("rejected", f"the answer has no text content (finish_reason "
                                      f"{finish_reason!r})")
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
-        self.counters.answered += 1
-        self.counters.prompt_tokens += prompt_tokens
-        self.counters.completion_tokens += completion_tokens
         truncated = finish_reason == "length"
         outcome = Outcome(
             key=key,
@@ -516,6 +646,21 @@ class EmbeddingDispatcher(Dispatcher):
         inputs = list(request.inputs) if isinstance(request, Batch) else []
         return {"model": self.model, "input": inputs, **self.params}
 
+    async def _attempt_loop(self, request: Request) -> Outcome:
+        """Send a batch; when the endpoint refuses it (say, one input is too long for it),
+        split it in halves and send each, down to single inputs, so only a bad input fails."""
+        if not isinstance(request, Batch) or len(request.inputs) < 2:
+            return await self._request_loop(request)
+        outcome = await self._request_loop(request, split_on_status=True)
+        if outcome.status not in ("failed", "rejected") or outcome.http_status in (None, 429):
+            return outcome
+        self.counters.splits += 1
+        items: list[tuple[Request, Outcome]] = []
+        for half in request.split():
+            answer = await self._attempt_loop(half)
+            items += answer.items if answer.items is not None else [(half, answer)]
+        return Outcome(key=request.key, status="ok", items=items)
+
     def _parse(self, request: Request, payload: bytes) -> Outcome:
         expected = len(request.inputs) if isinstance(request, Batch) else 0
         try:
@@ -531,5 +676,10 @@ class EmbeddingDispatcher(Dispatcher):
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         self.counters.answered += 1
         self.counters.prompt_tokens += prompt_tokens
+        wanted = self.params.get("dimensions")
+        if wanted is not None and any(len(vector) != wanted for vector in vectors):
+            raise _Final("rejected", f"asked for dimensions={wanted}, the endpoint returned "
+                                     f"{len(vectors[0])}: it ignores dimensions=; drop it for "
+                                     "this endpoint")
         return Outcome(key=request.key, status="ok", vectors=vectors,
                        prompt_tokens=prompt_tokens)

@@ -11,7 +11,7 @@ from ._report import STATUSES
 from ._schema import OutputSchema
 from .exceptions import ConfigError
 
-ESCALATE_STATUSES = ("rejected", "failed", "invalid", "truncated")
+ESCALATE_STATUSES = ("rejected", "filtered", "failed", "invalid", "truncated")
 """Statuses that always send a row on to the next model of a cascade."""
 
 

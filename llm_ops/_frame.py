@@ -11,6 +11,7 @@ from ._cascade import run_cascade
 from ._job import Job
 from ._report import RunReport
 from ._run import raise_failed_rows, run_once
+from .exceptions import JobInterruptedError
 
 
 async def run_frame(
@@ -30,7 +31,7 @@ async def run_frame(
     if record and job.cache is not None:
         await asyncio.to_thread(job.cache.record_run, report.as_dict())
     if stopped is not None:
-        if isinstance(stopped, asyncio.CancelledError):
+        if isinstance(stopped, asyncio.CancelledError | JobInterruptedError):
             print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)
         raise stopped
     if job.on_error == "raise" and report.failed_rows:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import polars as pl
 from pydantic import BaseModel
 
 from . import _cache
 from ._cache import Cache
-from ._engine import EngineSettings, redact
+from ._engine import EngineSettings
 from ._escalate import EscalateOption, escalation_rule
 from ._key import build_request, messages_for, normalize_base_url
 from ._pricing import Budget, Price, PricingOption, price_for
@@ -38,8 +39,8 @@ class Job:
     system: Template | None
     model: str
     output: str
-    base_url: str
-    api_key: str
+    base_url: str  # without its query, which goes in ``query``
+    api_key: str = field(repr=False)
     cache: Cache | None
     params: dict[str, Any]
     settings: EngineSettings
@@ -60,6 +61,7 @@ class Job:
     escalate: pl.Expr | None = None
     semantic: SemanticCache | None = None
     semantic_price: Price | None = None
+    query: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold a key
 
     def less_budget(self, cost: float, requests: int, tokens: int) -> Job:
         """This job with its budgets reduced by what was spent already: by earlier chunks,
@@ -138,10 +140,67 @@ def _is_local(base_url: str) -> bool:
         return False
 
 
-def _positive_int(name: str, value: object) -> int:
+MAX_CONCURRENCY = 4096
+MAX_ATTEMPTS = 100
+MAX_SECONDS = 24 * 3600.0
+
+
+def _positive_int(name: str, value: object, *, most: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if most is not None and value > most:
+        raise ConfigError(f"{name} must be at most {most:,}, got {value:,}")
     return value
+
+
+def _is_number(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value))
+
+
+def _shown(url: str) -> str:
+    """A URL as it may appear in a message: no user info, query or fragment."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(not a URL)"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def endpoint_of(base_url: str | None) -> tuple[str, dict[str, str]]:
+    """``base_url=`` (or ``OPENAI_BASE_URL``, or OpenAI): the URL without its query, and the
+    query parameters, which are sent with every request but are never part of a key, stored
+    or shown (gateways put keys there). Credentials in the URL are refused."""
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+    if not isinstance(url, str):
+        raise ConfigError(f"base_url must be a string URL, got {type(url).__name__}")
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018  (raises for a bad port)
+    except ValueError as exc:
+        raise ConfigError(f"base_url is not a valid URL ({exc}); write it like "
+                          "'http://127.0.0.1:8765/v1'") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', got "
+                          f"{_shown(url)!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ConfigError("base_url must not hold credentials (user:password@host): they would "
+                          "be sent and kept in the clear. Pass the key as api_key= or "
+                          "OPENAI_API_KEY.")
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, "", "")), query
+
+
+def _check_api_key(key: object) -> None:
+    if not isinstance(key, str):
+        raise ConfigError(f"api_key must be a string, got {type(key).__name__}")
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise ConfigError("api_key holds a space, a line break or a non-ASCII character, which "
+                          "an HTTP header cannot carry; check for a stray newline or quote "
+                          "(the key is not shown)")
 
 
 def make_job(
@@ -200,46 +259,48 @@ def make_job(
                 f"the input already has a column {column!r}; choose another output= name or "
                 "drop that column first"
             )
-    _positive_int("concurrency", concurrency)
-    _positive_int("max_attempts", max_attempts)
+    _positive_int("concurrency", concurrency, most=MAX_CONCURRENCY)
+    _positive_int("max_attempts", max_attempts, most=MAX_ATTEMPTS)
     _positive_int("flush_every", flush_every)
     if max_tokens is not None:
         _positive_int("max_tokens", max_tokens)
     for name, value, high in (("temperature", temperature, 2.0), ("top_p", top_p, 1.0)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high
-        ):
+        if value is not None and (not _is_number(value) or not 0 <= value <= high):
             raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
     for name, value in (("timeout", timeout), ("flush_seconds", flush_seconds)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not _is_number(value) or not 0 < value <= MAX_SECONDS:
+            raise ConfigError(f"{name} must be a positive number of seconds (at most "
+                              f"{MAX_SECONDS:,.0f}), got {value!r}")
     for name, limit in (("rpm", rpm), ("tpm", tpm)):
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0
-        ):
+        if limit is not None and (not _is_number(limit) or limit <= 0):
             raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    stops = [stop] if isinstance(stop, str) else stop
+    if stop is not None and (not isinstance(stops, list | tuple) or not stops or not all(
+            isinstance(s, str) and s for s in stops)):
+        raise ConfigError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
 
-    url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-        raise ConfigError(f"base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', got "
-                          f"{redact(url, api_key)!r}")
+    url, query = endpoint_of(base_url)
     key = api_key or os.environ.get("OPENAI_API_KEY")
-    if not key:
-        if not _is_local(url):
-            raise MissingApiKeyError(
-                f"no API key for {normalize_base_url(url)}: pass api_key=... or set "
-                "OPENAI_API_KEY (a local endpoint on 127.0.0.1 needs none)"
-            )
+    if key:
+        _check_api_key(key)
+    elif _is_local(url):
         key = "no-key-needed"
+    else:
+        raise MissingApiKeyError(
+            f"no API key for {normalize_base_url(url)}: pass api_key=... or set "
+            "OPENAI_API_KEY (a local endpoint on 127.0.0.1 needs none)"
+        )
     _positive_int("rows_per_request", rows_per_request)
     for name, cap in (("max_requests", max_requests), ("max_tokens_total", max_tokens_total)):
         if cap is not None:
             _positive_int(name, cap)
     prices = {name: price_for(name, pricing) for name in models}
     if max_cost is not None:
-        if isinstance(max_cost, bool) or not isinstance(max_cost, int | float) or max_cost < 0:
+        if not _is_number(max_cost) or max_cost < 0:
             raise ConfigError(f"max_cost must be a number of dollars >= 0, got {max_cost!r}")
         embedding = [semantic_cache.model] if semantic_cache is not None else []
         for name, price in {**prices, **{m: price_for(m, pricing) for m in embedding}}.items():
@@ -260,7 +321,7 @@ def make_job(
     rule = (escalation_rule(escalate, columns, output, structured, len(models))
             if escalate is not None else None)
     params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-              "seed": seed, "stop": stop,
+              "seed": seed, "stop": stop if isinstance(stop, str | None) else list(stop),
               "response_format": structured.response_format() if structured else None}
     return Job(
         prompt=prompt_template,
@@ -292,6 +353,7 @@ def make_job(
         escalate=rule,
         semantic=semantic_cache,
         semantic_price=price_for(semantic_cache.model, pricing) if semantic_cache else None,
+        query=query,
     )
 
 

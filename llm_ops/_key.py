@@ -17,8 +17,9 @@ which use Python's ``json`` spelling). Parameters left at their default (``None`
 so adding a new optional parameter never invalidates existing keys. API keys, timeouts,
 concurrency and retry settings are never part of the request.
 
-The base URL is normalised: scheme and host lower-cased, user info dropped, default ports
-(80 for http, 443 for https) dropped, trailing slashes removed.
+The base URL is normalised: scheme and host lower-cased, user info and query dropped (either
+may hold a key; llm-ops refuses the first and sends the second without keeping it), default
+ports (80 for http, 443 for https) dropped, trailing slashes removed.
 
 :func:`request_key` is the reference implementation. For whole tables the same keys are
 computed vectorised in DuckDB (:func:`key_sql`); a test holds the two to agreement.
@@ -56,7 +57,7 @@ def normalize_base_url(url: str) -> str:
     port = parts.port
     if port is not None and (scheme, port) not in {("http", 80), ("https", 443)}:
         host = f"{host}:{port}"
-    return urlunsplit((scheme, host, parts.path.rstrip("/"), parts.query, ""))
+    return urlunsplit((scheme, host, parts.path.rstrip("/"), "", ""))
 
 
 def build_request(

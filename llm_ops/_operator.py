@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from ._escalate import EscalateOption
 from ._frame import run_frame
 from ._job import CachePath, ProgressOption, make_job
+from ._plan import from_arrow
 from ._pricing import PricingOption
 from ._report import RunReport
 from ._run import run_sync
@@ -28,9 +29,7 @@ def _to_polars(df: Any) -> pl.DataFrame:
     if isinstance(df, pl.LazyFrame):
         return df.collect()
     if isinstance(df, pa.Table):
-        converted = pl.from_arrow(df)
-        assert isinstance(converted, pl.DataFrame)
-        return converted
+        return from_arrow(df)
     raise ConfigError(
         f"llm_complete takes a polars DataFrame or LazyFrame or a pyarrow Table, got "
         f"{type(df).__name__}; convert it first, e.g. pl.from_pandas(df)"
@@ -158,7 +157,8 @@ def llm_complete(
         Path of the DuckDB cache file; ``None`` uses ``LLM_OPS_CACHE`` or
         ``~/.cache/llm-ops/cache.duckdb``; ``False`` turns caching off.
     concurrency
-        Requests in flight at once.
+        Requests in flight at once (at most 4,096); the first goes alone, so a wrong key or
+        endpoint costs one request.
     max_tokens, temperature, top_p, seed, stop
         Sent to the endpoint when set, and part of the cache key.
     max_attempts, timeout
@@ -167,8 +167,9 @@ def llm_complete(
         ``"null"``: failed rows get a null answer and their status. ``"raise"``: after the job
         finished and every answer was cached, raise :class:`~llm_ops.RowsFailedError`.
     flush_every, flush_seconds
-        Answers are written to the cache once this many are pending or this many seconds
-        passed, so a killed job keeps what it paid for.
+        Answers go to the cache's journal at once (at most 32, or ``flush_every``, behind), so
+        a killed job keeps what it paid for, and are merged into the DuckDB file once this
+        many are pending or this many seconds passed.
     rpm, tpm
         Requests and tokens per minute to stay under. The endpoint's ``x-ratelimit-*`` headers
         are followed too; the tighter limit wins.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from . import _cache
 from ._cache import Cache
@@ -18,6 +19,7 @@ from ._engine import TRUNCATED_MESSAGE, Outcome
 from ._job import Job, request_for
 from ._key import UPPERCASE_ESCAPE_PATTERN, key_sql, request_key
 from ._report import STATUSES
+from .exceptions import ConfigError
 
 STATUS_DTYPE = pl.Enum(STATUSES)
 CACHEABLE = frozenset({"ok", "truncated"})
@@ -25,6 +27,35 @@ RESULT_SCHEMA = {"key": pl.String, "text": pl.String, "json": pl.String, "status
                  "error": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
                  "similar_to": pl.String, "similarity": pl.Float64}
 ANSWERED = ("ok", "cached", "similar", "truncated")
+
+
+def from_arrow(table: pa.Table) -> pl.DataFrame:
+    """An Arrow table as a Polars frame; :class:`ConfigError` naming the column for text that
+    is not valid UTF-8 (Polars would panic on it, taking the whole job down)."""
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            rows = [i for i, value in enumerate(column.cast(pa.binary()).to_pylist())
+                    if value is not None and not _is_utf8(value)]
+            raise ConfigError(
+                f"column {name!r} holds text that is not valid UTF-8 in {len(rows):,} row(s) "
+                f"(first: row {rows[0] if rows else '?'}); repair or drop those rows first, e.g. "
+                "decode the source bytes with errors='replace'"
+            ) from None
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -52,7 +83,9 @@ def key_rows(frame: pl.DataFrame, job: Job) -> Keyed:
     than its distinct prompts; see :mod:`llm_ops._key` for the key's definition.
     """
     system_expr = job.system.expr() if job.system else pl.lit(None, dtype=pl.String)
-    texts = frame.select(job.prompt.expr().alias("prompt"), system_expr.alias("system"))
+    # with_columns broadcasts a template without column references to every row
+    texts = frame.with_columns(prompt=job.prompt.expr(), system=system_expr).select(
+        "prompt", "system")
     expression, parameters = key_sql(
         endpoint=job.base_url, model=job.model, params=job.params,
         with_system=job.system is not None,
@@ -71,8 +104,7 @@ def key_rows(frame: pl.DataFrame, job: Job) -> Keyed:
             .otherwise(skip_reason)
         )
     return Keyed(
-        rows=pl.concat([row_keys, frame.select(skip_reason.alias("skip_reason"))],
-                       how="horizontal"),
+        rows=row_keys.with_columns(frame.with_columns(skip_reason=skip_reason)["skip_reason"]),
         distinct=grouped,
     )
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from ._pricing import add_costs
 
-STATUSES = ("ok", "cached", "similar", "skipped", "rejected", "failed", "truncated", "invalid")
+STATUSES = ("ok", "cached", "similar", "skipped", "rejected", "filtered", "failed", "truncated",
+            "invalid")
 """Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
 
 ok
@@ -24,6 +25,9 @@ skipped
     a referenced column was null; nothing sent
 rejected
     the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429); not retried
+filtered
+    the endpoint's content filter stopped the answer (finish_reason ``content_filter``); the
+    partial answer is not kept, not cached and not retried
 failed
     no answer after all retries (timeouts, connection errors, 429, 5xx, malformed bodies)
 truncated
@@ -33,7 +37,7 @@ invalid
     text is kept in ``<output>_raw``
 """
 
-FAILED_STATUSES = frozenset({"rejected", "failed", "invalid"})
+FAILED_STATUSES = frozenset({"rejected", "filtered", "failed", "invalid"})
 
 LEVERS = ("dedupe", "cache", "packing", "semantic_cache", "cascade")
 """The ways a job avoids paying for a request, as keys of :attr:`RunReport.savings`.
@@ -139,7 +143,8 @@ class RunReport:
 
     @property
     def failed_rows(self) -> int:
-        """Rows that got no usable answer (``rejected``, ``failed`` or ``invalid``)."""
+        """Rows that got no usable answer (``rejected``, ``filtered``, ``failed``,
+        ``invalid``)."""
         return sum(n for status, n in self.statuses.items() if status in FAILED_STATUSES)
 
     def spending(self) -> tuple[float, int, int]:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import polars as pl
 
-from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
+from ._engine import STOPS, Counters, Dispatcher, Outcome, Request, make_pack
 from ._job import Job, request_for
 from ._key import canonical_json, normalize_base_url
 from ._persist import CacheSink
@@ -21,6 +21,7 @@ from ._plan import ANSWERED, CACHEABLE, RESULT_SCHEMA, join_back, plan_frame, re
 from ._progress import TerminalDisplay, Tracker
 from ._report import FAILED_STATUSES, STATUSES, RunReport
 from ._savings import completion_cost, less_spent, tally, with_usage
+from ._signals import graceful_sigterm
 from ._similar import find_similar, follow_leaders
 from .exceptions import JobAbortedError, RowsFailedError
 
@@ -56,7 +57,8 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coroutine)
+        with graceful_sigterm():
+            return asyncio.run(coroutine)
     # A notebook's loop is running in this thread: give the job a loop of its own.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llm-ops") as pool:
         return pool.submit(asyncio.run, coroutine).result()
@@ -90,7 +92,7 @@ def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
 @dataclass
 class Dispatched:
     """What one dispatch produced: an outcome per request sent, the counters, and why it
-    stopped early (``JobAbortedError`` or ``CancelledError``), if it did."""
+    stopped early (one of :data:`~llm_ops._engine.STOPS`), if it did."""
 
     outcomes: list[Outcome]
     counters: Counters
@@ -149,7 +151,7 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     dispatcher = Dispatcher(
         base_url=job.base_url, api_key=job.api_key, model=job.model, params=job.params,
         settings=job.settings, validate=job.schema.validate if job.schema else None,
-        repair=job.repair, budget=job.budget(),
+        repair=job.repair, budget=job.budget(), query=job.query,
     )
     tracker = Tracker(
         rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher
@@ -166,8 +168,8 @@ async def dispatch(misses: pl.DataFrame, job: Job, *, rows: int, rows_settled: i
     stopped: BaseException | None = None
     try:
         await dispatcher.run(requests_for(misses, job), on_outcome)
-    except (JobAbortedError, asyncio.CancelledError) as exc:
-        # Refused or interrupted (Ctrl-C): keep what was paid for; the caller reports.
+    except STOPS as exc:
+        # Refused or interrupted (Ctrl-C, SIGTERM): keep what was paid for; the caller reports.
         stopped = exc
     finally:
         for helper in helpers:

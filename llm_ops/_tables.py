@@ -42,6 +42,7 @@ from ._plan import (
     ANSWERED,
     CACHEABLE,
     RESULT_SCHEMA,
+    from_arrow,
     join_back,
     key_rows,
     lookup_answers,
@@ -81,9 +82,7 @@ def iter_batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
         # One batch at a time: a dataset scanner would read ahead many batches.
         for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
             if batch.num_rows:
-                frame = pl.from_arrow(pa.Table.from_batches([batch]))
-                assert isinstance(frame, pl.DataFrame)
-                yield frame
+                yield from_arrow(pa.Table.from_batches([batch]))
 
 
 @dataclass

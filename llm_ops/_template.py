@@ -79,6 +79,10 @@ def parse_template(source: str, *, what: str = "prompt") -> Template:
     if not isinstance(source, str):
         raise TemplateError(f"{what} must be a string template like 'Summarize: {{text}}', "
                             f"got {type(source).__name__}")
+    if not source.strip():
+        raise TemplateError(f"{what} template is empty; write what to ask, e.g. "
+                            "'Summarize: {text}' (a template without {column} references is "
+                            "fine: every row then gets the one answer)")
     try:
         parsed = list(string.Formatter().parse(source))
     except ValueError as exc:

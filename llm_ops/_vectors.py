@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from ._engine import Batch, Counters, EmbeddingDispatcher, Outcome, Request
+from ._engine import STOPS, Batch, Counters, EmbeddingDispatcher, Outcome, Request
 from ._job import Job
 from ._key import (
     build_embedding_request,
@@ -24,7 +24,6 @@ from ._key import (
 from ._persist import CacheSink
 from ._plan import group_and_key
 from ._progress import TerminalDisplay, Tracker
-from .exceptions import JobAbortedError
 
 
 def distinct_texts(frame: pl.DataFrame, job: Job, column: str,
@@ -54,6 +53,7 @@ def _batches(misses: pl.DataFrame, job: Job, params: dict[str, Any],
             key=f"batch-{number}", messages=[], request_json="", rows=int(chunk["rows"].sum()),
             keys=tuple(chunk["key"].to_list()), inputs=tuple(texts),
             requests_json=tuple(canonical_json(_request(job, t, params)) for t in texts),
+            input_rows=tuple(chunk["rows"].to_list()),
         )
 
 
@@ -84,7 +84,7 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
     misses = distinct.join(hits.select("key"), on="key", how="anti")
 
     dispatcher = EmbeddingDispatcher(base_url=job.base_url, api_key=job.api_key, model=job.model,
-                                     params=params, settings=job.settings)
+                                     params=params, settings=job.settings, query=job.query)
     total = rows if rows is not None else int(distinct["rows"].sum())
     tracker = Tracker(rows=total, rows_settled=total - int(misses["rows"].sum()) - rows_after,
                       requests=-(-misses.height // batch_size), dispatcher=dispatcher,
@@ -95,18 +95,19 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
     endpoint = normalize_base_url(job.base_url)
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
-        assert isinstance(request, Batch)
-        tracker.rows_done += request.rows
-        vectors = outcome.vectors or [None] * len(request.keys)  # type: ignore[list-item]
-        share = outcome.prompt_tokens // max(1, len(request.keys))
-        for key, vector, request_json in zip(request.keys, vectors, request.requests_json,
-                                             strict=True):
-            answered.append((key, vector, outcome.status, outcome.error))
-            if vector is not None and sink is not None:
-                sink.add("llm_embeddings", {
-                    "key": key, "model": job.model, "endpoint": endpoint,
-                    "request": request_json, "dimensions": len(vector), "embedding": vector,
-                    "prompt_tokens": share, "latency_ms": outcome.latency_ms})
+        for batch, result in outcome.items or [(request, outcome)]:  # split batches: halves
+            assert isinstance(batch, Batch)
+            tracker.rows_done += batch.rows
+            vectors = result.vectors or [None] * len(batch.keys)  # type: ignore[list-item]
+            share = result.prompt_tokens // max(1, len(batch.keys))
+            for key, vector, request_json in zip(batch.keys, vectors, batch.requests_json,
+                                                 strict=True):
+                answered.append((key, vector, result.status, result.error))
+                if vector is not None and sink is not None:
+                    sink.add("llm_embeddings", {
+                        "key": key, "model": job.model, "endpoint": endpoint,
+                        "request": request_json, "dimensions": len(vector), "embedding": vector,
+                        "prompt_tokens": share, "latency_ms": result.latency_ms})
 
     progress = job.progress if rows is not None else None
     helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
@@ -115,7 +116,7 @@ async def embed_distinct(distinct: pl.DataFrame, job: Job, params: dict[str, Any
     stopped: BaseException | None = None
     try:
         await dispatcher.run(_batches(misses, job, params, batch_size), on_outcome)
-    except (JobAbortedError, asyncio.CancelledError) as exc:
+    except STOPS as exc:
         stopped = exc
     finally:
         for helper in helpers:

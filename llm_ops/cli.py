@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--older-than", type=float, metavar="DAYS", help="created before")
     prune.add_argument("--status", choices=["ok", "truncated"], help="only this status")
     prune.add_argument("--dry-run", action="store_true", help="count, do not delete")
+    snapshot = actions.add_parser(
+        "snapshot", help="copy the cache into a new file to query while jobs write",
+        description="Copy the cache (and answers still in its journal) into a new DuckDB file, "
+                    "which you can keep open for as long as you like, in any tool, while jobs "
+                    "go on writing the original.")
+    snapshot.add_argument("out", help="DuckDB file to create")
     actions.add_parser("vacuum", help="rewrite the file to reclaim space",
                        description="Rewrite the cache file to reclaim the space of deleted rows.")
     return parser
@@ -262,6 +268,10 @@ def _cache_command(args: argparse.Namespace) -> int:
         return _export(path, Path(args.out), args.model)
     if args.action == "prune":
         return _prune(path, args)
+    if args.action == "snapshot":
+        out = _cache.Cache(path).snapshot(args.out)
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), a copy of {path}")
+        return 0
     return _vacuum(path)
 
 

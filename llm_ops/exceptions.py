@@ -8,7 +8,8 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
     │   └── MissingApiKeyError a remote endpoint and no API key
     ├── CacheError             the cache database cannot be opened or written
     │   └── CacheLockedError   another process holds the cache file
-    ├── JobAbortedError        the endpoint stopped the whole job (401/403, quota)
+    ├── JobAbortedError        the job was stopped: refused (401/403, quota) or unreachable
+    ├── JobInterruptedError    SIGTERM stopped the job; what was answered is cached
     └── RowsFailedError        ``on_error="raise"`` and some rows did not get an answer
 
 Errors raised by the ``openai`` SDK, DuckDB or the operating system are mapped to this tree at one
@@ -24,6 +25,7 @@ __all__ = [
     "CacheLockedError",
     "ConfigError",
     "JobAbortedError",
+    "JobInterruptedError",
     "LlmOpsError",
     "MissingApiKeyError",
     "RowsFailedError",
@@ -56,10 +58,16 @@ class CacheLockedError(CacheError):
 
 
 class JobAbortedError(LlmOpsError):
-    """The endpoint refused the whole job (bad credentials, no quota); nothing more was sent.
+    """The endpoint refused the whole job (bad credentials, no quota) or could not be reached;
+    nothing more was sent.
 
     Answers received before the refusal are in the cache.
     """
+
+
+class JobInterruptedError(LlmOpsError):
+    """SIGTERM stopped the job: nothing new was sent, what was in flight was answered, and
+    every answer is in the cache, so a rerun sends only the rest."""
 
 
 class RowsFailedError(LlmOpsError):

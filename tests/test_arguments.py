@@ -67,3 +67,27 @@ def test_missing_api_key_for_a_remote_endpoint():
 def test_not_a_dataframe(complete):
     with pytest.raises(ConfigError, match="polars DataFrame"):
         complete({"text": ["x"]}, prompt="{text}")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("concurrency", 10**9), ("max_attempts", 10**6), ("stop", 123), ("stop", ["ok", 5]),
+    ("stop", []), ("seed", "x"), ("seed", True), ("timeout", float("nan")),
+    ("timeout", float("inf")), ("flush_seconds", float("inf")), ("rpm", float("nan")),
+    ("temperature", float("nan")), ("max_cost", float("inf")),
+])
+def test_out_of_range_or_mistyped_values(complete, name, value):
+    with pytest.raises(ConfigError, match=name):
+        DF.pipe(complete, prompt="{text}", **{name: value})
+
+
+@pytest.mark.parametrize("key", ["sk-abc\n", "sk abc", "sk-ключ"])
+def test_an_api_key_an_http_header_cannot_carry(complete, key):
+    with pytest.raises(ConfigError, match="api_key holds") as info:
+        DF.pipe(complete, prompt="{text}", api_key=key)
+    assert key.strip() not in str(info.value)
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n"])
+def test_an_empty_prompt(complete, prompt):
+    with pytest.raises(TemplateError, match="prompt template is empty"):
+        DF.pipe(complete, prompt=prompt)

@@ -6,13 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 
 from llm_ops.cli import main
 
 COMMANDS = [["run"], ["estimate"], ["serve"], ["cache"], ["cache", "stats"], ["cache", "export"],
-            ["cache", "prune"], ["cache", "vacuum"]]
+            ["cache", "prune"], ["cache", "snapshot"], ["cache", "vacuum"]]
 
 
 @pytest.fixture
@@ -86,6 +87,13 @@ def test_cache_stats_export_prune_vacuum(job, tmp_path, cache, capsys):
     assert main(["cache", "--cache", str(cache), "vacuum"]) == 0
     assert main(["cache", "--cache", str(cache), "export", str(tmp_path / "y.parquet")]) == 0
     assert pl.read_parquet(tmp_path / "y.parquet").height == 0
+
+
+def test_cache_snapshot_is_a_copy_to_hold_open(job, tmp_path, cache, capsys):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    assert main(["cache", "--cache", str(cache), "snapshot", str(tmp_path / "copy.duckdb")]) == 0
+    with duckdb.connect(str(tmp_path / "copy.duckdb"), read_only=True) as copy:
+        assert copy.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import llm_complete_async
+from llm_ops import ConfigError, llm_complete_async
 from llm_ops.testing import expected_reply
 
 
@@ -155,3 +155,67 @@ def test_failed_rows_answer_null_or_raise_after_caching(complete, endpoint, on_e
     endpoint.reset()
     again = df.pipe(complete, prompt="{text}")
     assert again["completion_status"].to_list() == ["cached", "rejected"]
+
+
+def _cached(cache) -> int:
+    from llm_ops import open_cache
+
+    with open_cache(cache) as con:
+        return con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("reason", ["error", "abort", "none"])
+def test_an_answer_that_did_not_finish_is_retried(complete, endpoint, reason):
+    df = pl.DataFrame({"text": [f"hi [[sim:finish_reason={reason}]] [[sim:fail_times=1]]"]})
+    out = df.pipe(complete, prompt="{text}")
+    assert out["completion_status"].to_list() == ["ok"]
+    assert endpoint.stats()["requests"] == 2
+
+
+@pytest.mark.parametrize("reason", ["error", "abort", "none"])
+def test_an_answer_that_never_finishes_fails_and_is_not_cached(complete, cache, reason):
+    df = pl.DataFrame({"text": [f"hi [[sim:finish_reason={reason}]]"]})
+    out = df.pipe(complete, prompt="{text}", max_attempts=2)
+    assert out["completion_status"].to_list() == ["failed"]
+    assert "did not finish" in out["completion_error"][0]
+    assert out["completion"].to_list() == [None]
+    assert _cached(cache) == 0
+
+
+def test_a_filtered_answer_has_its_own_status_and_is_not_cached(complete, endpoint, cache):
+    df = pl.DataFrame({"text": ["hi [[sim:finish_reason=content_filter]]"]})
+    out = df.pipe(complete, prompt="{text}")
+    assert out.row(0)[1:] == (None, "filtered", "the endpoint's content filter stopped the "
+                                                "answer (finish_reason 'content_filter')")
+    assert endpoint.stats()["requests"] == 1  # not retried
+    assert _cached(cache) == 0
+
+
+def test_a_200_carrying_an_error_is_retried(complete, endpoint):
+    df = pl.DataFrame({"text": ["hi [[sim:error_in_200=1]] [[sim:fail_times=1]]"]})
+    assert df.pipe(complete, prompt="{text}")["completion_status"].to_list() == ["ok"]
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_a_200_always_carrying_an_error_fails_and_is_not_cached(complete, cache):
+    df = pl.DataFrame({"text": ["hi [[sim:error_in_200=1]]"]})
+    out = df.pipe(complete, prompt="{text}", max_attempts=2)
+    assert out["completion_status"].to_list() == ["failed"]
+    assert "failed midway" in out["completion_error"][0]
+    assert _cached(cache) == 0
+
+
+def test_a_prompt_without_columns_gives_every_row_the_one_answer(complete, endpoint):
+    out = pl.DataFrame({"id": [1, 2, 3]}).pipe(complete, prompt="Tell me a joke")
+    assert out["completion"].to_list() == [expected_reply("Tell me a joke", model="sim")] * 3
+    assert endpoint.stats()["requests"] == 1
+
+
+def test_text_that_is_not_utf8_is_refused_naming_the_column(complete, endpoint):
+    data = pa.py_buffer(b"okbad\xff")
+    offsets = pa.py_buffer(pa.array([0, 2, 6], pa.int32()).buffers()[1])
+    table = pa.table({"text": pa.StringArray.from_buffers(2, offsets, data)})
+    with pytest.raises(ConfigError, match=r"column 'text' .* not valid UTF-8 in 1 row\(s\) "
+                                          r"\(first: row 1\)"):
+        complete(table, prompt="{text}")
+    assert endpoint.stats()["requests"] == 0

@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from llm_ops import CacheError, llm_complete, llm_embed, open_cache
+from llm_ops._cache import Cache
 
 ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
 
@@ -169,3 +170,15 @@ def test_a_crashed_jobs_journal_is_merged_on_the_next_open(endpoint, cache):
         before = con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
     assert _count(cache) >= before  # open_cache merged what the journal held
     assert not list(cache.with_name(cache.name + ".journal").glob("*.jsonl"))
+
+
+def test_a_snapshot_holds_what_the_journal_holds(complete, cache, tmp_path):
+    ROWS.head(1).pipe(complete, prompt="{text}")
+    reader = _hold(cache)
+    try:
+        ROWS.pipe(complete, prompt="{text}")
+        Cache(cache).snapshot(tmp_path / "copy.duckdb")
+    finally:
+        reader.communicate("")
+    with duckdb.connect(str(tmp_path / "copy.duckdb"), read_only=True) as copy:
+        assert copy.execute("SELECT count(*) FROM llm_cache").fetchall() == [(200,)]

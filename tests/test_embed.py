@@ -43,9 +43,33 @@ def test_a_rerun_is_served_from_the_cache(embed_rows, endpoint):
     assert again["embedding"].to_list()[:120] == first["embedding"].to_list()[:120]
 
 
-def test_batches_over_the_endpoint_limit_fail_their_rows_not_the_job(embed_rows, endpoint):
+def test_batches_over_the_endpoint_limit_are_split_until_they_fit(embed_rows, endpoint):
     endpoint.configure(max_embedding_inputs=10)
     out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=40)
-    assert set(out["embedding_status"].drop_nulls().unique()) == {"rejected", "ok", "skipped"}
-    assert "at most 10 inputs" in out.filter(
-        pl.col("embedding_status") == "rejected")["embedding_error"][0]
+    assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
+        ("ok", 120), ("skipped", 1)]
+
+
+def test_one_input_too_large_for_the_server_fails_alone(embed_rows, endpoint):
+    endpoint.configure(max_embedding_chars=100)
+    texts = [f"review {i}" for i in range(64)] + ["word " * 100]
+    out = pl.DataFrame({"text": texts}).pipe(embed_rows, batch_size=64, max_attempts=2)
+    assert out["embedding_status"].to_list() == ["ok"] * 64 + ["failed"]
+    assert "too large to process" in out["embedding_error"][64]
+    assert endpoint.stats()["embedding_requests"] <= 2 * 8 + 2
+
+
+def test_a_server_that_ignores_dimensions_gets_nothing_cached(embed_rows, endpoint, cache):
+    endpoint.configure(ignore_dimensions=True)
+    out = pl.DataFrame({"text": ["red coat"]}).pipe(embed_rows, dimensions=16)
+    assert out["embedding_status"].to_list() == ["rejected"]
+    assert "ignores dimensions=" in out["embedding_error"][0]
+    endpoint.configure()
+    again = pl.DataFrame({"text": ["red coat"]}).pipe(embed_rows, dimensions=16)
+    assert again["embedding_status"].to_list() == ["ok"]
+
+
+def test_the_column_is_an_array_even_when_every_row_failed(embed_rows, endpoint):
+    endpoint.configure(ignore_dimensions=True)
+    out = pl.DataFrame({"text": ["a", "b"]}).pipe(embed_rows, dimensions=16)
+    assert out.schema["embedding"] == pl.Array(pl.Float32, 16)

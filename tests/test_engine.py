@@ -155,3 +155,43 @@ def test_sigint_flushes_and_reports(endpoint, cache):
         outcome = con.execute("SELECT outcome FROM llm_runs").fetchall()
     assert cached >= 100 - 16
     assert outcome == [("interrupted",)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_an_unreachable_endpoint_stops_the_job_after_one_requests_attempts(complete):
+    seen: list[Progress] = []
+    with pytest.raises(JobAbortedError, match=r"could not connect to http://127\.0\.0\.1"):
+        _rows(500).pipe(complete, prompt="{text}", base_url=f"http://127.0.0.1:{_free_port()}/v1",
+                        max_attempts=3, concurrency=64, progress=seen.append)
+    assert seen[-1].sent == 3
+
+
+def test_an_endpoint_that_goes_away_stops_the_job_keeping_its_answers(cache):
+    from llm_ops import llm_complete, open_cache
+    from llm_ops.testing import LocalEndpoint
+
+    endpoint = LocalEndpoint(latency=0.01).start()
+
+    def stop_midway(progress: Progress) -> None:
+        if progress.rows_done >= 200:
+            endpoint.stop()
+
+    with pytest.raises(JobAbortedError, match="could not connect"):
+        _rows(5000).pipe(llm_complete, prompt="{text}", model="sim", base_url=endpoint.base_url,
+                         cache=cache, concurrency=8, progress=stop_midway)
+    with open_cache(cache) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0] >= 200
+
+
+def test_an_empty_quota_costs_one_request_whatever_the_concurrency(complete, endpoint):
+    endpoint.configure(insufficient_quota=True)
+    with pytest.raises(JobAbortedError, match="out of quota"):
+        _rows(50).pipe(complete, prompt="{text}", concurrency=32)
+    assert endpoint.stats()["requests"] == 1

@@ -11,6 +11,12 @@ Per-request behaviour is set by directives inside the user message:
     wait this many seconds before answering
 ``[[sim:fail_times=2]]`` (with optional ``[[sim:fail_status=503]]``, default 500)
     fail the first two requests carrying this exact prompt, then answer normally
+``[[sim:finish_reason=content_filter]]``
+    answer with this ``finish_reason`` (``none`` leaves it out); ``content_filter`` cuts the
+    answer to its first word. With ``fail_times``, only the first times, instead of an error
+``[[sim:error_in_200=1]]``
+    answer HTTP 200 with both ``choices`` and an ``error`` object (with ``fail_times``, only
+    the first times)
 ``[[sim:invalid=json]]`` / ``[[sim:invalid=schema]]``
     with a ``json_schema`` response format: answer prose, or an object missing its fields
 ``[[sim:fail_for=sim-small]]``
@@ -77,6 +83,12 @@ class SimulatorConfig:
         Run out of quota (as above) once this many requests were answered.
     max_embedding_inputs
         Inputs allowed in one ``/v1/embeddings`` request (OpenAI: 2048); more is a 400.
+    max_embedding_chars
+        An embedding input longer than this fails its whole request with HTTP 500, as
+        llama.cpp does for an input larger than its batch size.
+    ignore_dimensions
+        Answer embeddings at the native width (256), whatever ``dimensions`` asks, as
+        llama.cpp does.
     pack_drop_rate, pack_shuffle
         For multi-row requests: the share of packs answered with one item missing, and
         whether items come back in a shuffled order.
@@ -98,6 +110,8 @@ class SimulatorConfig:
     insufficient_quota: bool = False
     quota_requests: int | None = None
     max_embedding_inputs: int = 2048
+    max_embedding_chars: int | None = None
+    ignore_dimensions: bool = False
     pack_drop_rate: float = 0.0
     pack_shuffle: bool = False
     api_key: str | None = None
@@ -339,6 +353,8 @@ class Simulator:
             inputs = body["input"]
             inputs = [inputs] if isinstance(inputs, str) else list(inputs)
             dimensions = int(body.get("dimensions") or 256)
+            if self.config.ignore_dimensions:
+                dimensions = 256
         except (ValueError, KeyError, TypeError):
             return _error(400, "body must be JSON with 'model' and 'input'",
                           "invalid_request_error")
@@ -347,6 +363,11 @@ class Simulator:
         if len(inputs) > self.config.max_embedding_inputs:
             return _error(400, f"at most {self.config.max_embedding_inputs} inputs per request",
                           "invalid_request_error")
+        longest = max((len(str(text)) for text in inputs), default=0)
+        limit = self.config.max_embedding_chars
+        if limit is not None and longest > limit:
+            return _error(500, f"input ({longest} tokens) is too large to process. increase the "
+                               "physical batch size", "server_error")
         tokens = sum(len(str(text).split()) for text in inputs)
         return web.json_response({
             "object": "list",
@@ -501,9 +522,20 @@ class Simulator:
         if model in directives.get("fail_for", "").split(","):
             return _error(400, f"simulated: {model} cannot answer this prompt",
                           "invalid_request_error")
-        if self.prompts[digest] <= int(directives.get("fail_times", 0)):
+        times = directives.get("fail_times")
+        early = times is None or self.prompts[digest] <= int(times)
+        odd_answer = "finish_reason" in directives or "error_in_200" in directives
+        if times is not None and early and not odd_answer:
             status = int(directives.get("fail_status", 500))
             return _error(status, f"simulated transient error {status}", "server_error")
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply},
+                                  "finish_reason": finish_reason}
+        if early and "finish_reason" in directives:
+            choice["finish_reason"] = directives["finish_reason"]
+            if directives["finish_reason"] == "none":
+                del choice["finish_reason"]
+            elif directives["finish_reason"] == "content_filter":
+                choice["message"]["content"] = reply.split(" ", 1)[0]
         self.answered[digest] += 1
         self.answered_total += 1
         self.prompt_tokens += prompt_tokens
@@ -514,13 +546,7 @@ class Simulator:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": reply},
-                        "finish_reason": finish_reason,
-                    }
-                ],
+                "choices": [choice],
                 "usage": {
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": completion_tokens,
@@ -528,6 +554,11 @@ class Simulator:
                 },
             }
         )
+        if early and "error_in_200" in directives:
+            body = json.loads(cast(bytes, response.body))
+            body["error"] = {"message": "simulated: the generation failed midway",
+                             "type": "server_error"}
+            response = web.json_response(body)
         response.headers.update(self._rate_headers())
         return response
 

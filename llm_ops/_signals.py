@@ -1,0 +1,70 @@
+"""SIGTERM stops a job the way Ctrl-C does, but gently.
+
+Prefect cancellation, ``kill``, systemd and Kubernetes stop a process with SIGTERM. While a job
+runs (from sync code in the main thread), SIGTERM makes every running dispatcher send nothing
+new and let what is in flight be answered; every answer is made durable, the run is recorded
+as ``interrupted``, and then the signal is delivered as before the job (by default, the process
+ends with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+_running: dict[Stoppable, asyncio.AbstractEventLoop] = {}
+_received = threading.Event()
+_installed = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _received.set()
+    for stoppable, loop in list(_running.items()):
+        loop.call_soon_threadsafe(stoppable.stop)
+
+
+@contextmanager
+def stopped_by_signals(stoppable: Stoppable) -> Iterator[None]:
+    """Let SIGTERM stop ``stoppable`` (running in this event loop) while the block runs."""
+    _running[stoppable] = asyncio.get_running_loop()
+    if _received.is_set():
+        stoppable.stop()
+    try:
+        yield
+    finally:
+        _running.pop(stoppable, None)
+
+
+@contextmanager
+def graceful_sigterm() -> Iterator[None]:
+    """Handle SIGTERM as above for the block, then deliver it to the handler it replaced."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _installed = True
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _installed = False
+        if _received.is_set():
+            _received.clear()
+            if callable(previous):
+                previous(signal.SIGTERM, None)
+            else:
+                signal.raise_signal(signal.SIGTERM)
