@@ -51,3 +51,51 @@ def complete(endpoint: LocalEndpoint, cache: Path) -> Callable[..., Any]:
 def _no_ambient_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLM_OPS_CACHE"):
         monkeypatch.delenv(name, raising=False)
+
+
+LLAMA = Path(__file__).resolve().parents[2] / "shared" / "llama"
+
+
+class LlamaServer:
+    """llama.cpp's real server with the tiny test model, on a free port of 127.0.0.1."""
+
+    def __init__(self, alias: str, *extra: str):
+        import subprocess
+
+        self.process = subprocess.Popen(
+            [str(LLAMA / "llama-server"), "-m", str(LLAMA / "tiny-llama.gguf"), "--alias", alias,
+             "--host", "127.0.0.1", "--port", "0", "--ctx-size", "2048", "--parallel", "4",
+             "--threads", "2", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if "listening on http://" in line:
+                self.base_url = line.rsplit(" ", 1)[-1].strip() + "/v1"
+                break
+        else:
+            raise RuntimeError("llama-server did not start")
+        self.model = alias
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def _llama(alias: str, *extra: str) -> Iterator[LlamaServer]:
+    if not (LLAMA / "llama-server").exists():
+        pytest.skip(f"no llama.cpp server in {LLAMA}")
+    server = LlamaServer(alias, *extra)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def llama() -> Iterator[LlamaServer]:
+    """llama.cpp serving chat completions (real tokenizer, usage, finish reasons)."""
+    yield from _llama("tiny", "--metrics")
+
+
+@pytest.fixture(scope="session")
+def llama_embed() -> Iterator[LlamaServer]:
+    """llama.cpp serving 64-dimensional embeddings; inputs over 512 tokens fail with a 500."""
+    yield from _llama("tiny-embed", "--embeddings", "--pooling", "mean")
