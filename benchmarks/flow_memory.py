@@ -44,14 +44,13 @@ def worker(kind: str, source: str, base_url: str, work: str) -> None:
     started = time.perf_counter()
     out = Path(work) / "out.parquet"
     if kind == "table":
-        from llm_ops._job import make_job
-        from llm_ops._tables import input_files, input_schema, run_table
+        from llm_ops import Client
+        from llm_ops.tables import Table
 
-        files = input_files(source)
-        job = make_job(input_schema(files), prompt="Summarize: {text}", model="sim",
-                       output="summary", base_url=base_url, cache=Path(work) / "cache.duckdb",
-                       concurrency=64)
-        report = run_table(job, files, out, batch_rows=100_000, chunk_size=5_000)
+        with Client(base_url=base_url, cache=Path(work) / "cache.duckdb",
+                    concurrency=64) as client:
+            report = Table(client, source, out, prompt="Summarize: {text}", model="sim",
+                           output="summary").run()
         sent, statuses = report.requests_sent, report.statuses
     else:
         from flows.enrich import EnrichConfig, enrich_table

@@ -34,10 +34,7 @@ import polars as pl
 import pyarrow as pa
 from baseline import complete_all
 
-from llm_ops import PRICES, Price, RunReport, SemanticCache, llm_complete
-from llm_ops._cache import Cache
-from llm_ops._job import make_job
-from llm_ops._similar import _search
+from llm_ops import PRICES, Cache, Price, RunReport, SemanticCache, llm_complete
 from llm_ops.testing import LocalEndpoint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "womens_clothing_reviews.parquet"
@@ -117,9 +114,10 @@ def _same_words(out: pl.DataFrame, cache: Path) -> int:
     punctuation and order aside: a floor on how many reuses were right."""
     if not (out["completion_status"] == "similar").any():
         return 0
-    with duckdb.connect(str(cache), read_only=True) as con:
-        reused = con.sql("SELECT key, request->>'$.messages[0].content' AS prompt "
-                         "FROM llm_cache").pl()
+    answers = pl.from_arrow(Cache(cache).export())
+    assert isinstance(answers, pl.DataFrame)
+    reused = answers.select(
+        "key", pl.col("request").str.json_path_match("$.messages[0].content").alias("prompt"))
 
     def words(text: pl.Expr) -> pl.Expr:
         return text.str.to_lowercase().str.extract_all(r"[a-z0-9]+").list.unique().list.sort()
@@ -184,12 +182,15 @@ def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
         "llm_semantic_index": pa.table({"key": keys, "scope": ["s"] * count,
                                         "embedding_key": keys}),
     }
-    with Cache(path).connect(read_only=False) as con:
-        for table, rows in tables.items():
-            con.register("new_rows", rows)
-            con.execute(f"INSERT INTO {table} ({', '.join(rows.column_names)}) "
-                        "SELECT * FROM new_rows")
-            con.unregister("new_rows")
+    cache = Cache(path)
+    for table, rows in tables.items():
+        cache.insert(table, rows)
+
+
+def _vectors(matrix: np.ndarray[Any, Any]) -> pa.Table:
+    count, dimensions = matrix.shape
+    return pa.table({"id": range(count), "embedding": pa.FixedSizeListArray.from_arrays(
+        pa.array(matrix.ravel()), dimensions)})
 
 
 def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
@@ -201,27 +202,24 @@ def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
     rng = np.random.default_rng(0)
     for misses, candidates, dimensions in sizes:
         path = work / f"search-{misses}-{candidates}-{dimensions}.duckdb"
-        _fill_index(path, rng.standard_normal((candidates, dimensions), dtype=np.float32))
-        job = make_job(pl.Schema({"t": pl.String}), prompt="{t}", model="m", cache=path,
-                       base_url="http://127.0.0.1:1/v1", semantic_cache=SemanticCache("emb"))
+        candidates_vectors = rng.standard_normal((candidates, dimensions), dtype=np.float32)
+        _fill_index(path, candidates_vectors)
         queries = rng.standard_normal((misses, dimensions), dtype=np.float32)
         frame = pl.DataFrame({"key": [f"q{i}" for i in range(misses)], "scope": ["s"] * misses,
                               "embedding": queries.tolist()})
         started = time.perf_counter()
-        _search(frame, job)
+        SemanticCache("emb").nearest(frame, Cache(path))
         ours = time.perf_counter() - started
         sql = ""
         ratio = ""
         if misses * candidates * dimensions <= 1.1e10:  # the cross join takes minutes beyond
-            with duckdb.connect(str(path), read_only=True) as con:
-                con.register("q", pa.table({"id": range(misses),
-                                            "embedding": pa.FixedSizeListArray.from_arrays(
-                                                pa.array(queries.ravel()), dimensions)}))
+            with duckdb.connect() as con:  # the same vectors, in DuckDB's own tables
+                con.register("q", _vectors(queries))
+                con.register("e", _vectors(candidates_vectors))
                 started = time.perf_counter()
                 con.execute(
-                    f"SELECT q.id, max(array_cosine_similarity(q.embedding, "
-                    f"e.embedding::FLOAT[{dimensions}])) FROM q, llm_embeddings e "
-                    "GROUP BY q.id").fetchall()
+                    "SELECT q.id, max(array_cosine_similarity(q.embedding, e.embedding)) "
+                    "FROM q, e GROUP BY q.id").fetchall()
                 duck = time.perf_counter() - started
             sql, ratio = f"{duck:.2f}", f"{ours / duck:.2f}x"
         print(_row([f"{misses:,}", f"{candidates:,}", dimensions, f"{ours:.2f}",

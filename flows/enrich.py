@@ -17,13 +17,16 @@ Prefect, so a rerun after a crash or cancellation sends only what the cache lack
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
 import os
 import sys
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import (
@@ -36,27 +39,16 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from llm_ops import (
-    ConfigError,
+    Client,
+    ClientOptions,
     JobAbortedError,
     LlmOpsError,
+    Options,
     Price,
     RunReport,
     SemanticCache,
 )
-from llm_ops._engine import Counters
-from llm_ops._job import Job, make_job
-from llm_ops._tables import (
-    TablePlan,
-    Written,
-    finish_report,
-    input_files,
-    input_schema,
-    plan_table,
-    remaining_budget,
-    run_cascade_table,
-    run_chunk,
-    write_table,
-)
+from llm_ops.tables import Counters, Table, TablePlan, Written
 
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
@@ -100,49 +92,49 @@ class EnrichConfig(BaseModel):
     similarity: float = Field(0.95, gt=0, le=1, description="cosine similarity from which a "
                                                            "similar answer is reused")
 
-    def pricing(self) -> Price | None:
-        """The price given in the parameters, overriding llm_ops.PRICES for the model."""
-        given = (self.price_input_per_million, self.price_output_per_million,
-                 self.price_per_request)
-        if all(value is None for value in given):
-            return None
-        return Price(input_per_million=self.price_input_per_million or 0.0,
-                     output_per_million=self.price_output_per_million or 0.0,
-                     per_request=self.price_per_request or 0.0)
+    def options(self) -> dict[str, Any]:
+        """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
+        on as they are; the column name, prices and the semantic cache are put together."""
+        options = {name: value for name, value in self.model_dump().items()
+                   if name in Options.__optional_keys__ and value is not None}
+        options["output"] = self.output_column
+        prices = (self.price_input_per_million, self.price_output_per_million,
+                  self.price_per_request)
+        if any(value is not None for value in prices):
+            options["pricing"] = Price(input_per_million=self.price_input_per_million or 0.0,
+                                       output_per_million=self.price_output_per_million or 0.0,
+                                       per_request=self.price_per_request or 0.0)
+        if self.semantic_cache_model:
+            options["semantic_cache"] = SemanticCache(self.semantic_cache_model,
+                                                      threshold=self.similarity)
+        if self.api_key_secret:
+            secret = cast("Secret[str]", Secret.load(self.api_key_secret))  # sync in a sync flow
+            options["api_key"] = secret.get()
+        return options
 
-    @property
-    def work_dir(self) -> Path:
-        output = Path(self.output)
-        return output.with_name(output.name + ".work")
+
+@functools.cache
+def _client(settings: str) -> Client:
+    """One client per process and settings, so the endpoint's limits learned in one chunk
+    task hold in the next."""
+    client = Client(**json.loads(settings))
+    atexit.register(client.close)
+    return client
 
 
-def build_job(config: EnrichConfig) -> tuple[list[Path], Job]:
-    """Validate everything that can be checked before sending; raises ``ConfigError``."""
-    files = input_files(config.input)
-    output = Path(config.output).resolve()
-    if any(f.resolve() == output for f in files):
-        raise ConfigError(f"output {config.output!r} is also an input; write somewhere else")
-    api_key = Secret.load(config.api_key_secret).get() if config.api_key_secret else None
-    job = make_job(
-        input_schema(files), prompt=config.prompt, model=config.model,
-        output=config.output_column, system=config.system, base_url=config.base_url,
-        api_key=api_key, cache=config.cache or None, concurrency=config.concurrency,
-        max_tokens=config.max_tokens, temperature=config.temperature,
-        max_attempts=config.max_attempts, timeout=config.timeout, rpm=config.rpm,
-        tpm=config.tpm, pricing=config.pricing(), max_cost=config.max_cost,
-        max_requests=config.max_requests,
-        semantic_cache=SemanticCache(config.semantic_cache_model, threshold=config.similarity)
-        if config.semantic_cache_model else None,
-        escalate=config.escalate,
-    )
-    return files, job
+def open_table(config: EnrichConfig) -> Table:
+    """The job the config describes; raises ``ConfigError`` for what can be checked before
+    sending."""
+    options = config.options()
+    made = {k: options.pop(k) for k in list(options) if k in ClientOptions.__optional_keys__}
+    client = _client(json.dumps(made, sort_keys=True))
+    return Table(client, config.input, config.output, prompt=config.prompt, model=config.model,
+                 batch_rows=config.batch_rows, chunk_size=config.chunk_size, **options)
 
 
 @task(name="plan", cache_policy=NO_CACHE, retries=1)
 def plan_requests(config: EnrichConfig) -> TablePlan:
-    files, job = build_job(config)
-    return plan_table(job, files, config.work_dir, batch_rows=config.batch_rows,
-                      chunk_size=config.chunk_size)
+    return open_table(config).plan()
 
 
 def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
@@ -153,23 +145,19 @@ def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
 @task(name="send-chunk", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
       retry_condition_fn=_retry_unless_aborted, task_run_name="send-chunk-{number}")
 def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
-    _, job = build_job(config)
-    return run_chunk(remaining_budget(job, spent), chunk)
+    return open_table(config).run_chunk(chunk, spent=spent)
 
 
 @task(name="cascade", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_retry_unless_aborted)
 def cascade_table(config: EnrichConfig) -> RunReport:
     """The whole table through the cascade, batch by batch; a retry re-sends only what the
     cache lacks."""
-    files, job = build_job(config)
-    return run_cascade_table(job, files, Path(config.output), batch_rows=config.batch_rows)
+    return open_table(config).run_cascade()
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)
 def write_output(config: EnrichConfig) -> Written:
-    files, job = build_job(config)
-    return write_table(job, files, Path(config.output), config.work_dir,
-                       batch_rows=config.batch_rows)
+    return open_table(config).write()
 
 
 def _dollars(amount: float | None) -> float | str:
@@ -199,19 +187,19 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     config = config or EnrichConfig()
     logger = get_run_logger()
     started_at, clock = datetime.now(UTC), time.perf_counter()
-    files, job = build_job(config)  # bad parameters fail the run here, before anything is written
-    logger.info("enriching %d file(s) matching %s with model %s", len(files), config.input,
-                config.model)
+    table = open_table(config)  # bad parameters fail the run here, before anything is written
+    logger.info("enriching %d file(s) matching %s with model %s", len(table.files),
+                config.input, config.model)
 
-    if job.cascade:
+    if table.cascade:
         report = cascade_table(config)
         return _finish(config, report)
 
     plan = plan_requests(config)
     logger.info("%d rows, %d distinct requests, %d cached, %d to send in %d chunk(s)",
                 plan.rows, plan.distinct, plan.cache_hits, plan.misses, len(plan.chunks))
-    progress = create_progress_artifact(0.0 if plan.chunks else 100.0, key="enrich-progress",
-                                        description="share of chunks sent")
+    progress = cast(UUID, create_progress_artifact(  # sync in a sync flow
+        0.0 if plan.chunks else 100.0, key="enrich-progress", description="share of chunks sent"))
     counters = Counters()
     for number, chunk in enumerate(plan.chunks, start=1):
         counters.add(send_chunk(config, chunk, number, counters))
@@ -220,8 +208,8 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
                     counters.sent)
 
     written = write_output(config)
-    report = finish_report(job, plan, counters, written, started_at=started_at,
-                           wall_seconds=time.perf_counter() - clock)
+    report = table.finish(plan, counters, written, started_at=started_at,
+                          wall_seconds=time.perf_counter() - clock)
     return _finish(config, report)
 
 

@@ -7,16 +7,19 @@ Every row of a result gets one of these statuses:
 ('ok', 'cached', 'similar', 'skipped', 'rejected', 'filtered', 'failed', 'truncated', 'invalid')
 """
 
-from ._cache import CACHE_ENV, default_cache_path, open_cache
-from ._embed import llm_embed
-from ._escalate import ESCALATE_STATUSES, ConfidenceBelow, confidence_below
-from ._estimate import Estimate, estimate
+from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
+from ._client import Client
+from ._escalate import ConfidenceBelow, confidence_below
+from ._estimate import Estimate
 from ._key import canonical_json, request_key
-from ._operator import llm_complete, llm_complete_async
+from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
+from ._options import CallOptions, ClientOptions, EmbedOptions, Options
 from ._pricing import PRICES, Price
 from ._progress import Progress
-from ._report import LEVERS, STATUSES, ModelUsage, RunReport, Saving
+from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._semantic import SemanticCache
+from ._status import ESCALATE as ESCALATE_STATUSES
+from ._status import STATUS_DTYPE, STATUSES, Status
 from .exceptions import (
     CacheError,
     CacheLockedError,
@@ -35,22 +38,30 @@ __all__ = [
     "LEVERS",
     "PRICES",
     "STATUSES",
+    "STATUS_DTYPE",
+    "Cache",
     "CacheError",
     "CacheLockedError",
+    "CallOptions",
+    "Client",
+    "ClientOptions",
     "ConfidenceBelow",
     "ConfigError",
+    "EmbedOptions",
     "Estimate",
     "JobAbortedError",
     "JobInterruptedError",
     "LlmOpsError",
     "MissingApiKeyError",
     "ModelUsage",
+    "Options",
     "Price",
     "Progress",
     "RowsFailedError",
     "RunReport",
     "Saving",
     "SemanticCache",
+    "Status",
     "TemplateError",
     "canonical_json",
     "confidence_below",

@@ -36,12 +36,12 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
 
-from .exceptions import CacheError, CacheLockedError
+from .exceptions import CacheError, CacheLockedError, ConfigError
 
 CACHE_ENV = "LLM_OPS_CACHE"
 JOURNAL_BATCH = 32
@@ -294,9 +294,12 @@ class Cache:
     while another process holds the file (up to ``lock_timeout`` seconds for reads).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 30.0):
+    def __init__(self, path: str | os.PathLike[str], *, flush_every: int = 1024,
+                 flush_seconds: float = 2.0, lock_timeout: float = 30.0):
         self.path = Path(path)
         self.journal = self.path.with_name(self.path.name + ".journal")
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
         self.lock_timeout = lock_timeout
         self.last_merge_error: str | None = None
 
@@ -482,11 +485,12 @@ class Cache:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def writer(self, *, merge_every: int = 1024) -> JournalWriter:
-        """A writer for one job: rows go to the journal at once and into the file in batches."""
-        return JournalWriter(self, merge_every=merge_every)
+    def writer(self) -> JournalWriter:
+        """A writer for one job: rows go to the journal at once and into the file in batches
+        of ``flush_every``."""
+        return JournalWriter(self, merge_every=self.flush_every)
 
-    def write(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    def _write(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` through a writer of their own (journal, then a brief merge)."""
         if not rows:
             return
@@ -497,7 +501,11 @@ class Cache:
 
     def record_run(self, run: Mapping[str, Any]) -> None:
         """Append one row to ``llm_runs``."""
-        self.write("llm_runs", [run])
+        self._write("llm_runs", [run])
+
+    def index_for_similarity(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Make answers findable by the semantic cache: key, scope, embedding_key."""
+        self._write("llm_semantic_index", rows)
 
     def merge_files(self, files: Sequence[Path], *, wait: float) -> bool:
         """Insert journal ``files`` into their tables and delete them; ``False`` (nothing
@@ -569,9 +577,83 @@ class Cache:
             con.execute("DETACH snapshot")
         return out
 
+    def stats(self) -> tuple[pa.Table, int]:
+        """Answers, tokens and the newest answer per model, and how many runs are recorded."""
+        with self.connect() as con:
+            per_model = con.sql(
+                "SELECT model, count(*) AS answers, sum(prompt_tokens) AS tokens_in, "
+                "sum(completion_tokens) AS tokens_out, max(created_at) AS newest "
+                "FROM llm_cache GROUP BY model ORDER BY answers DESC").to_arrow_table()
+            runs = int(con.sql("SELECT count(*) FROM llm_runs").fetchall()[0][0])
+        return per_model, runs
+
+    def export(self, *, model: str | None = None) -> pa.Table:
+        """Cached answers (of ``model``, or all), oldest first."""
+        where, params = _answer_filter(model=model)
+        with self.connect() as con:
+            return con.sql(f"SELECT * FROM llm_cache WHERE {where} ORDER BY created_at",
+                           params=params).to_arrow_table()
+
+    def prune(self, *, model: str | None = None, older_than_days: float | None = None,
+              status: str | None = None, dry_run: bool = False) -> int:
+        """Delete cached answers matching every filter given; returns how many (would) go."""
+        where, params = _answer_filter(model=model, older_than_days=older_than_days,
+                                       status=status)
+        if where == "TRUE":
+            raise ConfigError("prune needs at least one of model, older than, status")
+        with self.connect(read_only=dry_run) as con:
+            count = int(con.execute(f"SELECT count(*) FROM llm_cache WHERE {where}",
+                                    params).fetchall()[0][0])
+            if not dry_run:
+                con.execute(f"DELETE FROM llm_cache WHERE {where}", params).fetchall()
+        return count
+
+    def vacuum(self) -> tuple[int, int]:
+        """Rewrite the file to reclaim the space of deleted rows; sizes before and after."""
+        before = self.path.stat().st_size
+        fresh = self.path.with_name(self.path.name + ".vacuum")
+        fresh.unlink(missing_ok=True)
+        with self.connect(read_only=False) as con:
+            name = con.execute("SELECT current_database()").fetchall()[0][0]
+            con.execute(f"ATTACH {_sql_string(str(fresh))} AS fresh")
+            con.execute(f"COPY FROM DATABASE {name} TO fresh")
+            con.execute("DETACH fresh")
+        fresh.replace(self.path)
+        return before, self.path.stat().st_size
+
+    def insert(self, table: Literal["llm_cache", "llm_embeddings", "llm_semantic_index"],
+               rows: pa.Table) -> None:
+        """Insert ``rows`` (an Arrow table with some of the table's columns), say to restore an
+        export; a key already present keeps its row."""
+        if table not in ("llm_cache", "llm_embeddings", "llm_semantic_index"):
+            raise ConfigError(f"insert takes llm_cache, llm_embeddings or llm_semantic_index, "
+                              f"got {table!r}")
+        names = ", ".join(rows.column_names)
+        with self.connect(read_only=False) as con:
+            con.register("new_rows", rows)
+            con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows "
+                        "ON CONFLICT DO NOTHING")
+            con.unregister("new_rows")
+
     def pending(self) -> int:
         """Journal files waiting to be merged into the database file."""
         return len(list(self.journal.glob("*.jsonl"))) if self.journal.is_dir() else 0
+
+
+def _answer_filter(*, model: str | None = None, older_than_days: float | None = None,
+                   status: str | None = None) -> tuple[str, list[Any]]:
+    clauses: list[str] = ["TRUE"]
+    params: list[Any] = []
+    if model:
+        clauses.append("model = ?")
+        params.append(model)
+    if older_than_days is not None:
+        clauses.append("created_at < now() - to_days(CAST(? AS INTEGER))")
+        params.append(older_than_days)
+    if status:
+        clauses.append("status = ?")
+        params.append(status)
+    return " AND ".join(clauses), params
 
 
 @contextmanager
@@ -626,6 +708,14 @@ class JournalWriter:
         self._lock_fd: int | None = os.open(cache.journal / f"{self.id}.lock",
                                             os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def answer(self, row: Mapping[str, Any]) -> None:
+        """An ``llm_cache`` row: an answer to keep."""
+        self.add("llm_cache", row)
+
+    def vector(self, row: Mapping[str, Any]) -> None:
+        """An ``llm_embeddings`` row."""
+        self.add("llm_embeddings", row)
 
     def add(self, table: str, row: Mapping[str, Any]) -> None:
         line = json.dumps(row, ensure_ascii=False, default=_json_default)

@@ -14,29 +14,31 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from ._escalate import ESCALATE_STATUSES
-from ._job import Job
-from ._plan import ANSWERED
+from ._backend import Backend
+from ._join import status_counts
+from ._options import Job
+from ._pipeline import Tier, run_once
 from ._pricing import add_costs, subtract_costs
-from ._report import STATUSES, RunReport, Saving, add_spending, sum_reports
-from ._run import Tier, run_once, status_counts
+from ._report import RunReport, Saving, add_spending, sum_reports
 from ._savings import Tally, tally
+from ._status import ANSWERED, ESCALATE, STATUSES
 
 _ROW = "__llm_ops_row"
 
 
 def escalation(frame: pl.DataFrame, columns: pl.DataFrame, job: Job) -> pl.Series:
     """True for the rows to send to the next model (null from ``escalate`` counts as false)."""
-    status = columns[job.status_column].cast(pl.String)
-    flagged = status.is_in(ESCALATE_STATUSES)
-    if job.escalate is not None:
-        rule = frame.hstack(columns.get_columns()).select(job.escalate).to_series()
-        flagged = flagged | (rule.fill_null(False) & status.is_in(ANSWERED))
+    status = columns[job.columns.status].cast(pl.String)
+    flagged = status.is_in(list(ESCALATE))
+    rule = job.cascade.escalate if job.cascade else None
+    if rule is not None:
+        chosen = frame.hstack(columns.get_columns()).select(rule).to_series()
+        flagged = flagged | (chosen.fill_null(False) & status.is_in(list(ANSWERED)))
     return flagged
 
 
 async def run_cascade(
-    frame: pl.DataFrame, job: Job
+    frame: pl.DataFrame, job: Job, backend: Backend
 ) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
     """Every model of ``job.models`` in turn over the rows still flagged; the new columns
     (with ``<output>_model``), the combined report and why the job stopped, if it did."""
@@ -47,12 +49,12 @@ async def run_cascade(
     tiers: list[tuple[Job, Tier, pl.Series]] = []  # tier job, its pass, its rows kept
     spent: tuple[float, int, int] = (0.0, 0, 0)
     for number, model in enumerate(job.models):
-        tier_job = job.for_model(model).less_budget(*spent)
-        tier = await run_once(subset, tier_job)
+        tier_job = job.for_model(model).after(spent)
+        tier = await run_once(subset, tier_job, backend)
         spent = add_spending(spent, tier.report.spending())
-        skipped = tier.columns[job.status_column].cast(pl.String) == "skipped"
+        skipped = tier.columns[job.columns.status].cast(pl.String) == "skipped"
         labelled = tier.columns.with_columns(
-            pl.when(~skipped).then(pl.lit(model)).alias(job.model_column), rows)
+            pl.when(~skipped).then(pl.lit(model)).alias(job.columns.model), rows)
         last = number == len(job.models) - 1 or tier.stopped is not None
         flagged = (pl.repeat(False, subset.height, eager=True) if last
                    else escalation(subset, tier.columns, job))
@@ -76,28 +78,29 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
     reports = [tier.report for _, tier, _ in tiers]
     total = sum_reports(reports, started_at=started_at, wall_seconds=wall_seconds,
                         model=" > ".join(job.models))
-    answered = columns.filter(pl.col(job.status_column).cast(pl.String).is_in(ANSWERED))
-    final_rows = dict(answered[job.model_column].value_counts().iter_rows())
+    answered = columns.filter(pl.col(job.columns.status).cast(pl.String).is_in(list(ANSWERED)))
+    final_rows = dict(answered[job.columns.model].value_counts().iter_rows())
     models = {name: dataclasses.replace(usage, rows=int(final_rows.get(name, 0)))
               if name in job.models else usage for name, usage in total.models.items()}
 
     # The cascade saves the last model's price on the rows an earlier model answered and kept,
     # and pays for everything the earlier models did.
-    last_model, last_price = job.models[-1], job.prices.get(job.models[-1])
+    last_model = job.models[-1]
+    last_price = job.spending.price(last_model)
     kept_fresh, every_row = Tally(), Tally()
     earlier_cost: float | None = 0.0
     for tier_job, tier, kept in tiers:
         keys = tier.row_keys.filter(kept)
         every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"),
                            tier.results)["every_row"]
-        if tier_job.model != last_model:
+        if tier_job.spec.model != last_model:
             earlier_cost = add_costs(earlier_cost, tier.report.cost)
             fresh = tier.results.filter(pl.col("status") == "ok").join(keys, on="key", how="semi")
             kept_fresh += Tally(fresh.height, int(fresh["prompt_tokens"].sum() or 0),
                                 int(fresh["completion_tokens"].sum() or 0))
     savings = {**total.savings, "cascade": Saving(
         kept_fresh.requests, subtract_costs(kept_fresh.cost(last_price), earlier_cost))}
-    counts = status_counts(columns, job)
+    counts = status_counts(columns, job.columns)
     return dataclasses.replace(
         total, rows=reports[0].rows, distinct_requests=reports[0].distinct_requests,
         statuses={status: counts.get(status, 0) for status in STATUSES},

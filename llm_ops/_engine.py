@@ -26,12 +26,12 @@ from urllib.parse import urlencode
 import httpx2
 import openai
 
-from ._key import normalize_base_url
 from ._limits import AdaptiveConcurrency, RateLimiter
 from ._pack import PACK_FORMAT, pack_messages, unpack
-from ._pricing import Budget
+from ._pricing import Budget, approx_tokens
 from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
+from ._spec import Endpoint, Limits
 from .exceptions import JobAbortedError, JobInterruptedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
@@ -124,19 +124,6 @@ class Outcome:
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
-
-
-@dataclass
-class EngineSettings:
-    """Transport settings: never part of a request key."""
-
-    concurrency: int = 32
-    max_attempts: int = 5
-    timeout: float = 60.0
-    rpm: float | None = None
-    tpm: float | None = None
-    backoff_base: float = 0.5
-    backoff_max: float = 30.0
 
 
 @dataclass
@@ -245,65 +232,91 @@ def _preview(payload: bytes, limit: int = 80) -> str:
     return _one_line(payload[:limit].decode("utf-8", "replace"), limit) or "(empty body)"
 
 
+class Engine:
+    """The transport of one client, for its whole life: the connection pool, the rate limiter,
+    the adaptive concurrency and what was learned about the endpoint (its limits, whether it
+    can be reached). It lives on the client's event loop; dispatches borrow it.
+
+    The official ``openai`` SDK configures it (base URL, auth and default headers) and provides
+    the aiohttp-backed HTTP client; each request's JSON body is serialised once and posted with
+    the headers the SDK computed.
+    """
+
+    def __init__(self, endpoint: Endpoint, limits: Limits):
+        self.limits = limits
+        self.endpoint = endpoint.identity
+        self.concurrency = AdaptiveConcurrency(limits.concurrency)
+        self.limiter = RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
+        self.secrets = (endpoint.api_key, *endpoint.query.values())
+        # Until one request got through, requests go one at a time: a wrong key, an empty
+        # quota or an unreachable endpoint then costs one request, not a wave of them.
+        self.connected = asyncio.Event()
+        self.alone = asyncio.Lock()
+        self.connect_failures = 0  # attempts in a row that could not connect
+        pool = httpx2.Limits(max_connections=limits.concurrency,
+                             max_keepalive_connections=limits.concurrency)
+        self.http = openai.DefaultAioHttpClient(limits=pool, timeout=limits.timeout)
+        self.client = openai.AsyncOpenAI(
+            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0,
+            timeout=limits.timeout, http_client=self.http,
+        )
+        self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
+        _RedactingFilter.secrets.update(v for v in endpoint.query.values() if v)
+        self.headers = {
+            **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
+            **self.client.auth_headers,
+        }
+
+    def url(self, path: str) -> str:
+        return f"{self.client.base_url}{path}{self._query}"
+
+    def could_not_connect(self, exc: Exception) -> tuple[str, bool]:
+        """Count a connection that could not be made: its message, and whether the run of
+        such failures is long enough to stop the job."""
+        self.connect_failures += 1
+        limit = (CONNECT_FAILURES_TO_ABORT if self.connected.is_set()
+                 else self.limits.max_attempts)
+        return (redact(str(exc) or type(exc).__name__, *self.secrets),
+                self.connect_failures >= limit)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
 class Dispatcher:
-    """Sends chat requests through one ``AsyncOpenAI`` client; reports each :class:`Outcome`.
+    """One dispatch of chat requests over an :class:`Engine`; reports each :class:`Outcome`.
 
     Every attempt waits for a rate budget (:class:`RateLimiter`) and a concurrency slot
-    (:class:`AdaptiveConcurrency`); retrying is decided in one place, :meth:`_attempt_loop`.
+    (:class:`AdaptiveConcurrency`), both the engine's; retrying is decided in one place,
+    :meth:`_request_loop`.
     """
 
     path = "chat/completions"
 
     def __init__(
         self,
+        engine: Engine,
         *,
-        base_url: str,
-        api_key: str,
         model: str,
-        params: dict[str, Any],
-        settings: EngineSettings,
+        params: Mapping[str, Any],
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
         budget: Budget | None = None,
-        query: Mapping[str, str] | None = None,
     ):
-        self.settings = settings
+        self.engine = engine
+        self.settings = engine.limits
         self.budget = budget
         self.validate = validate
         self.repair = repair
         self.model = model
         self.params = {k: v for k, v in params.items() if v is not None}
         self.counters = Counters()
-        self.concurrency = AdaptiveConcurrency(settings.concurrency)
-        self.limiter = RateLimiter(rpm=settings.rpm, tpm=settings.tpm)
-        self._secrets = (api_key, *(query or {}).values())
         self._aborted: JobAbortedError | None = None
-        # Until one request got through, requests go one at a time: a wrong key, an empty
-        # quota or an unreachable endpoint then costs one request, not a wave of them.
-        self._connected = asyncio.Event()
-        self._alone = asyncio.Lock()
-        self._connect_failures = 0
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
         self._drained = False
         self._workers: list[asyncio.Task[None]] = []
         self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
-        limits = httpx2.Limits(
-            max_connections=settings.concurrency, max_keepalive_connections=settings.concurrency
-        )
-        self.http = openai.DefaultAioHttpClient(limits=limits, timeout=settings.timeout)
-        self.client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.timeout,
-            http_client=self.http,
-        )
-        self.url = f"{self.client.base_url}{self.path}"
-        if query:
-            self.url += "?" + urlencode(query)
-            _RedactingFilter.secrets.update(v for v in query.values() if v)
-        self.endpoint = normalize_base_url(base_url)
-        self.headers = {
-            **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
-            **self.client.auth_headers,
-        }
+        self.url = engine.url(self.path)
 
     async def run(
         self,
@@ -330,7 +343,6 @@ class Dispatcher:
                 for worker in workers:
                     worker.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-                await self.client.close()
         if self._aborted is not None:
             raise self._aborted
         if self._stopping:
@@ -369,10 +381,10 @@ class Dispatcher:
             await on_outcome(request, outcome)
 
     def estimate_tokens(self, request: Request) -> int:
-        """Admission cost: about four characters a token, plus the completion budget."""
+        """Admission cost: the prompt's approximate tokens, plus the completion budget."""
         chars = sum(len(m["content"]) for m in request.messages)
         answers = len(request.members) if isinstance(request, Pack) else 1
-        return chars // 4 + 4 * len(request.messages) + self._completion_budget * answers
+        return approx_tokens(chars, len(request.messages)) + self._completion_budget * answers
 
     async def _attempt_loop(self, request: Request) -> Outcome:
         if isinstance(request, Pack):
@@ -404,11 +416,11 @@ class Dispatcher:
         estimate = self.estimate_tokens(request)
         last_error, last_status = "no attempt made", None
         attempt = 0
-        if self.limiter.too_large(estimate):
+        if self.engine.limiter.too_large(estimate):
             outcome = Outcome(
                 key=request.key, status="failed", attempts=0,
                 error=f"the request needs about {estimate:,} tokens (prompt + max_tokens), more "
-                      f"than the whole tokens-per-minute budget ({self.limiter.tpm:,.0f}); "
+                      f"than the whole tokens-per-minute budget ({self.engine.limiter.tpm:,.0f}); "
                       "shorten the prompt or lower max_tokens",
             )
             return outcome
@@ -488,41 +500,52 @@ class Dispatcher:
         self, request: Request, messages: list[dict[str, str]], estimate: int
     ) -> Outcome:
         body = json.dumps(self._body(request, messages), ensure_ascii=False).encode()
-        if not self._connected.is_set():
-            async with self._alone:
+        engine = self.engine
+        if not engine.connected.is_set():
+            async with engine.alone:
                 if self._aborted is not None:
                     raise _Final("aborted", str(self._aborted))
-                if not self._connected.is_set():
+                if not engine.connected.is_set():
                     return await self._send(request, body, estimate)
         return await self._send(request, body, estimate)
 
     async def _send(self, request: Request, body: bytes, estimate: int) -> Outcome:
-        await self.limiter.admit(estimate)
-        await self.concurrency.acquire()
+        engine = self.engine
+        await engine.limiter.admit(estimate)
+        await engine.concurrency.acquire()
         self.counters.sent += 1
         try:
-            response = await self.http.post(self.url, content=body, headers=self.headers)
+            response = await engine.http.post(self.url, content=body, headers=engine.headers)
             payload = response.content
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
-            raise self._could_not_connect(exc) from exc
+            detail, give_up = engine.could_not_connect(exc)
+            if give_up:
+                self._abort(
+                    f"could not connect to {engine.endpoint} ({engine.connect_failures} attempts "
+                    f"in a row failed: {_one_line(detail)}); the job was stopped. Check "
+                    "base_url and that the server is running, then rerun: answers so far are "
+                    "cached.")
+            raise _Retryable(f"could not connect: {detail}") from exc
         except httpx2.TimeoutException as exc:
             self.counters.timeouts += 1
-            self.concurrency.on_congestion()
+            engine.concurrency.on_congestion()
             raise _Retryable(f"timed out after {self.settings.timeout:g}s") from exc
         except (httpx2.HTTPError, OSError) as exc:
             detail = str(exc) or type(exc).__name__
-            raise _Retryable(redact(f"connection error: {detail}", *self._secrets)) from exc
+            raise _Retryable(redact(f"connection error: {detail}", *engine.secrets)) from exc
         finally:
-            self.concurrency.release()
-        self._connect_failures = 0
-        if response.status_code not in RETRYABLE_STATUS | ABORT_STATUS:
-            self._connected.set()  # reachable, and the credentials are accepted
-        self.limiter.observe(response.headers)
+            engine.concurrency.release()
+        engine.connect_failures = 0
+        if response.status_code in ABORT_STATUS:
+            engine.connected.clear()  # the next job tries one request first again
+        elif response.status_code not in RETRYABLE_STATUS:
+            engine.connected.set()  # reachable, and the credentials are accepted
+        engine.limiter.observe(response.headers)
         if response.status_code >= 400:
             raise self._classify_status(response.status_code, payload, response.headers)
         outcome = self._parse(request, payload)
-        self.concurrency.on_success()
-        self.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
+        engine.concurrency.on_success()
+        engine.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
         return outcome
 
     def _classify_status(
@@ -530,7 +553,7 @@ class Dispatcher:
     ) -> Exception:
         error = _error_body(payload)
         message = _one_line(redact(f"HTTP {status}: {error.get('message') or _preview(payload)}",
-                                   *self._secrets))
+                                   *self.engine.secrets))
         if status in ABORT_STATUS:
             self._abort(
                 f"the endpoint refused the credentials ({message}); the job was stopped and "
@@ -549,25 +572,12 @@ class Dispatcher:
             if status == 429:
                 self.counters.rate_limited += 1
                 if retry_after is not None:
-                    self.concurrency.on_overload()
-                    self.limiter.pause(retry_after)
+                    self.engine.concurrency.on_overload()
+                    self.engine.limiter.pause(retry_after)
                 else:
-                    self.concurrency.on_congestion()
+                    self.engine.concurrency.on_congestion()
             return _Retryable(message, retry_after, http_status=status)
         return _Final("rejected", message, http_status=status)
-
-    def _could_not_connect(self, exc: Exception) -> _Retryable:
-        """A connection that could not be made; a run of them stops the job."""
-        self._connect_failures += 1
-        detail = redact(str(exc) or type(exc).__name__, *self._secrets)
-        limit = (CONNECT_FAILURES_TO_ABORT if self._connected.is_set()
-                 else self.settings.max_attempts)
-        if self._connect_failures >= limit:
-            self._abort(
-                f"could not connect to {self.endpoint} ({self._connect_failures} attempts in a "
-                f"row failed: {_one_line(detail)}); the job was stopped. Check base_url and "
-                "that the server is running, then rerun: answers so far are cached.")
-        return _Retryable(f"could not connect: {detail}")
 
     def _abort(self, message: str) -> None:
         if self._aborted is None:
@@ -592,7 +602,7 @@ class Dispatcher:
             error = body["error"]
             detail = error.get("message") if isinstance(error, dict) else error
             raise _Retryable(_one_line(redact(f"the endpoint answered with an error: {detail}",
-                                              *self._secrets)))
+                                              *self.engine.secrets)))
         if finish_reason == "content_filter":
             raise _Final("filtered", "the endpoint's content filter stopped the answer "
                                      "(finish_reason 'content_filter')")
@@ -640,7 +650,7 @@ class EmbeddingDispatcher(Dispatcher):
 
     def estimate_tokens(self, request: Request) -> int:
         inputs = request.inputs if isinstance(request, Batch) else ()
-        return sum(len(text) for text in inputs) // 4 + len(inputs)
+        return approx_tokens(sum(len(text) for text in inputs)) + len(inputs)
 
     def _body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
         inputs = list(request.inputs) if isinstance(request, Batch) else []

@@ -7,12 +7,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ._report import STATUSES
 from ._schema import OutputSchema
+from ._status import STATUSES
 from .exceptions import ConfigError
-
-ESCALATE_STATUSES = ("rejected", "filtered", "failed", "invalid", "truncated")
-"""Statuses that always send a row on to the next model of a cascade."""
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from ._job import CachePath, make_job
-from ._operator import _schema, _to_polars
+import polars as pl
+
+from ._cache import Cache
+from ._options import Job
+from ._pipeline import requests_for
 from ._plan import plan_frame
-from ._pricing import PricingOption, add_costs, cost_or_none
-from ._run import requests_for
+from ._pricing import add_costs, approx_tokens, cost_or_none
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,9 @@ class Estimate:
 
     Input tokens are estimated at four characters a token plus four per message (no tokenizer
     can be downloaded here); output tokens are bounded by ``max_tokens`` and unknown without it.
-    Costs are ``None`` when the model has no price.
+    Costs are ``None`` when the model has no price. For a cascade the counts are the first
+    model's, and the cost range runs from every row answered by the first model to every row
+    sent to every model.
     """
 
     rows: int
@@ -53,64 +56,39 @@ class Estimate:
         ])
 
 
-def estimate(
-    df: Any,
-    /,
-    *,
-    prompt: str,
-    model: str | Sequence[str],
-    system: str | None = None,
-    base_url: str | None = None,
-    cache: CachePath = None,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    rows_per_request: int = 1,
-    pack_tokens: int | None = None,
-    pricing: PricingOption = None,
-) -> Estimate:
-    """Plan a :func:`~llm_ops.llm_complete` job and price it; nothing is sent.
+def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estimate:
+    """Plan ``job`` over ``frame`` and price it; nothing is sent, no cache file is made."""
+    plan = plan_frame(frame, job.spec, cache)
+    return price_plan(job, [plan.misses], rows=frame.height,
+                      keyed_rows=int(plan.distinct["rows"].sum()),
+                      distinct=plan.distinct.height, cache_hits=plan.hits.height)
 
-    The arguments mean what they mean for ``llm_complete``; those that change the request
-    (``system``, ``max_tokens``, ``temperature``, the endpoint) must match for cache hits
-    to be counted. For a cascade (``model=[small, large]``) the counts are the first model's,
-    and the cost range runs from every row answered by the first model to every row sent to
-    every model.
 
-    Examples
-    --------
-    >>> import polars as pl
-    >>> from llm_ops import estimate
-    >>> frame = pl.DataFrame({"text": ["fits well", "runs small", "fits well", None]})
-    >>> plan = estimate(frame, prompt="Summarize: {text}", model="gpt-4o-mini",
-    ...                 max_tokens=50, cache=False)
-    >>> plan.requests, plan.skipped_rows, plan.output_tokens_max
-    (2, 1, 100)
-    >>> cascade = estimate(frame, prompt="Summarize: {text}", model=["gpt-4o-mini", "gpt-4o"],
-    ...                    max_tokens=50, cache=False)
-    >>> cascade.cost_min == plan.cost_min, cascade.cost_max > 10 * plan.cost_max
-    (True, True)
-    """
-    frame = _to_polars(df)
-    job = make_job(_schema(df), prompt=prompt, model=model, system=system, base_url=base_url,
-                   api_key="not-needed-nothing-is-sent", cache=cache, max_tokens=max_tokens,
-                   temperature=temperature, rows_per_request=rows_per_request,
-                   pack_tokens=pack_tokens, pricing=pricing)
-    plan = plan_frame(frame, job)
-    requests = list(requests_for(plan.misses, job))
-    chars = sum(len(m["content"]) for r in requests for m in r.messages)
-    input_tokens = chars // 4 + 4 * sum(len(r.messages) for r in requests)
-    output_max = None if max_tokens is None else max_tokens * plan.misses.height
-    cost_min = cost_or_none(job.price, requests=len(requests), input_tokens=input_tokens,
+def price_plan(job: Job, misses: Iterable[pl.DataFrame], *, rows: int, keyed_rows: int,
+               distinct: int, cache_hits: int) -> Estimate:
+    """An :class:`Estimate` of sending the ``REQUESTS`` frames ``misses`` (a frame's, or a
+    table's chunks), packed as the job packs them."""
+    requests = chars = messages = singles = 0
+    for part in misses:
+        singles += part.height
+        for request in requests_for(part, job):
+            requests += 1
+            chars += sum(len(m["content"]) for m in request.messages)
+            messages += len(request.messages)
+    input_tokens = approx_tokens(chars, messages)
+    max_tokens = job.spec.params.get("max_tokens")
+    output_max = None if max_tokens is None else max_tokens * singles
+    cost_min = cost_or_none(job.price, requests=requests, input_tokens=input_tokens,
                             output_tokens=0)
     cost_max: float | None = 0.0
-    for price in job.prices.values():
+    for model in job.models:
         most = None if output_max is None else cost_or_none(
-            price, requests=len(requests), input_tokens=input_tokens, output_tokens=output_max)
+            job.spending.price(model), requests=requests, input_tokens=input_tokens,
+            output_tokens=output_max)
         cost_max = add_costs(cost_max, most)
     return Estimate(
-        rows=frame.height, skipped_rows=frame.height - int(plan.distinct["rows"].sum()),
-        distinct_requests=plan.distinct.height, cache_hits=plan.hits.height,
-        requests=len(requests), requests_without_packing=plan.misses.height,
+        rows=rows, skipped_rows=rows - keyed_rows, distinct_requests=distinct,
+        cache_hits=cache_hits, requests=requests, requests_without_packing=singles,
         input_tokens=input_tokens, output_tokens_max=output_max, cost_min=cost_min,
         cost_max=cost_max,
     )

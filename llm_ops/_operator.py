@@ -1,129 +1,29 @@
-"""``llm_complete``: the public operator over Polars and Arrow frames."""
+"""The operators: ``llm_complete``, ``llm_complete_async``, ``llm_embed`` and ``estimate``.
+
+Each is a thin caller of a :class:`~llm_ops.Client` made for the call from its options (see
+:class:`~llm_ops.Options`); make a client yourself to share one across calls.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast, overload
+import os
+from typing import Any, Literal, Unpack, cast, overload
 
-import polars as pl
-import pyarrow as pa
-from pydantic import BaseModel
-
-from ._escalate import EscalateOption
-from ._frame import run_frame
-from ._job import CachePath, ProgressOption, make_job
-from ._plan import from_arrow
-from ._pricing import PricingOption
+from ._client import Client
+from ._estimate import Estimate
+from ._frames import Frame
+from ._options import EmbedOptions, ModelOption, Options, ResultOptions, split_options
 from ._report import RunReport
-from ._run import run_sync
-from ._semantic import SemanticCache
-from .exceptions import ConfigError
-
-Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
-SchemaOption = type[BaseModel] | Mapping[str, Any] | None
-
-
-def _to_polars(df: Any) -> pl.DataFrame:
-    if isinstance(df, pl.DataFrame):
-        return df
-    if isinstance(df, pl.LazyFrame):
-        return df.collect()
-    if isinstance(df, pa.Table):
-        return from_arrow(df)
-    raise ConfigError(
-        f"llm_complete takes a polars DataFrame or LazyFrame or a pyarrow Table, got "
-        f"{type(df).__name__}; convert it first, e.g. pl.from_pandas(df)"
-    )
-
-
-def _schema(df: Any) -> pl.Schema:
-    if isinstance(df, pl.LazyFrame):
-        return df.collect_schema()
-    return _to_polars(df).schema
-
-
-def _same_kind(original: Frame, result: pl.DataFrame) -> Frame:
-    if isinstance(original, pl.LazyFrame):
-        return result.lazy()
-    if isinstance(original, pa.Table):
-        return cast(Frame, result.to_arrow())
-    return result
-
-
-async def _complete(df: Frame, args: dict[str, Any]) -> tuple[Frame, RunReport]:
-    job = make_job(_schema(df), **args)
-    frame = _to_polars(df)
-    columns, report = await run_frame(frame, job)
-    return _same_kind(df, frame.hstack(columns.get_columns())), report
 
 
 @overload
-def llm_complete(
-    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
-    system: str | None = ...,
-    base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
-    concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
-    top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
-    max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
-    semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
-) -> Frame: ...
+def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption,
+                 return_report: Literal[False] = ..., **options: Unpack[Options]) -> Frame: ...
 @overload
-def llm_complete(
-    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
-    system: str | None = ...,
-    base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
-    concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
-    top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
-    max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
-    semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
-) -> tuple[Frame, RunReport]: ...
-def llm_complete(
-    df: Frame,
-    /,
-    *,
-    prompt: str,
-    model: str | Sequence[str],
-    output: str = "completion",
-    system: str | None = None,
-    base_url: str | None = None,
-    api_key: str | None = None,
-    cache: CachePath = None,
-    concurrency: int = 32,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: str | list[str] | None = None,
-    max_attempts: int = 5,
-    timeout: float = 60.0,
-    on_error: Literal["null", "raise"] = "null",
-    flush_every: int = 1024,
-    flush_seconds: float = 2.0,
-    rpm: float | None = None,
-    tpm: float | None = None,
-    progress: ProgressOption = None,
-    schema: SchemaOption = None,
-    repair: bool = False,
-    rows_per_request: int = 1,
-    pack_tokens: int | None = None,
-    pricing: PricingOption = None,
-    max_cost: float | None = None,
-    max_requests: int | None = None,
-    max_tokens_total: int | None = None,
-    escalate: EscalateOption = None,
-    semantic_cache: SemanticCache | None = None,
-    return_report: bool = False,
-) -> Frame | tuple[Frame, RunReport]:
+def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption, return_report: Literal[True],
+                 **options: Unpack[Options]) -> tuple[Frame, RunReport]: ...
+def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption, return_report: bool = False,
+                 **options: Unpack[Options]) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
 
     Each row's prompt is rendered from its columns; identical requests are sent once; answers
@@ -235,79 +135,106 @@ def llm_complete(
     >>> out["completion"][0]
     'sim #a9d110f4: Summarize: Lovely dress'
     """
-    args = {k: v for k, v in locals().items() if k not in ("df", "return_report")}
-    result, report = run_sync(_complete(df, args))
+    made, call = split_options(options)
+    with Client(**made) as client:
+        result, report = client.run(client._complete(df, prompt, model, call))
     return (result, report) if return_report else result
 
 
 @overload
-async def llm_complete_async(
-    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
-    system: str | None = ...,
-    base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
-    concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
-    top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
-    max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
-    semantic_cache: SemanticCache | None = ..., return_report: Literal[False] = ...,
-) -> Frame: ...
+async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: Literal[False] = ...,
+                             **options: Unpack[Options]) -> Frame: ...
 @overload
-async def llm_complete_async(
-    df: Frame, /, *, prompt: str, model: str | Sequence[str], output: str = ...,
-    system: str | None = ...,
-    base_url: str | None = ..., api_key: str | None = ..., cache: CachePath = ...,
-    concurrency: int = ..., max_tokens: int | None = ..., temperature: float | None = ...,
-    top_p: float | None = ..., seed: int | None = ..., stop: str | list[str] | None = ...,
-    max_attempts: int = ..., timeout: float = ..., on_error: Literal["null", "raise"] = ...,
-    flush_every: int = ..., flush_seconds: float = ..., rpm: float | None = ...,
-    tpm: float | None = ..., progress: ProgressOption = ..., schema: SchemaOption = ...,
-    repair: bool = ..., rows_per_request: int = ..., pack_tokens: int | None = ...,
-    pricing: PricingOption = ..., max_cost: float | None = ..., max_requests: int | None = ...,
-    max_tokens_total: int | None = ..., escalate: EscalateOption = ...,
-    semantic_cache: SemanticCache | None = ..., return_report: Literal[True],
-) -> tuple[Frame, RunReport]: ...
-async def llm_complete_async(
-    df: Frame,
-    /,
-    *,
-    prompt: str,
-    model: str | Sequence[str],
-    output: str = "completion",
-    system: str | None = None,
-    base_url: str | None = None,
-    api_key: str | None = None,
-    cache: CachePath = None,
-    concurrency: int = 32,
-    max_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    stop: str | list[str] | None = None,
-    max_attempts: int = 5,
-    timeout: float = 60.0,
-    on_error: Literal["null", "raise"] = "null",
-    flush_every: int = 1024,
-    flush_seconds: float = 2.0,
-    rpm: float | None = None,
-    tpm: float | None = None,
-    progress: ProgressOption = None,
-    schema: SchemaOption = None,
-    repair: bool = False,
-    rows_per_request: int = 1,
-    pack_tokens: int | None = None,
-    pricing: PricingOption = None,
-    max_cost: float | None = None,
-    max_requests: int | None = None,
-    max_tokens_total: int | None = None,
-    escalate: EscalateOption = None,
-    semantic_cache: SemanticCache | None = None,
-    return_report: bool = False,
-) -> Frame | tuple[Frame, RunReport]:
+async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: Literal[True],
+                             **options: Unpack[Options]) -> tuple[Frame, RunReport]: ...
+async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: bool = False, **options: Unpack[Options]
+                             ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""
-    args = {k: v for k, v in locals().items() if k not in ("df", "return_report")}
-    result, report = await _complete(df, args)
+    made, call = split_options(options)
+    client = Client(**made)
+    try:
+        result, report = await client.run_async(client._complete(df, prompt, model, call))
+    finally:
+        client.close()
     return (result, report) if return_report else result
+
+
+def llm_embed(df: Frame, /, *, column: str, model: str, output: str = "embedding",
+              dimensions: int | None = None, batch_size: int = 256,
+              **options: Unpack[EmbedOptions]) -> Frame:
+    """Add an embedding of ``column`` to every row, as a fixed-size ``Float32`` array column.
+
+    Distinct texts are embedded once, many per request (``batch_size`` inputs, within the
+    endpoint's limits), and cached in the ``llm_embeddings`` table of the same cache database.
+    ``<output>_status`` and ``<output>_error`` work as for :func:`llm_ops.llm_complete`.
+
+    Parameters
+    ----------
+    df
+        A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+    column
+        The text column to embed; null rows are ``skipped``.
+    model
+        Embedding model name as the endpoint knows it.
+    output
+        Name of the vector column.
+    dimensions
+        Ask the endpoint for vectors of this size (part of the cache key).
+    batch_size
+        Inputs per request.
+    base_url, api_key, cache, concurrency, max_attempts, timeout, on_error, progress
+        As for :func:`llm_ops.llm_complete`.
+
+    Examples
+    --------
+    >>> import polars as pl
+    >>> from llm_ops import llm_embed
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> with LocalEndpoint() as endpoint:
+    ...     out = pl.DataFrame({"text": ["red dress", None]}).pipe(
+    ...         llm_embed, column="text", model="sim-embed", dimensions=8,
+    ...         base_url=endpoint.base_url, cache=False)
+    >>> out.schema["embedding"], out["embedding_status"].to_list()
+    (Array(Float32, shape=(8,)), ['ok', 'skipped'])
+    """
+    made, call = split_options(options)
+    with Client(**made) as client:
+        result: Frame = client.embed(df, column=column, model=model, output=output,
+                                     dimensions=dimensions, batch_size=batch_size,
+                                     **cast(ResultOptions, call))
+    return result
+
+
+def estimate(df: Any, /, *, prompt: str, model: ModelOption,
+             **options: Unpack[Options]) -> Estimate:
+    """Plan a :func:`~llm_ops.llm_complete` job and price it; nothing is sent.
+
+    Takes exactly what :func:`~llm_ops.llm_complete` takes (transport options such as
+    ``concurrency`` are ignored, and no API key is needed), so the same keyword arguments
+    price the job that ``llm_complete`` would run; cache hits are counted against the cache,
+    which is read but never created. For a cascade (``model=[small, large]``) the counts are
+    the first model's,
+    and the cost range runs from every row answered by the first model to every row sent to
+    every model.
+
+    Examples
+    --------
+    >>> import polars as pl
+    >>> from llm_ops import estimate
+    >>> frame = pl.DataFrame({"text": ["fits well", "runs small", "fits well", None]})
+    >>> plan = estimate(frame, prompt="Summarize: {text}", model="gpt-4o-mini",
+    ...                 max_tokens=50, cache=False)
+    >>> plan.requests, plan.skipped_rows, plan.output_tokens_max
+    (2, 1, 100)
+    >>> cascade = estimate(frame, prompt="Summarize: {text}", model=["gpt-4o-mini", "gpt-4o"],
+    ...                    max_tokens=50, cache=False)
+    >>> cascade.cost_min == plan.cost_min, cascade.cost_max > 10 * plan.cost_max
+    (True, True)
+    """
+    made, call = split_options(options)
+    # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
+    made["api_key"] = made.get("api_key") or os.environ.get("OPENAI_API_KEY") or "unused"
+    return Client(**made).estimate(df, prompt=prompt, model=model, **call)

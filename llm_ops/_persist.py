@@ -2,7 +2,7 @@
 
 Rows go to the cache's journal at once (see :mod:`llm_ops._cache`), so a crash loses at most
 the answers in flight plus :data:`~llm_ops._cache.JOURNAL_BATCH`; they are merged into the
-DuckDB file in the background, ``merge_every`` rows or ``merge_seconds`` at a time, and no
+DuckDB file in the background, ``flush_every`` rows or ``flush_seconds`` at a time, and no
 worker ever waits for the file.
 """
 
@@ -21,14 +21,21 @@ CLOSE_WAIT = 2.0  # at the end; what still cannot be merged stays in the journal
 class CacheSink:
     """The cache writer of one dispatch, driven from its event loop."""
 
-    def __init__(self, cache: Cache, *, merge_every: int, merge_seconds: float):
-        self.writer = cache.writer(merge_every=merge_every)
-        self.merge_every = merge_every
-        self.merge_seconds = merge_seconds
+    def __init__(self, cache: Cache):
+        self.writer = cache.writer()
+        self.merge_every = cache.flush_every
+        self.merge_seconds = cache.flush_seconds
         self._merge: asyncio.Future[bool] | None = None
 
-    def add(self, table: str, row: Mapping[str, Any]) -> None:
-        self.writer.add(table, row)
+    def answer(self, row: Mapping[str, Any]) -> None:
+        self.writer.answer(row)
+        self._maybe_merge()
+
+    def vector(self, row: Mapping[str, Any]) -> None:
+        self.writer.vector(row)
+        self._maybe_merge()
+
+    def _maybe_merge(self) -> None:
         if self.writer.unmerged >= self.merge_every:
             self._start_merge()
 

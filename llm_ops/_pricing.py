@@ -63,6 +63,15 @@ PRICES: dict[str, Price] = {
 
 PricingOption = Price | Mapping[str, Price] | None
 
+CHARS_PER_TOKEN = 4
+"""No tokenizer can be downloaded here: prompts are estimated at about four characters a
+token, plus four tokens per chat message."""
+
+
+def approx_tokens(chars: int, messages: int = 0) -> int:
+    """About how many tokens ``chars`` characters in ``messages`` chat messages are."""
+    return chars // CHARS_PER_TOKEN + 4 * messages
+
 
 def price_for(model: str, pricing: PricingOption = None) -> Price | None:
     """The price of ``model``: from ``pricing`` (a Price, or a table), else :data:`PRICES`."""

@@ -97,7 +97,7 @@ class Tracker:
             timeouts=counters.timeouts,
             prompt_tokens=counters.prompt_tokens,
             completion_tokens=counters.completion_tokens,
-            concurrency=self.dispatcher.concurrency.current,
+            concurrency=self.dispatcher.engine.concurrency.current,
             elapsed=time.monotonic() - self.started,
             phase=self.phase,
         )

@@ -7,37 +7,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ._engine import Counters
 from ._pricing import add_costs
-
-STATUSES = ("ok", "cached", "similar", "skipped", "rejected", "filtered", "failed", "truncated",
-            "invalid")
-"""Every value a ``<output>_status`` column can hold, in this order (a Polars ``Enum``).
-
-ok
-    answered by the endpoint during this job
-cached
-    answer taken from the cache, nothing sent
-similar
-    answer of a *similar* request (``semantic_cache=``): a cached one, or one sent earlier in
-    the job; which request and how similar are in ``<output>_similar_to`` and
-    ``<output>_similarity``
-skipped
-    a referenced column was null; nothing sent
-rejected
-    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429); not retried
-filtered
-    the endpoint's content filter stopped the answer (finish_reason ``content_filter``); the
-    partial answer is not kept, not cached and not retried
-failed
-    no answer after all retries (timeouts, connection errors, 429, 5xx, malformed bodies)
-truncated
-    the answer stopped at ``max_tokens`` (finish_reason ``length``); the partial text is kept
-invalid
-    a structured answer (``schema=``) that is not JSON or does not match the schema; the raw
-    text is kept in ``<output>_raw``
-"""
-
-FAILED_STATUSES = frozenset({"rejected", "filtered", "failed", "invalid"})
+from ._status import FAILED, STATUSES
+from .exceptions import JobAbortedError
 
 LEVERS = ("dedupe", "cache", "packing", "semantic_cache", "cascade")
 """The ways a job avoids paying for a request, as keys of :attr:`RunReport.savings`.
@@ -145,7 +118,7 @@ class RunReport:
     def failed_rows(self) -> int:
         """Rows that got no usable answer (``rejected``, ``filtered``, ``failed``,
         ``invalid``)."""
-        return sum(n for status, n in self.statuses.items() if status in FAILED_STATUSES)
+        return sum(n for status, n in self.statuses.items() if status in FAILED)
 
     def spending(self) -> tuple[float, int, int]:
         """Dollars (0 when unknown), HTTP requests and tokens spent, embeddings included: what
@@ -224,6 +197,28 @@ def sum_reports(reports: list[RunReport], *, started_at: datetime, wall_seconds:
         cost_saved=None if None in saved else round(sum(c or 0.0 for c in saved), 10),
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
         savings=savings, models=models,
+    )
+
+
+def make_report(
+    *, model: str, endpoint: str, started_at: datetime, wall_seconds: float, rows: int,
+    distinct: int, cache_hits: int, counters: Counters, statuses: dict[str, int],
+    stopped: BaseException | None, cost: float | None = None, budget_stop: str | None = None,
+) -> RunReport:
+    """The report of a finished (or stopped) run; savings and models are added after."""
+    if stopped is None:
+        outcome = "completed"
+    else:
+        outcome = "aborted" if isinstance(stopped, JobAbortedError) else "interrupted"
+    return RunReport(
+        run_id=uuid.uuid4().hex[:12], started_at=started_at, finished_at=datetime.now(UTC),
+        model=model, endpoint=endpoint, rows=rows, distinct_requests=distinct,
+        cache_hits=cache_hits, requests_sent=counters.sent, retries=counters.retries,
+        statuses={s: statuses.get(s, 0) for s in STATUSES},
+        prompt_tokens=counters.prompt_tokens, completion_tokens=counters.completion_tokens,
+        wall_seconds=wall_seconds, outcome=outcome,
+        error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
+        cost=cost, budget_stop=budget_stop,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ._engine import Counters
-from ._job import Job
+from ._options import Job
 from ._pricing import Price, add_costs, cost_or_none, subtract_costs
 from ._report import ModelUsage, RunReport, Saving
 
@@ -33,19 +33,18 @@ def embedding_cost(job: Job, counters: Counters) -> float | None:
                         input_tokens=counters.embedding_tokens, output_tokens=0)
 
 
-def less_spent(job: Job, spent: Counters) -> Job:
-    """``job`` with its budgets reduced by everything ``spent`` counts, embeddings included."""
-    return job.less_budget(
-        (completion_cost(job, spent) or 0.0) + (embedding_cost(job, spent) or 0.0),
-        spent.sent + spent.embedding_requests,
-        spent.prompt_tokens + spent.completion_tokens + spent.embedding_tokens,
-    )
+def spent_by(job: Job, counters: Counters) -> tuple[float, int, int]:
+    """Dollars (0 when unknown), requests and tokens that ``counters`` count, embeddings
+    included: what a budget shared with later work gives up (see :meth:`Job.after`)."""
+    return ((completion_cost(job, counters) or 0.0) + (embedding_cost(job, counters) or 0.0),
+            counters.sent + counters.embedding_requests,
+            counters.prompt_tokens + counters.completion_tokens + counters.embedding_tokens)
 
 
-def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict[str, Tally],
-               counters: Counters) -> RunReport:
+def with_usage(report: RunReport, job: Job, *, answered_rows: int, cached: bool,
+               tallies: dict[str, Tally], counters: Counters) -> RunReport:
     """``report`` with its models, savings per lever and total saving filled in."""
-    models = {job.model: ModelUsage(rows=answered_rows, requests=counters.sent,
+    models = {job.spec.model: ModelUsage(rows=answered_rows, requests=counters.sent,
                                     prompt_tokens=counters.prompt_tokens,
                                     completion_tokens=counters.completion_tokens,
                                     cost=report.cost)}
@@ -55,8 +54,8 @@ def with_usage(report: RunReport, job: Job, *, answered_rows: int, tallies: dict
                                                 prompt_tokens=counters.embedding_tokens,
                                                 cost=embeddings)
     cost = add_costs(report.cost, embeddings)
-    savings = lever_savings(job, tallies, counters=counters, on_completions=report.cost,
-                            on_embeddings=embeddings)
+    savings = lever_savings(job, tallies, cached=cached, counters=counters,
+                            on_completions=report.cost, on_embeddings=embeddings)
     return dataclasses.replace(
         report, cost=cost, models=models, savings=savings,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
@@ -111,16 +110,16 @@ def tally(distinct: pl.DataFrame, results: pl.DataFrame,
     }
 
 
-def lever_savings(job: Job, tallies: dict[str, Tally], *, counters: Counters,
+def lever_savings(job: Job, tallies: dict[str, Tally], *, cached: bool, counters: Counters,
                   on_completions: float | None, on_embeddings: float | None) -> dict[str, Saving]:
     """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`),
     given what the job spent on completions and on embeddings."""
     every_row, each = tallies["every_row"], tallies["each_distinct"]
     cache, similar = tallies["cache"], tallies["similar"]
     savings = {"dedupe": _saving(every_row - each, job.price)}
-    if job.cache is not None:
+    if cached:
         savings["cache"] = _saving(cache, job.price)
-    if job.rows_per_request > 1:
+    if job.packing.rows_per_request > 1:
         sent = each - cache - similar
         savings["packing"] = Saving(sent.requests - counters.sent,
                                     subtract_costs(sent.cost(job.price), on_completions))

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import polars as pl
+
+from ._cache import Cache
 from ._key import build_request, canonical_json, messages_for
 from .exceptions import ConfigError
 
@@ -57,6 +60,15 @@ class SemanticCache:
     @property
     def params(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
+
+    def nearest(self, queries: pl.DataFrame, cache: Cache) -> pl.DataFrame:
+        """The most similar indexed answer in ``cache`` for each query: ``queries`` has
+        ``key``, ``scope`` and ``embedding`` (a list of floats from this cache's model);
+        returns ``key``, ``similar_to`` and ``similarity``, threshold not applied. This is the
+        search a job runs for its misses."""
+        from ._similar import search  # the search needs numpy and the cache; settings do not
+
+        return search(queries, self, cache)
 
 
 def scope_of(*, endpoint: str, model: str, params: Mapping[str, Any], system: str | None,

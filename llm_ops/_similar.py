@@ -21,17 +21,20 @@ machine, and with memory bounded by the block sizes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from ._backend import Backend
+from ._cache import Cache
 from ._engine import Counters, Outcome
-from ._job import Job
-from ._plan import RESULT_SCHEMA, lookup_answers
-from ._semantic import scope_of
+from ._options import Job
+from ._plan import lookup_answers
+from ._semantic import SemanticCache, scope_of
+from ._spec import EmbeddingSpec
+from ._status import RESULTS
 from ._vectors import distinct_texts, embed_distinct
 
 _SLICE = 8_192  # misses embedded and searched together
@@ -47,7 +50,7 @@ _FOLLOWERS = pl.DataFrame(schema={"key": pl.String, "similar_to": pl.String,
 class Similar:
     """What the semantic tier did with a job's misses."""
 
-    results: pl.DataFrame  # RESULT_SCHEMA: status "similar", with similar_to and similarity
+    results: pl.DataFrame  # RESULTS: status "similar", with similar_to and similarity
     misses: pl.DataFrame  # the misses to send now (key, system, prompt, rows)
     followers: pl.DataFrame  # misses like one being sent: key, system, prompt, rows,
     # similar_to (that one's key), similarity; see follow_leaders
@@ -55,12 +58,7 @@ class Similar:
     stopped: BaseException | None
 
 
-def _embedding_job(job: Job) -> Job:
-    assert job.semantic is not None
-    return dataclasses.replace(job, model=job.semantic.model, price=job.semantic_price)
-
-
-async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
+async def find_similar(misses: pl.DataFrame, job: Job, backend: Backend) -> Similar:
     """Embed the misses, reuse answers of similar cached requests, index the rest.
 
     Works through the misses a slice at a time, so memory holds one slice's vectors. The
@@ -68,16 +66,17 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
     for later jobs as soon as they are cached.
     """
     assert job.semantic is not None
-    scopes = {system: scope_of(endpoint=job.base_url, model=job.model, params=job.params,
-                               system=system, template=job.prompt.source)
+    spec = job.spec
+    scopes = {system: scope_of(endpoint=spec.endpoint, model=spec.model, params=spec.params,
+                               system=system, template=spec.prompt.source)
               for system in misses["system"].unique().to_list()}
-    found, following = [pl.DataFrame(schema=RESULT_SCHEMA)], [_FOLLOWERS.clear()]
+    found, following = [pl.DataFrame(schema=RESULTS)], [_FOLLOWERS.clear()]
     counters, stopped = Counters(), None
     rows = rows_after = int(misses["rows"].sum())
     for part in misses.iter_slices(_SLICE):
         rows_after -= int(part["rows"].sum())
         results, followers, used, stopped = await _find_in_slice(
-            part, job, scopes, progress=(rows, rows_after))
+            part, job, backend, scopes, progress=(rows, rows_after))
         found.append(results)
         following.append(followers)
         counters.add(Counters(embedding_requests=used.sent, embedding_tokens=used.prompt_tokens))
@@ -91,15 +90,17 @@ async def find_similar(misses: pl.DataFrame, job: Job) -> Similar:
 
 
 async def _find_in_slice(
-    misses: pl.DataFrame, job: Job, scopes: dict[str | None, str], *, progress: tuple[int, int]
+    misses: pl.DataFrame, job: Job, backend: Backend, scopes: dict[str | None, str], *,
+    progress: tuple[int, int],
 ) -> tuple[pl.DataFrame, pl.DataFrame, Counters, BaseException | None]:
     semantic = job.semantic
     assert semantic is not None
-    embedding_job = _embedding_job(job)
-    values = misses.select(job.prompt.values_in(pl.col("prompt")).alias("values"))
-    row_keys, texts = distinct_texts(values, embedding_job, "values", semantic.params)
-    embedded = await embed_distinct(texts, embedding_job, semantic.params, semantic.batch_size,
-                                    rows=progress[0], rows_after=progress[1])
+    embedding = EmbeddingSpec(job.spec.endpoint, semantic.model, semantic.dimensions)
+    values = misses.select(job.spec.prompt.values_in(pl.col("prompt")).alias("values"))
+    row_keys, texts = distinct_texts(values, "values", embedding)
+    embedded = await embed_distinct(texts, embedding, backend, batch_size=semantic.batch_size,
+                                    progress=job.progress, rows=progress[0],
+                                    rows_after=progress[1])
     with_vectors = (
         misses.with_columns(embedding_key=row_keys["key"],
                             scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))
@@ -107,14 +108,15 @@ async def _find_in_slice(
               .select(pl.col("key").alias("embedding_key"), "embedding"),
               on="embedding_key", maintain_order="left")
     )
-    best = _search(with_vectors, job)
+    cache = backend.cache
+    assert cache is not None  # make_job refuses the semantic cache without one
+    best = search(with_vectors, semantic, cache)
     matched = best.filter(pl.col("similarity") >= semantic.threshold)
-    reused = lookup_answers(job.cache, matched.select(pl.col("similar_to").alias("key")))
+    reused = lookup_answers(cache, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)
     unmatched = with_vectors.join(results.select("key"), on="key", how="anti")
-    if job.cache is not None:
-        await asyncio.to_thread(job.cache.write, "llm_semantic_index",
-                                unmatched.select("key", "scope", "embedding_key").to_dicts())
+    await asyncio.to_thread(cache.index_for_similarity,
+                            unmatched.select("key", "scope", "embedding_key").to_dicts())
     return (results, _followers(unmatched, semantic.threshold), embedded.counters,
             embedded.stopped)
 
@@ -127,12 +129,12 @@ def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFram
 
 
 def _as_similar(answers: pl.DataFrame) -> pl.DataFrame:
-    """Rows of :data:`RESULT_SCHEMA` with status ``similar`` from key, similar_to, similarity
+    """Rows of :data:`RESULTS` with status ``similar`` from key, similar_to, similarity
     and the reused answer's text, json and tokens."""
     return (
         answers.with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
-        .select(list(RESULT_SCHEMA))
-        .cast(RESULT_SCHEMA)  # type: ignore[arg-type]
+        .select(list(RESULTS))
+        .cast(RESULTS)
     )
 
 
@@ -195,11 +197,10 @@ def _normalised(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return vectors / np.where(norms == 0, 1.0, norms)
 
 
-def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
+def search(misses: pl.DataFrame, semantic: SemanticCache, cache: Cache) -> pl.DataFrame:
     """The most similar candidate of each miss in its scope: key, similar_to, similarity."""
-    assert job.semantic is not None
     schema = {"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
-    if misses.is_empty() or job.cache is None:
+    if misses.is_empty():
         return pl.DataFrame(schema=schema)
     dimensions = len(misses["embedding"][0])
     queries = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
@@ -207,7 +208,7 @@ def _search(misses: pl.DataFrame, job: Job) -> pl.DataFrame:
     query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
     best = np.full(len(queries), -np.inf, dtype=np.float32)
     best_key = np.full(len(queries), None, dtype=object)
-    for batch in job.cache.similar_candidates(list(codes), embedding_model=job.semantic.model,
+    for batch in cache.similar_candidates(list(codes), embedding_model=semantic.model,
                                               dimensions=dimensions,
                                               batch_rows=_CANDIDATE_BLOCK):
         keys = np.asarray(batch.column("key").to_pylist(), dtype=object)

@@ -9,55 +9,96 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
+import os
+import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import duckdb
 import polars as pl
+import pyarrow.parquet as pq
 
-from . import _cache
-from ._job import Job, ProgressOption, make_job
-from ._pricing import Price, add_costs, cost_or_none, price_for
+from ._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from ._client import Client
+from ._operator import llm_complete
+from ._options import Options, split_options
+from ._pricing import Price
 from ._semantic import SemanticCache
-from ._tables import input_files, input_schema, plan_table, run_table
 from .exceptions import ConfigError, LlmOpsError
+from .tables import Table, input_files
 from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
 
+# Options a flag can carry (a number or a text), under their own names; the rest have flags of
+# their own below (prices, the semantic cache), come from the environment (api_key) or do not
+# apply to files.
+_SKIPPED = {"api_key", "on_error", "progress", "schema", "repair", "pricing", "escalate",
+            "semantic_cache", "model"}
 
-def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+
+def _scalar(hint: object) -> type | None:
+    """int, float or str for an option that holds one such value (or None), else None."""
+    kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
+    for kind in (int, float, str):
+        if kind in kinds:
+            return kind
+    return None
+
+
+def _option_help() -> dict[str, str]:
+    """Each option's first sentence, from llm_complete's docstring: one text for both."""
+    doc = inspect.getdoc(llm_complete) or ""
+    section = doc.split("Parameters\n----------\n", 1)[-1].split("\n\nExamples", 1)[0]
+    found: dict[str, str] = {}
+    for block in re.split(r"\n(?=\S)", section):
+        names, _, text = block.partition("\n")
+        sentence = " ".join(text.split()).split(". ")[0].rstrip(".")
+        for name in names.split(","):
+            found[name.strip()] = sentence.replace("%", "%%")
+    return found
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
+    """The arguments of a job on files; returns the option names given as flags."""
     parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
     parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
     parser.add_argument("--model", required=True, action="append",
                         help="model name; give it again for a cascade, cheapest first "
                              "(--model small --model large)")
-    parser.add_argument("--output", default="completion", help="answer column name")
-    parser.add_argument("--system", help="system message template")
-    parser.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI "
-                                           "(the API key comes from OPENAI_API_KEY)")
-    parser.add_argument("--cache", help=f"cache file; default {_cache.CACHE_ENV}, then "
-                                        f"{_cache.default_cache_path()}")
-    parser.add_argument("--max-tokens", type=int)
-    parser.add_argument("--temperature", type=float)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rpm", type=float, help="requests per minute to stay under")
-    parser.add_argument("--tpm", type=float, help="tokens per minute to stay under")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per attempt")
-    parser.add_argument("--max-attempts", type=int, default=5)
+    helps = _option_help()
+    named = []
+    for name, hint in get_type_hints(Options).items():
+        kind = _scalar(hint)
+        if name in _SKIPPED or kind is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "stop":
+            parser.add_argument(flag, action="append", help=helps.get(name))
+        else:
+            parser.add_argument(flag, type=kind, help=helps.get(name))
+        named.append(name)
     parser.add_argument("--price-input", type=float, metavar="USD",
                         help="$ per 1M input tokens (default: llm_ops.PRICES for the model)")
     parser.add_argument("--price-output", type=float, metavar="USD",
                         help="$ per 1M output tokens")
     parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
-    parser.add_argument("--max-cost", type=float, metavar="USD",
-                        help="stop sending once the projected spend would pass this")
-    parser.add_argument("--max-requests", type=int, help="stop sending after this many requests")
     parser.add_argument("--chunk-size", type=int, default=5_000,
                         help="distinct requests sent per chunk")
     parser.add_argument("--batch-rows", type=int, default=100_000,
                         help="rows read and written per batch")
+    parser.add_argument("--escalate", metavar="SQL",
+                        help="with a cascade: rows for the next model besides failed ones, a SQL "
+                             "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"")
+    parser.add_argument("--semantic-cache", metavar="EMBEDDING_MODEL",
+                        help="reuse answers of similar cached requests, compared with this "
+                             "embedding model (rows get status 'similar')")
+    parser.add_argument("--similarity", type=float, default=0.95, metavar="COSINE",
+                        help="with --semantic-cache: the similarity from which an answer is "
+                             "reused (default 0.95)")
+    return named
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,26 +113,17 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a prompt over every row of a file",
                               description="Run a prompt over every row of a Parquet or CSV "
                                           "file and write the rows with their answers.")
-    _add_job_arguments(run)
+    run.set_defaults(option_flags=_add_job_arguments(run))
     run.add_argument("--out", required=True, help="output file (.parquet)")
     run.add_argument("--strict", action="store_true",
                      help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
-    run.add_argument("--escalate", metavar="SQL",
-                     help="with a cascade: rows for the next model besides failed ones, a SQL "
-                          "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"")
-    run.add_argument("--semantic-cache", metavar="EMBEDDING_MODEL",
-                     help="reuse answers of similar cached requests, compared with this "
-                          "embedding model (rows get status 'similar')")
-    run.add_argument("--similarity", type=float, default=0.95, metavar="COSINE",
-                     help="with --semantic-cache: the similarity from which an answer is "
-                          "reused (default 0.95)")
 
     estimate = commands.add_parser(
         "estimate", help="count what a job would send, without sending anything",
         description="Plan a job without sending anything: rows, distinct requests, cache hits, "
                     "requests and tokens to send.")
-    _add_job_arguments(estimate)
+    estimate.set_defaults(option_flags=_add_job_arguments(estimate))
 
     serve_parser = commands.add_parser(
         "serve", help="serve the local OpenAI-compatible simulator",
@@ -108,8 +140,8 @@ def _parser() -> argparse.ArgumentParser:
 
     cache = commands.add_parser("cache", help="inspect, export and prune the cache",
                                 description="Inspect, export and prune the cache database.")
-    cache.add_argument("--cache", help=f"cache file; default {_cache.CACHE_ENV}, then "
-                                       f"{_cache.default_cache_path()}")
+    cache.add_argument("--cache", help=f"cache file; default {CACHE_ENV}, then "
+                                       f"{default_cache_path()}")
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("stats", help="answers, tokens and runs per model",
                        description="Answers, tokens and runs per model.")
@@ -151,33 +183,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _job(
-    args: argparse.Namespace, schema: pl.Schema, *, progress: ProgressOption = False,
-    api_key: str | None = None,
-) -> Job:
-    return make_job(
-        schema, prompt=args.prompt, model=args.model if len(args.model) > 1 else args.model[0],
-        output=args.output, system=args.system,
-        base_url=args.base_url, api_key=api_key, cache=args.cache, concurrency=args.concurrency,
-        max_tokens=args.max_tokens, temperature=args.temperature, max_attempts=args.max_attempts,
-        timeout=args.timeout, rpm=args.rpm, tpm=args.tpm, progress=progress,
-        pricing=_price(args), max_cost=args.max_cost, max_requests=args.max_requests,
-        semantic_cache=_semantic_cache(args), escalate=getattr(args, "escalate", None),
-    )
-
-
-def _semantic_cache(args: argparse.Namespace) -> SemanticCache | None:
-    model = getattr(args, "semantic_cache", None)
-    return SemanticCache(model, threshold=args.similarity) if model else None
-
-
-def _price(args: argparse.Namespace) -> Price | None:
-    given = (args.price_input, args.price_output, args.price_request)
-    if all(value is None for value in given):
-        return None
-    return Price(input_per_million=args.price_input or 0.0,
-                 output_per_million=args.price_output or 0.0,
-                 per_request=args.price_request or 0.0)
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's options from the flags, by their names (see :class:`llm_ops.Options`)."""
+    options = {name: getattr(args, name) for name in args.option_flags
+               if getattr(args, name) is not None}
+    prices = (args.price_input, args.price_output, args.price_request)
+    if any(value is not None for value in prices):
+        options["pricing"] = Price(input_per_million=args.price_input or 0.0,
+                                   output_per_million=args.price_output or 0.0,
+                                   per_request=args.price_request or 0.0)
+    if args.semantic_cache:
+        options["semantic_cache"] = SemanticCache(args.semantic_cache,
+                                                  threshold=args.similarity)
+    if args.escalate:
+        options["escalate"] = args.escalate
+    return options
 
 
 def _csv_as_parquet(files: list[Path], work: Path) -> list[Path]:
@@ -192,63 +212,42 @@ def _csv_as_parquet(files: list[Path], work: Path) -> list[Path]:
     return converted
 
 
+@contextlib.contextmanager
+def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iterator[Table]:
+    made, call = split_options(options)
+    files = input_files(args.input)
+    with tempfile.TemporaryDirectory(prefix="llm-ops-csv-") as scratch, Client(**made) as client:
+        converted = _csv_as_parquet(files, Path(scratch))
+        source = args.input if converted == files else str(Path(scratch) / "input-*.parquet")
+        model = args.model if len(args.model) > 1 else args.model[0]
+        yield Table(client, source, out, prompt=args.prompt, model=model,
+                    batch_rows=args.batch_rows, chunk_size=args.chunk_size, **call)
+
+
 def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="llm-ops-csv-") as scratch:
-        files = _csv_as_parquet(input_files(args.input), Path(scratch))
-        if any(f.resolve() == out.resolve() for f in files):
-            raise ConfigError(f"--out {out} is also an input; write somewhere else")
-        job = _job(args, input_schema(files), progress=False if args.no_progress else None)
-        report = run_table(job, files, out, batch_rows=args.batch_rows,
-                           chunk_size=args.chunk_size)
+    options = _options(args)
+    options["progress"] = False if args.no_progress else None
+    with _table(args, out, options) as table:
+        report = table.run()
+        status, error = table.job.columns.status, table.job.columns.error
     print(report)
     print(f"wrote {out}")
     if report.failed_rows:
-        print(f"{report.failed_rows:,} row(s) failed; see the {job.status_column} and "
-              f"{job.error_column} columns. A rerun sends only those.", file=sys.stderr)
+        print(f"{report.failed_rows:,} row(s) failed; see the {status} and {error} columns. A "
+              "rerun sends only those.", file=sys.stderr)
         return 1 if args.strict else 0
     return 0
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch:
-        work = Path(scratch)
-        files = _csv_as_parquet(input_files(args.input), work)
-        first = argparse.Namespace(**{**vars(args), "model": args.model[:1]})  # sees every row
-        job = _job(first, input_schema(files), api_key="not-needed-nothing-is-sent")
-        plan = plan_table(job, files, work, batch_rows=args.batch_rows,
-                          chunk_size=args.chunk_size)
-        chars = 0
-        if plan.chunks:
-            chars = int(pl.scan_parquet(plan.chunks).select(
-                (pl.col("prompt").str.len_chars() + pl.col("system").str.len_chars()
-                 .fill_null(0)).sum()
-            ).collect().item())
-    input_tokens = chars // 4 + 4 * plan.misses * (2 if args.system else 1)
-    output_max = plan.misses * args.max_tokens if args.max_tokens else None
-    output_bound = (f"{output_max:,}" if output_max is not None
-                    else "unbounded (set --max-tokens for a bound)")
-    # From every row answered by the first model to every row sent to every model.
-    prices = [price_for(model, _price(args)) for model in args.model]
-    low = cost_or_none(prices[0], requests=plan.misses, input_tokens=input_tokens,
-                       output_tokens=0)
-    high: float | None = 0.0
-    for price in prices:
-        high = add_costs(high, None if output_max is None else cost_or_none(
-            price, requests=plan.misses, input_tokens=input_tokens, output_tokens=output_max))
-    print(f"rows                 {plan.rows:>12,}")
-    print(f"rows skipped (null)  {plan.skipped:>12,}")
-    print(f"distinct requests    {plan.distinct:>12,}")
-    print(f"cache hits           {plan.cache_hits:>12,}")
-    print(f"requests to send     {plan.misses:>12,}")
-    print(f"input tokens (est.)  {input_tokens:>12,}   (about 4 characters a token)")
-    print(f"output tokens (max)  {output_bound:>12}")
-    print(f"cost                 {_money(low)} to {_money(high)}")
+    options = _options(args)
+    # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
+    options["api_key"] = os.environ.get("OPENAI_API_KEY") or "unused"
+    with (tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch,
+          _table(args, Path(scratch) / "unused.parquet", options) as table):
+        print(table.estimate())
     return 0
-
-
-def _money(amount: float | None) -> str:
-    return "unknown" if amount is None else f"${amount:,.4f}"
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -260,92 +259,34 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _cache_command(args: argparse.Namespace) -> int:
-    path = _cache.resolve_cache_path(args.cache)
+    path = resolve_cache_path(args.cache)
     assert path is not None
+    cache = Cache(path)
+    if args.action != "snapshot" and not path.exists():
+        raise ConfigError(f"there is no cache at {path} yet; run a job first, or pass the path "
+                          f"of an existing cache (--cache or {CACHE_ENV})")
     if args.action == "stats":
-        return _stats(path)
-    if args.action == "export":
-        return _export(path, Path(args.out), args.model)
-    if args.action == "prune":
-        return _prune(path, args)
-    if args.action == "snapshot":
-        out = _cache.Cache(path).snapshot(args.out)
+        per_model, runs = cache.stats()
+        print(f"cache {path} ({path.stat().st_size / 1e6:.1f} MB), {runs:,} run(s) recorded")
+        with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
+            print(pl.from_arrow(per_model))
+    elif args.action == "export":
+        answers = cache.export(model=args.model)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(answers, args.out)
+        print(f"exported {answers.num_rows:,} answer(s) to {args.out}")
+    elif args.action == "prune":
+        count = cache.prune(model=args.model, older_than_days=args.older_than,
+                            status=args.status, dry_run=args.dry_run)
+        print(f"{'would delete' if args.dry_run else 'deleted'} {count:,} answer(s)")
+    elif args.action == "snapshot":
+        out = cache.snapshot(args.out)
         print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), a copy of {path}")
-        return 0
-    return _vacuum(path)
-
-
-def _stats(path: Path) -> int:
-    with _cache.open_cache(path) as con:
-        rows = con.sql(
-            "SELECT model, count(*) AS answers, sum(prompt_tokens) AS tokens_in, "
-            "sum(completion_tokens) AS tokens_out, max(created_at) AS newest "
-            "FROM llm_cache GROUP BY model ORDER BY answers DESC"
-        ).pl()
-        runs = con.sql("SELECT count(*) FROM llm_runs").fetchall()[0][0]
-    print(f"cache {path} ({path.stat().st_size / 1e6:.1f} MB), {runs:,} run(s) recorded")
-    with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
-        print(rows)
+    else:
+        before, after = cache.vacuum()
+        print(f"vacuumed {path}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
     return 0
-
-
-def _filters(model: str | None, older_than: float | None = None,
-             status: str | None = None) -> tuple[str, list[Any]]:
-    clauses: list[str] = ["TRUE"]
-    params: list[Any] = []
-    if model:
-        clauses.append("model = ?")
-        params.append(model)
-    if older_than is not None:
-        clauses.append("created_at < now() - to_days(CAST(? AS INTEGER))")
-        params.append(older_than)
-    if status:
-        clauses.append("status = ?")
-        params.append(status)
-    return " AND ".join(clauses), params
-
-
-def _export(path: Path, out: Path, model: str | None) -> int:
-    where, params = _filters(model)
-    with _cache.open_cache(path) as con:
-        frame = con.sql(f"SELECT * FROM llm_cache WHERE {where} ORDER BY created_at",
-                        params=params).pl()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_parquet(out)
-    print(f"exported {frame.height:,} answer(s) to {out}")
-    return 0
-
-
-def _prune(path: Path, args: argparse.Namespace) -> int:
-    where, params = _filters(args.model, args.older_than, args.status)
-    if where == "TRUE":
-        raise ConfigError("prune needs at least one of --model, --older-than, --status")
-    with _cache.open_cache(path, read_only=args.dry_run) as con:
-        count = con.execute(f"SELECT count(*) FROM llm_cache WHERE {where}", params).fetchall()
-        if not args.dry_run:
-            con.execute(f"DELETE FROM llm_cache WHERE {where}", params).fetchall()
-    verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {count[0][0]:,} answer(s)")
-    return 0
-
-
-def _vacuum(path: Path) -> int:
-    before = path.stat().st_size
-    fresh = path.with_name(path.name + ".vacuum")
-    fresh.unlink(missing_ok=True)
-    with _cache.open_cache(path, read_only=False) as con:
-        con.execute(f"ATTACH '{str(fresh).replace(chr(39), chr(39) * 2)}' AS fresh")
-        con.execute(f"COPY FROM DATABASE {_database_name(con)} TO fresh")
-        con.execute("DETACH fresh")
-    fresh.replace(path)
-    print(f"vacuumed {path}: {before / 1e6:.1f} MB -> {path.stat().st_size / 1e6:.1f} MB")
-    return 0
-
-
-def _database_name(con: duckdb.DuckDBPyConnection) -> str:
-    return str(con.execute("SELECT current_database()").fetchall()[0][0])
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

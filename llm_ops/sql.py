@@ -24,9 +24,9 @@ Failed rows never abort the query unless ``strict=True``.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import duckdb
 import polars as pl
@@ -34,11 +34,13 @@ import pyarrow as pa
 from duckdb.func import FunctionNullHandling, PythonUDFType
 from duckdb.sqltypes import DOUBLE, INTEGER, VARCHAR
 
-from ._frame import run_frame
-from ._job import CachePath, Job, make_job
+from ._backend import Backend
+from ._client import Client
+from ._options import ClientOptions, Job, make_job
 from ._plan import key_rows
-from ._report import FAILED_STATUSES
-from ._run import run_sync
+from ._report import RunReport
+from ._run import run_frame
+from ._status import FAILED
 from .exceptions import ConfigError, RowsFailedError
 
 __all__ = ["register"]
@@ -46,19 +48,7 @@ __all__ = ["register"]
 # prompt, model, system, max_tokens, temperature
 _ARGUMENTS: list[Any] = [VARCHAR, VARCHAR, VARCHAR, INTEGER, DOUBLE]
 _RESULT = duckdb.struct_type({"answer": VARCHAR, "status": VARCHAR, "error": VARCHAR})
-
-
-@dataclass(frozen=True)
-class _Settings:
-    base_url: str | None
-    api_key: str | None
-    cache: CachePath
-    concurrency: int
-    max_attempts: int
-    timeout: float
-    rpm: float | None
-    tpm: float | None
-    strict: bool
+_TEXTS = pl.Schema({"prompt": pl.String, "system": pl.String})
 
 
 def register(
@@ -66,15 +56,8 @@ def register(
     /,
     *,
     model: str | None = None,
-    base_url: str | None = None,
-    api_key: str | None = None,
-    cache: CachePath = None,
-    concurrency: int = 32,
-    max_attempts: int = 5,
-    timeout: float = 60.0,
-    rpm: float | None = None,
-    tpm: float | None = None,
     strict: bool = False,
+    **options: Unpack[ClientOptions],
 ) -> None:
     """Add ``llm_complete``, ``llm_complete_result`` and ``llm_request_key`` to ``con``.
 
@@ -84,10 +67,14 @@ def register(
         Any DuckDB connection.
     model
         Default for the functions' ``model :=`` argument; without one, every call names it.
-    base_url, api_key, cache, concurrency, max_attempts, timeout, rpm, tpm
-        As for :func:`llm_ops.llm_complete`; the key never reaches the database.
     strict
         Abort the query when a row fails, instead of answering NULL.
+    **options
+        What the connection's :class:`~llm_ops.Client` is made with (``base_url``,
+        ``api_key``, ``cache``, ``concurrency``, ``rpm``, ...; see
+        :class:`llm_ops.ClientOptions`). The connection keeps one client, so a query's rate
+        limits and what was learned about the endpoint span all its vectors. The key never
+        reaches the database. The client is closed with the connection.
 
     Examples
     --------
@@ -100,19 +87,17 @@ def register(
     ...     con.sql("SELECT llm_complete('Say hi', model := 'sim') AS answer").fetchall()
     [('sim #54ac2d1b: Say hi',)]
     """
-    settings = _Settings(base_url=base_url, api_key=api_key, cache=cache,
-                         concurrency=concurrency, max_attempts=max_attempts, timeout=timeout,
-                         rpm=rpm, tpm=tpm, strict=strict)
-    _job(settings, model or "check", system=False, max_tokens=None, temperature=None)
+    client = Client(**options)
+    weakref.finalize(con, client.close)
     suffix = f"{id(con):x}"
     complete, key = f"__llm_ops_complete_{suffix}", f"__llm_ops_key_{suffix}"
     for name in (complete, key):
         with contextlib.suppress(duckdb.InvalidInputException):
             con.remove_function(name)
-    con.create_function(complete, _completer(settings), _ARGUMENTS, _RESULT,
+    con.create_function(complete, _completer(client, strict), _ARGUMENTS, _RESULT,
                         type=PythonUDFType.ARROW, null_handling=FunctionNullHandling.SPECIAL,
                         side_effects=True)
-    con.create_function(key, _keyer(settings), _ARGUMENTS, VARCHAR, type=PythonUDFType.ARROW,
+    con.create_function(key, _keyer(client), _ARGUMENTS, VARCHAR, type=PythonUDFType.ARROW,
                         null_handling=FunctionNullHandling.SPECIAL)
     default_model = "NULL" if model is None else "'" + model.replace("'", "''") + "'"
     signature = (f"prompt, model := {default_model}, system := NULL, max_tokens := NULL, "
@@ -126,15 +111,13 @@ def register(
                 f"{key}({arguments})")
 
 
-def _job(settings: _Settings, model: str, *, system: bool, max_tokens: int | None,
+def _job(client: Client, model: str, *, system: bool, max_tokens: int | None,
          temperature: float | None) -> Job:
-    schema = pl.Schema({"prompt": pl.String, "system": pl.String})
     return make_job(
-        schema, prompt="{prompt}", model=model, output="answer",
-        system="{system}" if system else None, base_url=settings.base_url,
-        api_key=settings.api_key, cache=settings.cache, concurrency=settings.concurrency,
-        max_tokens=max_tokens, temperature=temperature, max_attempts=settings.max_attempts,
-        timeout=settings.timeout, rpm=settings.rpm, tpm=settings.tpm,
+        _TEXTS, prompt="{prompt}", model=model, endpoint=client.endpoint.identity,
+        cached=client.cache is not None,
+        options={"output": "answer", "system": "{system}" if system else None,
+                 "max_tokens": max_tokens, "temperature": temperature, "progress": False},
     )
 
 
@@ -148,18 +131,18 @@ def _groups(columns: tuple[pa.Array, ...]) -> Any:
                           maintain_order=True)
 
 
-def _each_job(settings: _Settings, columns: tuple[pa.Array, ...]) -> Iterator[tuple[Job, Any]]:
+def _each_job(client: Client, columns: tuple[pa.Array, ...]) -> Iterator[tuple[Job, Any]]:
     for (model, has_system, max_tokens, temperature), group in _groups(columns):
         if model is None:
             raise ConfigError("llm_complete needs a model: write llm_complete(prompt, "
                               "model := 'gpt-4o-mini'), or pass model= to register()")
-        job = _job(settings, str(model), system=bool(has_system),
+        job = _job(client, str(model), system=bool(has_system),
                    max_tokens=None if max_tokens is None else int(max_tokens),
                    temperature=temperature)
         yield job, group
 
 
-def _completer(settings: _Settings) -> Callable[..., pa.StructArray]:
+def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
     def complete(prompt: pa.Array, model: pa.Array, system: pa.Array, max_tokens: pa.Array,
                  temperature: pa.Array) -> pa.StructArray:
         columns = (prompt, model, system, max_tokens, temperature)
@@ -167,15 +150,15 @@ def _completer(settings: _Settings) -> Callable[..., pa.StructArray]:
         answers: list[str | None] = [None] * size
         statuses: list[str | None] = [None] * size
         errors: list[str | None] = [None] * size
-        for job, group in _each_job(settings, columns):
-            result, _ = run_sync(run_frame(group.select("prompt", "system"), job, record=False))
+        for job, group in _each_job(client, columns):
+            result, _ = client.run(_answer(client, group.select("prompt", "system"), job))
             for row, answer, status, error in zip(
                 group["row"], result["answer"], result["answer_status"].cast(pl.String),
                 result["answer_error"], strict=True,
             ):
                 answers[row], statuses[row], errors[row] = answer, status, error
-        if settings.strict:
-            failed = [i for i, status in enumerate(statuses) if status in FAILED_STATUSES]
+        if strict:
+            failed = [i for i, status in enumerate(statuses) if status in FAILED]
             if failed:
                 raise RowsFailedError(failed, [errors[i] or "" for i in failed],
                                       [statuses[i] or "" for i in failed])
@@ -188,15 +171,21 @@ def _completer(settings: _Settings) -> Callable[..., pa.StructArray]:
     return complete
 
 
-def _keyer(settings: _Settings) -> Callable[..., pa.Array]:
+def _keyer(client: Client) -> Callable[..., pa.Array]:
     def key(prompt: pa.Array, model: pa.Array, system: pa.Array, max_tokens: pa.Array,
             temperature: pa.Array) -> pa.Array:
         columns = (prompt, model, system, max_tokens, temperature)
         keys: list[str | None] = [None] * len(prompt)
-        for job, group in _each_job(settings, columns):
-            keyed = key_rows(group.select("prompt", "system"), job)
+        for job, group in _each_job(client, columns):
+            keyed = key_rows(group.select("prompt", "system"), job.spec)
             for row, value in zip(group["row"], keyed.rows["key"], strict=True):
                 keys[row] = value
         return pa.array(keys, pa.string())
 
     return key
+
+
+async def _answer(client: Client, texts: pl.DataFrame,
+                  job: Job) -> tuple[pl.DataFrame, RunReport]:
+    backend: Backend = await client._backend()
+    return await run_frame(texts, job, backend, record=False)

@@ -12,8 +12,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import CacheError, llm_complete, llm_embed, open_cache
-from llm_ops._cache import Cache
+from llm_ops import Cache, CacheError, llm_complete, llm_embed, open_cache
 
 ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from flows.enrich import EnrichConfig, build_job, enrich_table
+from flows.enrich import EnrichConfig, enrich_table, open_table
 from llm_ops import ConfigError, JobAbortedError
-from llm_ops._engine import Counters
+from llm_ops.tables import Counters
 from llm_ops.testing import expected_reply
 
 TEXTS = ["great fit", "runs small", None, "great fit", "love it", None, "runs small"] * 3
@@ -97,12 +97,12 @@ def test_a_missing_input_fails_the_run_early_and_writes_nothing(prefect, config,
 
 def test_unknown_column_is_refused_before_anything_runs(config):
     with pytest.raises(ConfigError, match="'body'"):
-        build_job(config.model_copy(update={"prompt": "{body}"}))
+        open_table(config.model_copy(update={"prompt": "{body}"}))
 
 
 def test_output_equal_to_input_is_refused(config):
     with pytest.raises(ConfigError, match="is also an input"):
-        build_job(config.model_copy(update={"output": config.input}))
+        open_table(config.model_copy(update={"output": config.input}))
 
 
 def test_counters_of_chunks_add_up():

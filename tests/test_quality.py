@@ -20,5 +20,5 @@ def test_ruff():
 
 
 def test_mypy_strict():
-    result = _run("mypy", "llm_ops")
+    result = _run("mypy", "llm_ops", "flows")
     assert result.returncode == 0, result.stdout + result.stderr

@@ -6,9 +6,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from flows.enrich import EnrichConfig, build_job
+from flows.enrich import EnrichConfig, open_table
 from llm_ops import ConfigError
-from llm_ops._tables import input_files, plan_table, run_chunk, run_table, write_table
+from llm_ops.tables import input_files
 
 
 @pytest.fixture
@@ -16,30 +16,32 @@ def job_on(tmp_path, endpoint, cache):
     def make(texts, **config):
         source = tmp_path / "in.parquet"
         pl.DataFrame({"text": texts}).write_parquet(source)
-        settings = EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
-                                prompt="{text}", base_url=endpoint.base_url, cache=str(cache),
-                                **config)
-        return build_job(settings)
+        return open_table(EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
+                                       prompt="{text}", base_url=endpoint.base_url,
+                                       cache=str(cache), **config))
     return make
 
 
-def test_plan_writes_one_chunk_file_per_chunk_size_misses(job_on, tmp_path):
-    files, job = job_on([str(i % 7) for i in range(50)])
-    plan = plan_table(job, files, tmp_path / "work", batch_rows=8, chunk_size=3)
+def test_plan_writes_one_chunk_file_per_chunk_size_misses(job_on):
+    plan = job_on([str(i % 7) for i in range(50)], batch_rows=8, chunk_size=3).plan()
     assert (plan.rows, plan.distinct, plan.misses) == (50, 7, 7)
     assert len(plan.chunks) == 3
 
 
 def test_rows_keep_their_order_across_batches(job_on, tmp_path):
     texts = [f"t{i}" for i in range(23)]
-    files, job = job_on(texts)
-    plan = plan_table(job, files, tmp_path / "work", batch_rows=4, chunk_size=10)
-    for chunk in plan.chunks:
-        run_chunk(job, chunk)
-    write_table(job, files, tmp_path / "out.parquet", tmp_path / "work", batch_rows=4)
+    table = job_on(texts, batch_rows=4, chunk_size=10)
+    for chunk in table.plan().chunks:
+        table.run_chunk(chunk)
+    table.write()
     out = pl.read_parquet(tmp_path / "out.parquet")
     assert out["text"].to_list() == texts
     assert out["summary_status"].to_list() == ["ok"] * 23
+
+
+def test_a_finished_table_leaves_no_work_directory(job_on, tmp_path):
+    job_on(["a", "b"]).run()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("out")] == ["out.parquet"]
 
 
 def test_globs_expand_to_sorted_files(tmp_path):
@@ -53,17 +55,15 @@ def test_no_matching_input_is_a_config_error(tmp_path):
         input_files(tmp_path / "*.parquet")
 
 
-def test_table_reports_count_what_dedupe_saved(job_on, tmp_path):
-    files, job = job_on([f"t{i % 5}" for i in range(15)])  # each prompt thrice
-    report = run_table(job, files, tmp_path / "out.parquet", batch_rows=4, chunk_size=10)
+def test_table_reports_count_what_dedupe_saved(job_on):
+    report = job_on([f"t{i % 5}" for i in range(15)], batch_rows=4).run()  # each one thrice
     assert report.cost_saved == pytest.approx(2 * report.cost)
 
 
 def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
     out = tmp_path / "out.parquet"
     for texts in (["red dress, lovely"], ["Lovely red dress!", "blue hat"]):
-        files, job = job_on(texts, semantic_cache_model="sim-embed", similarity=0.9)
-        report = run_table(job, files, out, batch_rows=4, chunk_size=10)
+        report = job_on(texts, semantic_cache_model="sim-embed", similarity=0.9).run()
     written = pl.read_parquet(out)
     assert written["summary_status"].to_list() == ["similar", "ok"]
     assert written["summary"][0].endswith("red dress, lovely")
@@ -73,8 +73,8 @@ def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
 
 def test_a_cascade_runs_over_a_table_batch_by_batch(job_on, tmp_path, cache):
     texts = ["a", "b [[sim:unsure_for=sim-small]]", "c", "a", "d [[sim:fail_for=sim-small]]"]
-    files, job = job_on(texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'")
-    report = run_table(job, files, tmp_path / "out.parquet", batch_rows=2, chunk_size=10)
+    report = job_on(texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'",
+                    batch_rows=2).run()
     written = pl.read_parquet(tmp_path / "out.parquet")
     assert written["summary_model"].to_list() == ["sim-small", "sim", "sim-small", "sim-small",
                                                   "sim"]

@@ -1,0 +1,251 @@
+"""``Client``: one endpoint, its cache and its limits, for as long as you need them."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Literal, TypeVar, Unpack, overload
+
+import polars as pl
+
+from ._backend import Backend
+from ._cache import Cache, resolve_cache_path
+from ._embed import embed_frame
+from ._engine import Engine
+from ._estimate import Estimate, estimate_frame
+from ._frames import Frame, same_kind, schema_of, to_polars
+from ._options import (
+    CallOptions,
+    ClientOptions,
+    Columns,
+    ModelOption,
+    ProgressOption,
+    make_job,
+)
+from ._progress import resolve_progress
+from ._report import RunReport
+from ._run import run_frame
+from ._signals import graceful_sigterm
+from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int, seconds
+from .exceptions import ConfigError
+
+T = TypeVar("T")
+
+
+class Client:
+    """A long-lived client of one OpenAI-compatible endpoint, with its cache and limits.
+
+    Like ``httpx.Client``: made once, it holds one connection pool, one rate limiter and one
+    adaptive-concurrency state for its whole life, so every job it runs (a DataFrame, each
+    chunk of a table, each vector of a SQL query) shares what was learned about the endpoint:
+    a ``Retry-After``, limits from ``x-ratelimit-*`` headers, a lowered concurrency. Its work
+    runs on an event loop of its own, in a background thread, so the same client serves sync
+    and async callers. Use it as a context manager, or call :meth:`close`.
+
+    Parameters
+    ----------
+    **options
+        ``base_url``, ``api_key``, ``cache``, ``concurrency``, ``max_attempts``, ``timeout``,
+        ``rpm``, ``tpm``, ``flush_every``, ``flush_seconds``: as for
+        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
+
+    Examples
+    --------
+    >>> import polars as pl
+    >>> from llm_ops import Client
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> df = pl.DataFrame({"text": ["Lovely dress", "Runs small"]})
+    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=False) as client:
+    ...     first = client.complete(df, prompt="Summarize: {text}", model="sim")
+    ...     second = client.complete(df, prompt="Title: {text}", model="sim", output="title")
+    >>> second.columns
+    ['text', 'title', 'title_status', 'title_error']
+    """
+
+    def __init__(self, **options: Unpack[ClientOptions]) -> None:
+        unknown = set(options) - ClientOptions.__optional_keys__
+        if unknown:
+            raise ConfigError(f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
+                              "them to complete() instead")
+        self.endpoint = Endpoint.resolve(options.get("base_url"), options.get("api_key"))
+        self.limits = Limits(
+            concurrency=options.get("concurrency", 32),
+            max_attempts=options.get("max_attempts", 5),
+            timeout=options.get("timeout", 60.0),
+            rpm=options.get("rpm"), tpm=options.get("tpm"),
+        )
+        flush_every = positive_int("flush_every", options.get("flush_every", 1024))
+        flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))
+        path = resolve_cache_path(options.get("cache"))
+        self.cache = None if path is None else Cache(path, flush_every=flush_every,
+                                                     flush_seconds=flush_seconds)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._engine: Engine | None = None
+        self._starting = threading.Lock()
+
+    def __repr__(self) -> str:
+        cache = None if self.cache is None else str(self.cache.path)
+        return (f"Client(base_url={self.endpoint.identity!r}, cache={cache!r}, "
+                f"concurrency={self.limits.concurrency})")
+
+    # -- completions --------------------------------------------------------------------------
+
+    @overload
+    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                 return_report: Literal[False] = ..., **options: Unpack[CallOptions]) -> Frame: ...
+    @overload
+    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                 return_report: Literal[True], **options: Unpack[CallOptions]
+                 ) -> tuple[Frame, RunReport]: ...
+    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                 return_report: bool = False, **options: Unpack[CallOptions]
+                 ) -> Frame | tuple[Frame, RunReport]:
+        """:func:`llm_ops.llm_complete` on this client (same arguments but the client's)."""
+        result, report = self.run(self._complete(df, prompt, model, options))
+        return (result, report) if return_report else result
+
+    @overload
+    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: Literal[False] = ...,
+                             **options: Unpack[CallOptions]) -> Frame: ...
+    @overload
+    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: Literal[True], **options: Unpack[CallOptions]
+                             ) -> tuple[Frame, RunReport]: ...
+    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
+                             return_report: bool = False, **options: Unpack[CallOptions]
+                             ) -> Frame | tuple[Frame, RunReport]:
+        """:meth:`complete` for code already running in an event loop."""
+        result, report = await self.run_async(self._complete(df, prompt, model, options))
+        return (result, report) if return_report else result
+
+    async def _complete(self, df: Frame, prompt: str, model: ModelOption,
+                        options: CallOptions) -> tuple[Frame, RunReport]:
+        job = make_job(schema_of(df), prompt=prompt, model=model,
+                       endpoint=self.endpoint.identity, cached=self.cache is not None,
+                       options=options)
+        frame = to_polars(df)
+        backend = await self._backend()
+        columns, report = await run_frame(frame, job, backend)
+        return same_kind(df, frame.hstack(columns.get_columns())), report
+
+    # -- embeddings ---------------------------------------------------------------------------
+
+    def embed(self, df: Frame, /, *, column: str, model: str, output: str = "embedding",
+              dimensions: int | None = None, batch_size: int = 256,
+              on_error: Literal["null", "raise"] = "null", progress: ProgressOption = None
+              ) -> Frame:
+        """:func:`llm_ops.llm_embed` on this client (same arguments but the client's)."""
+        if not isinstance(column, str) or not column:
+            raise ConfigError(f"column must name the text column to embed, got {column!r}")
+        if column not in schema_of(df):
+            raise ConfigError(f"column {column!r} is not in the table; available columns: "
+                              f"{', '.join(schema_of(df))}")
+        positive_int("batch_size", batch_size)
+        if on_error not in ("null", "raise"):
+            raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+        spec = EmbeddingSpec(self.endpoint.identity, _model(model), dimensions)
+        columns = Columns(output)
+        columns.check_free(schema_of(df))
+        frame = to_polars(df)
+
+        async def run() -> pl.DataFrame:
+            backend = await self._backend()
+            return await embed_frame(frame, column, spec, backend, columns=columns,
+                                     batch_size=batch_size, on_error=on_error,
+                                     progress=resolve_progress(progress))
+
+        result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
+        return result
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    def estimate(self, df: Any, /, *, prompt: str, model: ModelOption,
+                 **options: Unpack[CallOptions]) -> Estimate:
+        """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
+        job = make_job(schema_of(df), prompt=prompt, model=model,
+                       endpoint=self.endpoint.identity, cached=self.cache is not None,
+                       options=options)
+        return estimate_frame(to_polars(df), job, self.cache)
+
+    # -- the client's event loop --------------------------------------------------------------
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        with self._starting:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="llm-ops-client",
+                                          daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    async def _backend(self) -> Backend:
+        """The engine (made on this client's loop, once) and the cache, made ready to use
+        before anything is paid for."""
+        if self._engine is None:
+            self._engine = Engine(self.endpoint, self.limits)
+        if self.cache is not None:
+            await asyncio.to_thread(self.cache.prepare)
+        return Backend(self._engine, self.cache)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on this client's loop and wait for it, from sync code (a
+        notebook's running loop included). Ctrl-C cancels it and waits until what was
+        answered is cached; SIGTERM drains it (see :mod:`llm_ops._signals`)."""
+        finished = threading.Event()
+
+        async def tracked() -> T:
+            try:
+                return await coroutine
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(tracked(), self._start())
+        with graceful_sigterm():
+            try:
+                while True:  # wake up now and then: a signal is only handled between waits
+                    with contextlib.suppress(concurrent.futures.TimeoutError):
+                        return future.result(timeout=0.1)
+            except KeyboardInterrupt:
+                future.cancel()
+                while not finished.wait(0.1):
+                    pass
+                raise
+
+    async def run_async(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on this client's loop, awaited from another loop."""
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(coroutine, self._start()))
+
+    def close(self) -> None:
+        """Close the connection pool and stop the client's loop; the client cannot be used
+        again."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if self._engine is not None:
+            asyncio.run_coroutine_threadsafe(self._engine.close(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+        self._loop = self._thread = self._engine = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _model(model: object) -> str:
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(f"model must be a model name such as 'text-embedding-3-small', got "
+                          f"{model!r}")
+    return model

@@ -1,0 +1,78 @@
+"""Join back: every input row gets its request's answer, status and error, in row order."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ._engine import Outcome
+from ._options import Columns
+from ._schema import OutputSchema
+from ._status import ANSWERED, FAILED, RESULTS, STATUS_DTYPE
+from .exceptions import RowsFailedError
+
+NOT_SENT = "not sent: the job was stopped before this request was dispatched"
+
+
+def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.DataFrame:
+    """One row per settled request (:data:`~llm_ops._status.RESULTS`): those settled before
+    sending (cache hits, similar answers), then fresh outcomes."""
+    answered = pl.DataFrame(
+        {
+            "key": [o.key for o in outcomes],
+            "text": [o.text for o in outcomes],
+            "json": [o.json for o in outcomes],
+            "status": [o.status for o in outcomes],
+            "error": [o.error for o in outcomes],
+            "prompt_tokens": [o.prompt_tokens for o in outcomes],
+            "completion_tokens": [o.completion_tokens for o in outcomes],
+            "similar_to": [None] * len(outcomes),
+            "similarity": [None] * len(outcomes),
+        },
+        schema=RESULTS,
+    )
+    return pl.concat([*earlier, answered])
+
+
+def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, columns: Columns,
+              schema: OutputSchema | None) -> pl.DataFrame:
+    """The added columns, one row per row of ``row_keys`` (``ROW_KEYS``), in its order."""
+    joined = row_keys.join(results, on="key", how="left", maintain_order="left")
+    answered = pl.col("status").is_in(ANSWERED)
+    output: pl.Expr
+    if schema is None:
+        output = pl.when(answered).then(pl.col("text"))
+    else:
+        output = pl.when(answered).then(pl.col("json")).str.json_decode(schema.dtype)
+    added = [
+        output.alias(columns.output),
+        pl.when(pl.col("skip_reason").is_not_null()).then(pl.lit("skipped"))
+        .when(pl.col("status").is_null()).then(pl.lit("failed"))
+        .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(columns.status),
+        pl.coalesce(pl.col("skip_reason"), pl.col("error"),
+                    pl.when(pl.col("status").is_null()).then(pl.lit(NOT_SENT)))
+        .alias(columns.error),
+    ]
+    if columns.structured:
+        added.append(pl.col("text").alias(columns.raw))
+    if columns.semantic:
+        added += [pl.col("similar_to").alias(columns.similar_to),
+                  pl.col("similarity").alias(columns.similarity)]
+    return joined.select(added)
+
+
+def status_counts(added: pl.DataFrame, columns: Columns) -> dict[str, int]:
+    counts = added[columns.status].value_counts()
+    return {str(status): int(n) for status, n in counts.iter_rows()}
+
+
+def raise_failed_rows(added: pl.DataFrame, columns: Columns) -> None:
+    """``on_error="raise"``: one :class:`~llm_ops.RowsFailedError` for every failed row."""
+    failed = (
+        added.with_row_index("row")
+        .filter(pl.col(columns.status).cast(pl.String).is_in(list(FAILED)))
+    )
+    raise RowsFailedError(
+        failed["row"].to_list(),
+        failed[columns.error].fill_null("").to_list(),
+        failed[columns.status].cast(pl.String).to_list(),
+    )

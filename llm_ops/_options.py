@@ -1,0 +1,334 @@
+"""Every option of a job, defined once, and the typed parts they become.
+
+:class:`Options` is the one definition of the keyword options that ``llm_complete``,
+``llm_complete_async``, ``estimate`` and :meth:`llm_ops.Client.complete` take after
+``prompt`` and ``model``: what a :class:`~llm_ops.Client` is made with
+(:class:`ClientOptions`) and what each call says (:class:`CallOptions`). The CLI, the flow and
+the SQL functions pass their settings on by these names.
+
+:func:`make_job` turns a call's options into a :class:`Job`: the request spec (what is keyed),
+the columns it adds, and the levers (packing, budget, cascade, semantic cache) that the
+pipeline composes around the path. Each part checks itself, so a bad option is a
+:class:`~llm_ops.ConfigError` before anything is sent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypedDict, cast
+
+import polars as pl
+from pydantic import BaseModel
+
+from ._escalate import EscalateOption, escalation_rule
+from ._pricing import Budget, Price, PricingOption, price_for
+from ._progress import Progress, ProgressCallback, resolve_progress
+from ._schema import output_schema
+from ._semantic import SemanticCache
+from ._spec import RequestSpec, is_number, positive_int
+from ._template import check_columns, parse_template
+from .exceptions import ConfigError
+
+CachePath = str | os.PathLike[str] | bool | None
+ProgressOption = bool | Callable[[Progress], None] | None
+SchemaOption = type[BaseModel] | Mapping[str, Any] | None
+ModelOption = str | Sequence[str]
+
+
+class ClientOptions(TypedDict, total=False):
+    """What a :class:`~llm_ops.Client` is made with: the endpoint, the cache and the limits,
+    shared by every job it runs."""
+
+    base_url: str | None
+    api_key: str | None
+    cache: CachePath
+    concurrency: int
+    max_attempts: int
+    timeout: float
+    rpm: float | None
+    tpm: float | None
+    flush_every: int
+    flush_seconds: float
+
+
+class ResultOptions(TypedDict, total=False):
+    """What every operator's call says about failed rows and progress."""
+
+    on_error: Literal["null", "raise"]
+    progress: ProgressOption
+
+
+class CallOptions(ResultOptions, total=False):
+    """What one completion call says besides its prompt and model."""
+
+    output: str
+    system: str | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: str | list[str] | None
+    schema: SchemaOption
+    repair: bool
+    rows_per_request: int
+    pack_tokens: int | None
+    pricing: PricingOption
+    max_cost: float | None
+    max_requests: int | None
+    max_tokens_total: int | None
+    escalate: EscalateOption
+    semantic_cache: SemanticCache | None
+
+
+class Options(ClientOptions, CallOptions, total=False):
+    """Every keyword option of ``llm_complete`` (see its docstring for what each means)."""
+
+
+class EmbedOptions(ClientOptions, ResultOptions, total=False):
+    """The keyword options of ``llm_embed`` besides its own."""
+
+
+CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[ClientOptions, CallOptions]:
+    """``options`` as (what the client is made with, the rest)."""
+    unknown = set(options) - Options.__optional_keys__ - EmbedOptions.__optional_keys__
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; see "
+                          "help(llm_ops.llm_complete) for the options")
+    client = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
+    call = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS}
+    return cast(ClientOptions, client), cast(CallOptions, call)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns a job adds: answer, status, error, then the optional ones."""
+
+    output: str = "completion"
+    structured: bool = False
+    semantic: bool = False
+    cascade: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.output, str) or not self.output:
+            raise ConfigError(f"output must be a non-empty column name, got {self.output!r}")
+
+    @property
+    def status(self) -> str:
+        return f"{self.output}_status"
+
+    @property
+    def error(self) -> str:
+        return f"{self.output}_error"
+
+    @property
+    def raw(self) -> str:
+        return f"{self.output}_raw"
+
+    @property
+    def similar_to(self) -> str:
+        return f"{self.output}_similar_to"
+
+    @property
+    def similarity(self) -> str:
+        return f"{self.output}_similarity"
+
+    @property
+    def model(self) -> str:
+        return f"{self.output}_model"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (
+            self.output, self.status, self.error,
+            *([self.raw] if self.structured else []),
+            *([self.similar_to, self.similarity] if self.semantic else []),
+            *([self.model] if self.cascade else []),
+        )
+
+    def check_free(self, schema: Mapping[str, Any]) -> None:
+        for column in self.names:
+            if column in schema:
+                raise ConfigError(f"the input already has a column {column!r}; choose another "
+                                  "output= name or drop that column first")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Lever: several distinct prompts per request (``rows_per_request``)."""
+
+    rows_per_request: int = 1
+    pack_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("rows_per_request", self.rows_per_request)
+        if self.pack_tokens is not None:
+            positive_int("pack_tokens", self.pack_tokens)
+
+
+@dataclass(frozen=True)
+class Spending:
+    """Lever: prices and the budgets that stop sending (``max_cost`` and friends)."""
+
+    prices: Mapping[str, Price | None] = field(default_factory=dict)
+    max_cost: float | None = None
+    max_requests: int | None = None
+    max_tokens_total: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "max_tokens_total"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.max_cost is not None:
+            if not is_number(self.max_cost) or self.max_cost < 0:
+                raise ConfigError(f"max_cost must be a number of dollars >= 0, got "
+                                  f"{self.max_cost!r}")
+            for name, price in self.prices.items():
+                if price is None:
+                    raise ConfigError(f"max_cost needs a price for model {name!r}, which has "
+                                      "none; pass pricing={'" + name + "': Price(...)}")
+
+    def price(self, model: str) -> Price | None:
+        return self.prices.get(model)
+
+    def budget(self, model: str, spent: tuple[float, int, int] = (0.0, 0, 0)) -> Budget | None:
+        """A fresh budget for one dispatch to ``model``, less what was ``spent`` already
+        (dollars, requests, tokens), or ``None`` without limits."""
+        cost, requests, tokens = spent
+        budget = Budget(
+            self.price(model),
+            None if self.max_cost is None else max(0.0, self.max_cost - cost),
+            None if self.max_requests is None else max(0, self.max_requests - requests),
+            None if self.max_tokens_total is None else max(0, self.max_tokens_total - tokens))
+        return budget if budget.limited else None
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Lever: models from the cheapest to the strongest, and which answers go on."""
+
+    models: tuple[str, ...]
+    escalate: pl.Expr | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One call, as typed parts; each stage takes the parts it uses."""
+
+    spec: RequestSpec
+    columns: Columns
+    spending: Spending
+    packing: Packing = Packing()
+    cascade: Cascade | None = None
+    semantic: SemanticCache | None = None
+    repair: bool = False
+    on_error: Literal["null", "raise"] = "null"
+    progress: ProgressCallback | None = field(default=None, repr=False)
+    spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self.cascade.models if self.cascade else (self.spec.model,)
+
+    @property
+    def price(self) -> Price | None:
+        """The price of the model in use."""
+        return self.spending.price(self.spec.model)
+
+    @property
+    def semantic_price(self) -> Price | None:
+        return None if self.semantic is None else self.spending.price(self.semantic.model)
+
+    def for_model(self, model: str) -> Job:
+        """This job with ``model`` (one of a cascade's) in use."""
+        return replace(self, spec=self.spec.with_model(model))
+
+    def after(self, spent: tuple[float, int, int]) -> Job:
+        """This job after ``spent`` (dollars, requests, tokens) went on earlier parts of it:
+        earlier chunks, earlier models of a cascade, the semantic cache's embeddings."""
+        if not any(spent):
+            return self
+        cost, requests, tokens = self.spent
+        return replace(self, spent=(cost + spent[0], requests + spent[1], tokens + spent[2]))
+
+    def budget(self) -> Budget | None:
+        """A fresh budget for one dispatch, or ``None`` without limits."""
+        return self.spending.budget(self.spec.model, self.spent)
+
+
+def models_of(model: object) -> tuple[str, ...]:
+    """``model=``: one name, or a cascade's names from the cheapest to the strongest."""
+    names = [model] if isinstance(model, str) else model
+    if not isinstance(names, Sequence) or not names or not all(
+            isinstance(name, str) and name.strip() for name in names):
+        raise ConfigError(f"model must be a model name such as 'gpt-4o-mini', or a list of names "
+                          f"for a cascade such as ['gpt-4o-mini', 'gpt-4o'], got {model!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
+    return tuple(names)
+
+
+def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: str,
+             cached: bool, options: CallOptions) -> Job:
+    """Check a call against the input's ``columns`` and build its :class:`Job`.
+
+    ``endpoint`` is the endpoint's identity; ``cached`` whether the client has a cache.
+    """
+    unknown = set(options) - CallOptions.__optional_keys__
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; see "
+                          "help(llm_ops.llm_complete) for the options")
+    models = models_of(model)
+    output = options.get("output", "completion")
+    prompt_template = parse_template(prompt, what="prompt")
+    check_columns(prompt_template, columns, what="prompt")
+    system = options.get("system")
+    system_template = None
+    if system is not None:
+        system_template = parse_template(system, what="system")
+        check_columns(system_template, columns, what="system")
+    schema = options.get("schema")
+    structured = output_schema(schema) if schema is not None else None
+    semantic = options.get("semantic_cache")
+    if semantic is not None and not isinstance(semantic, SemanticCache):
+        raise ConfigError("semantic_cache takes a SemanticCache, e.g. "
+                          "semantic_cache=SemanticCache('text-embedding-3-small', threshold=0.95)")
+    if semantic is not None and not cached:
+        raise ConfigError("the semantic cache lives in the cache database: pass a cache path "
+                          "instead of cache=False, or drop semantic_cache=")
+    added = Columns(output, structured=structured is not None, semantic=semantic is not None,
+                    cascade=len(models) > 1)
+    added.check_free(columns)
+    on_error = options.get("on_error", "null")
+    if on_error not in ("null", "raise"):
+        raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+    spec = RequestSpec.build(
+        endpoint=endpoint, model=models[0], prompt=prompt_template, system=system_template,
+        max_tokens=options.get("max_tokens"), temperature=options.get("temperature"),
+        top_p=options.get("top_p"), seed=options.get("seed"), stop=options.get("stop"),
+        schema=structured)
+    packing = Packing(options.get("rows_per_request", 1), options.get("pack_tokens"))
+    if packing.rows_per_request > 1 and structured is not None:
+        raise ConfigError("rows_per_request cannot be combined with schema= yet; use one or "
+                          "the other")
+    repair = options.get("repair", False)
+    if repair and structured is None:
+        raise ConfigError("repair=True only applies to structured output; pass schema= too")
+    pricing = options.get("pricing")
+    priced = [*models, *([semantic.model] if semantic is not None else [])]
+    spending = Spending({name: price_for(name, pricing) for name in priced},
+                        options.get("max_cost"), options.get("max_requests"),
+                        options.get("max_tokens_total"))
+    escalate = options.get("escalate")
+    rule = (escalation_rule(escalate, columns, output, structured, len(models))
+            if escalate is not None else None)
+    return Job(
+        spec=spec, columns=added, spending=spending, packing=packing,
+        cascade=Cascade(models, rule) if len(models) > 1 else None, semantic=semantic,
+        repair=repair, on_error=on_error,
+        progress=resolve_progress(options.get("progress")),
+    )

@@ -1,0 +1,214 @@
+"""One pass of a job over a frame, for one model: the pipeline.
+
+::
+
+    plan ─▶ cache lookup ─▶ dispatch ─▶ persist ─▶ join back ─▶ report
+    (_plan)  (_cache)       (_engine)   (_persist) (_join)      (_report)
+
+Levers sit beside the path: packing shapes the requests (:mod:`llm_ops._pack`), the semantic
+cache answers misses by similarity before they are sent (:mod:`llm_ops._similar`), budgets
+stop sending (:mod:`llm_ops._pricing`), and a cascade runs passes model after model
+(:mod:`llm_ops._cascade`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import polars as pl
+
+from ._backend import Backend
+from ._engine import STOPS, Counters, Dispatcher, Outcome, Request, make_pack
+from ._join import join_back, results_frame, status_counts
+from ._key import canonical_json
+from ._options import Job
+from ._persist import CacheSink
+from ._plan import plan_frame
+from ._pricing import CHARS_PER_TOKEN
+from ._progress import TerminalDisplay, Tracker
+from ._report import RunReport, make_report
+from ._savings import completion_cost, spent_by, tally, with_usage
+from ._similar import find_similar, follow_leaders
+from ._status import ANSWERED, CACHEABLE, RESULTS
+
+
+class AnswerSink:
+    """Collects a dispatch's outcomes and writes its cacheable answers through to the cache."""
+
+    def __init__(self, job: Job, backend: Backend):
+        self.model = job.spec.model
+        self.endpoint = job.spec.endpoint
+        self.outcomes: list[Outcome] = []
+        self.cache = None if backend.cache is None else CacheSink(backend.cache)
+
+    def add(self, request: Request, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.cache is None or outcome.status not in CACHEABLE:
+            return
+        self.cache.answer({
+            "key": outcome.key, "model": self.model, "endpoint": self.endpoint,
+            "request": request.request_json, "status": outcome.status,
+            "response_text": outcome.text, "response_json": outcome.json,
+            "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
+        })
+
+
+def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
+    """One request per distinct miss, or packs of up to ``rows_per_request`` of them."""
+    per_request = job.packing.rows_per_request
+    if per_request > 1:  # packs share a system message
+        misses = misses.sort("system", nulls_last=False)
+    pack: list[Request] = []
+    pack_system: str | None = None
+    pack_chars = 0
+    budget = (job.packing.pack_tokens or 0) * CHARS_PER_TOKEN
+    for key, system, prompt, rows in misses.iter_rows():
+        request = job.spec.request(system, prompt)
+        single = Request(key=key, messages=request["messages"],
+                         request_json=canonical_json(request), rows=rows)
+        if per_request == 1:
+            yield single
+            continue
+        full = len(pack) >= per_request or (budget and pack_chars + len(prompt) > budget)
+        if pack and (system != pack_system or full):
+            yield make_pack(tuple(pack), pack_system)
+            pack, pack_chars = [], 0
+        pack.append(single)
+        pack_system, pack_chars = system, pack_chars + len(prompt)
+    if pack:
+        yield make_pack(tuple(pack), pack_system)
+
+
+@dataclass
+class Dispatched:
+    """What one dispatch produced: an outcome per request sent, the counters, and why it
+    stopped early (one of :data:`~llm_ops._engine.STOPS`), if it did."""
+
+    outcomes: list[Outcome]
+    counters: Counters
+    stopped: BaseException | None
+    budget_stop: str | None = None
+
+
+@dataclass
+class Answered(Dispatched):
+    """A dispatch behind the semantic cache: ``settled`` holds the misses answered by
+    similarity (:data:`~llm_ops._status.RESULTS`), ``outcomes`` the requests sent."""
+
+    settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
+
+
+async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *,
+                        rows: int) -> Answered:
+    """Answer the cache misses: by similarity where ``job.semantic`` allows, else by sending.
+
+    Misses that follow another miss of the job (see :func:`~llm_ops._similar.find_similar`)
+    wait for its answer; if it got none, they are sent themselves. ``rows`` is the job's row
+    count, for progress.
+    """
+    if job.semantic is None:
+        done = await dispatch(misses, job, backend, rows=rows, rows_settled=rows - _rows(misses))
+        return Answered(done.outcomes, done.counters, done.stopped, done.budget_stop)
+    similar = await find_similar(misses, job, backend)
+    counters = similar.counters
+    if similar.stopped is not None:  # the embeddings were refused: completions would be too
+        return Answered([], counters, similar.stopped, settled=similar.results)
+    done = await dispatch(similar.misses, job.after(spent_by(job, counters)), backend,
+                          rows=rows,
+                          rows_settled=rows - _rows(similar.misses) - _rows(similar.followers))
+    counters.add(done.counters)
+    followed, resend = follow_leaders(similar.followers, done.outcomes)
+    outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
+    if not resend.is_empty() and stopped is None:  # their leaders got no answer
+        again = await dispatch(resend, job.after(spent_by(job, counters)), backend, rows=rows,
+                               rows_settled=rows - _rows(resend))
+        counters.add(again.counters)
+        outcomes, stopped = outcomes + again.outcomes, again.stopped
+        budget_stop = budget_stop or again.budget_stop
+    return Answered(outcomes, counters, stopped, budget_stop,
+                    settled=pl.concat([similar.results, followed]))
+
+
+def _rows(requests: pl.DataFrame) -> int:
+    return int(requests["rows"].sum())
+
+
+async def dispatch(misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int,
+                   rows_settled: int) -> Dispatched:
+    """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
+    cache. ``rows`` and ``rows_settled`` are only for progress: the job's rows and those
+    already final."""
+    sink = AnswerSink(job, backend)
+    spec = job.spec
+    dispatcher = Dispatcher(
+        backend.engine, model=spec.model, params=spec.params,
+        validate=spec.schema.validate if spec.schema else None, repair=job.repair,
+        budget=job.budget(),
+    )
+    tracker = Tracker(rows=rows, rows_settled=rows_settled, requests=misses.height,
+                      dispatcher=dispatcher)
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        for member, answer in outcome.items or [(request, outcome)]:
+            tracker.rows_done += member.rows
+            sink.add(member, answer)
+
+    helpers = [] if sink.cache is None else [asyncio.create_task(sink.cache.merge_periodically())]
+    if job.progress is not None:
+        helpers.append(asyncio.create_task(tracker.publish(job.progress)))
+    stopped: BaseException | None = None
+    try:
+        await dispatcher.run(requests_for(misses, job), on_outcome)
+    except STOPS as exc:
+        # Refused or interrupted (Ctrl-C, SIGTERM): keep what was paid for; the caller reports.
+        stopped = exc
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if isinstance(job.progress, TerminalDisplay):
+            job.progress.close()
+        if sink.cache is not None:
+            await sink.cache.close()
+    budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
+    return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped,
+                      budget_stop=budget_stop)
+
+
+@dataclass
+class Tier:
+    """One model's pass over (some of) a job's rows: the new columns and what it took."""
+
+    columns: pl.DataFrame
+    report: RunReport  # not recorded: the caller records the job's report
+    row_keys: pl.DataFrame  # key per row
+    results: pl.DataFrame  # RESULTS per distinct request
+    stopped: BaseException | None
+
+
+async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
+    """Plan, look up both cache tiers, send the misses and join back, for ``job.spec.model``."""
+    started_at = datetime.now(UTC)
+    clock = time.perf_counter()
+    plan = await asyncio.to_thread(plan_frame, frame, job.spec, backend.cache)
+    done = await answer_misses(plan.misses, job, backend, rows=frame.height)
+    results = results_frame([plan.hits, done.settled], done.outcomes)
+    columns = await asyncio.to_thread(join_back, plan.rows, results, job.columns, job.spec.schema)
+    report = make_report(
+        model=job.spec.model, endpoint=job.spec.endpoint, started_at=started_at,
+        wall_seconds=time.perf_counter() - clock, rows=frame.height,
+        distinct=plan.distinct.height, cache_hits=plan.hits.height, counters=done.counters,
+        statuses=status_counts(columns, job.columns), stopped=done.stopped,
+        cost=completion_cost(job, done.counters), budget_stop=done.budget_stop,
+    )
+    answered = int(columns[job.columns.status].cast(pl.String).is_in(list(ANSWERED)).sum())
+    report = with_usage(report, job, answered_rows=answered, cached=backend.cache is not None,
+                        tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
+                        counters=done.counters)
+    return Tier(columns, report, plan.rows.select("key"), results, done.stopped)

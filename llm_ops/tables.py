@@ -1,0 +1,426 @@
+"""Jobs over Parquet inputs of any size, as steps over files that any process can run.
+
+A :class:`Table` is one job over a Parquet path or glob, on a :class:`~llm_ops.Client`::
+
+    from llm_ops import Client
+    from llm_ops.tables import Table
+
+    with Client(base_url=..., cache="output/cache.duckdb") as client:
+        table = Table(client, "data/*.parquet", "output/out.parquet",
+                      prompt="Summarize: {text}", model="gpt-4o-mini")
+        report = table.run()  # or the steps, one by one:
+
+1. :meth:`Table.plan` streams the input in batches, keys every row, dedupes in a DuckDB work
+   database, anti-joins the distinct requests against the cache and writes the misses as chunk
+   files of at most ``chunk_size`` requests, in a work directory next to the output.
+2. :meth:`Table.run_chunk` sends one chunk. It re-checks the cache first, so a rerun after a
+   crash sends only what is still missing; answers go to the cache as they arrive, every
+   outcome to the chunk's results file.
+3. :meth:`Table.write` streams the input again, gives each row its answer and writes the
+   output one row group per batch, to a temporary file renamed into place at the end.
+4. :meth:`Table.finish` makes the report, records it in ``llm_runs`` and removes the work
+   directory.
+
+Each step is a self-contained unit of work over files, so a Prefect task (or a Ray task) can run
+it, and run it again. Memory is bounded by the batch size and the chunk size, not by the table.
+A cascade (``model=[small, large]``) runs batch by batch through the models instead
+(:meth:`Table.run_cascade`), because which rows reach the next model depends on the answers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Unpack
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._cache import NO_EXTENSION_DOWNLOADS, Cache
+from ._cascade import run_cascade
+from ._client import Client
+from ._engine import Counters
+from ._estimate import Estimate, price_plan
+from ._frames import from_arrow
+from ._join import join_back, status_counts
+from ._options import CallOptions, Job, ModelOption, make_job
+from ._pipeline import answer_misses
+from ._plan import key_rows, lookup_answers
+from ._report import RunReport, add_spending, make_report, sum_reports
+from ._savings import Tally, completion_cost, spent_by, with_usage
+from ._spec import positive_int
+from ._status import ANSWERED, CACHEABLE, RESULTS
+from .exceptions import ConfigError
+
+__all__ = ["Counters", "Table", "TablePlan", "Written", "input_files"]
+
+_CHUNK_GLOB = "chunk-*.parquet"
+# What a chunk's results file keeps: the outcome of every request, and the answers the cache
+# does not hold under the request's own key (failures' raw text, answers of similar requests).
+_OUTCOME_SCHEMA = {"key": pl.String, "status": pl.String, "error": pl.String, "text": pl.String,
+                   "json": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
+                   "similar_to": pl.String, "similarity": pl.Float64}
+
+
+def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
+    """The Parquet files named by a path or a glob, sorted; :class:`ConfigError` if none."""
+    text = os.fspath(pattern)
+    files = sorted(Path(p) for p in glob.glob(text)) if glob.has_magic(text) else [Path(text)]
+    files = [f for f in files if f.is_file()]
+    if not files:
+        raise ConfigError(f"no input file matches {text!r}; check the path (globs like "
+                          "'data/*.parquet' are allowed)")
+    return files
+
+
+def _batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
+    """The input as Polars frames of at most ``batch_rows`` rows, in file and row order."""
+    for file in files:
+        # One batch at a time: a dataset scanner would read ahead many batches.
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
+            if batch.num_rows:
+                yield from_arrow(pa.Table.from_batches([batch]))
+
+
+@dataclass
+class TablePlan:
+    """What :meth:`Table.plan` found: counts and the chunk files to send."""
+
+    rows: int
+    distinct: int
+    cache_hits: int
+    skipped: int = 0
+    chunks: list[str] = field(default_factory=list)
+
+    @property
+    def misses(self) -> int:
+        return self.distinct - self.cache_hits
+
+
+@dataclass
+class Written:
+    """What :meth:`Table.write` wrote: rows per status, and the requests and tokens behind
+    them for the report's savings."""
+
+    statuses: dict[str, int]
+    tallies: dict[str, Tally]
+
+
+class Table:
+    """One job over a Parquet input (a path or a glob), written to a Parquet file ``out``.
+
+    Parameters
+    ----------
+    client
+        The client to send with; its cache is required (answers are joined back from it).
+    source, out
+        Parquet path or glob to read; Parquet file to write (the input's columns in order,
+        plus the added ones).
+    prompt, model, **options
+        As for :func:`llm_ops.llm_complete` (see :class:`llm_ops.CallOptions`).
+    batch_rows
+        Rows read and written per batch (and per row group of the output).
+    chunk_size
+        Distinct requests per chunk file, the unit :meth:`run_chunk` sends.
+
+    Everything that can be checked is checked when the table is made, before anything is sent.
+    """
+
+    def __init__(self, client: Client, source: str | os.PathLike[str],
+                 out: str | os.PathLike[str], /, *, prompt: str, model: ModelOption,
+                 batch_rows: int = 100_000, chunk_size: int = 5_000,
+                 **options: Unpack[CallOptions]) -> None:
+        if client.cache is None:
+            raise ConfigError("table jobs need a cache (answers are joined back from it); "
+                              "pass a cache path instead of cache=False")
+        self.client = client
+        self.cache: Cache = client.cache
+        self.files = input_files(source)
+        self.output = Path(out)
+        if any(f.resolve() == self.output.resolve() for f in self.files):
+            raise ConfigError(f"output {os.fspath(out)!r} is also an input; write somewhere "
+                              "else")
+        self.batch_rows = positive_int("batch_rows", batch_rows)
+        self.chunk_size = positive_int("chunk_size", chunk_size)
+        schema = pl.scan_parquet(self.files).collect_schema()
+        self.job: Job = make_job(schema, prompt=prompt, model=model,
+                                 endpoint=client.endpoint.identity, cached=True, options=options)
+        self.work_dir = self.output.with_name(self.output.name + ".work")
+
+    @property
+    def cascade(self) -> bool:
+        return self.job.cascade is not None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns the job adds."""
+        return self.job.columns.names
+
+    def run(self) -> RunReport:
+        """Plan, send every chunk, write and finish, in this process (a cascade batch by
+        batch); returns the report, recorded in ``llm_runs``."""
+        if self.cascade:
+            return self.run_cascade()
+        started_at, clock = datetime.now(UTC), time.perf_counter()
+        plan = self.plan()
+        counters = Counters()
+        for chunk in plan.chunks:
+            counters.add(self.run_chunk(chunk, spent=counters))
+        written = self.write()
+        return self.finish(plan, counters, written, started_at=started_at,
+                           wall_seconds=time.perf_counter() - clock)
+
+    # -- the steps ----------------------------------------------------------------------------
+
+    def plan(self) -> TablePlan:
+        """Key and dedupe the whole input, anti-join the cache, write the misses as chunk
+        files in the work directory."""
+        if self.cascade:
+            raise ConfigError("a cascade runs over a table batch by batch: use run_cascade()")
+        self.cache.prepare()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        for stale in [*self.work_dir.glob(_CHUNK_GLOB), self.work_dir / "plan.duckdb"]:
+            stale.unlink(missing_ok=True)
+        with self._plan_db() as con:
+            # Counted up batch by batch, so the table never holds more than the distinct
+            # requests.
+            con.execute("CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
+                        "prompt VARCHAR, rows BIGINT)")
+            rows = 0
+            for batch in _batches(self.files, self.batch_rows):
+                rows += batch.height
+                con.register("batch_requests", key_rows(batch, self.job.spec).distinct.to_arrow())
+                con.execute("INSERT INTO requests SELECT key, system, prompt, rows "
+                            "FROM batch_requests ON CONFLICT (key) DO UPDATE "
+                            "SET rows = requests.rows + excluded.rows")
+                con.unregister("batch_requests")
+            with self.cache.attached(con, alias="cache"):
+                con.execute(
+                    "CREATE TABLE misses AS SELECT r.* FROM requests r "
+                    f"ANTI JOIN ({self.cache.answers_sql('cache', ['key'])}) c "
+                    "ON r.key = c.key ORDER BY r.key")
+            distinct, keyed_rows = con.execute(
+                "SELECT count(*), coalesce(sum(rows), 0) FROM requests").fetchall()[0]
+            reader = con.sql("SELECT key, system, prompt, rows FROM misses").to_arrow_reader(
+                self.chunk_size)
+            chunks = []
+            for number, chunk in enumerate(reader):
+                path = self.work_dir / f"chunk-{number:05d}.parquet"
+                pq.write_table(pa.Table.from_batches([chunk]), path)
+                chunks.append(str(path))
+            misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
+        return TablePlan(rows=rows, distinct=int(distinct), cache_hits=int(distinct) - misses,
+                         skipped=rows - int(keyed_rows), chunks=chunks)
+
+    def run_chunk(self, chunk: str | os.PathLike[str], *,
+                  spent: Counters | None = None) -> Counters:
+        """Send the requests of one chunk file that the cache still lacks; returns what it
+        took. Budgets count what ``spent`` (earlier chunks) took. Raises
+        :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
+        stopped the job."""
+        misses = pl.read_parquet(Path(chunk))
+        # Answered by an earlier attempt of this chunk: they count as answered in this run.
+        earlier = lookup_answers(self.cache, misses).with_columns(
+            pl.col("status").replace({"cached": "ok"}))
+        remaining = misses.join(earlier.select("key"), on="key", how="anti")
+        job = self.job.after(spent_by(self.job, spent)) if spent else self.job
+        outcomes, counters = self.client.run(
+            _answer(self.client, job, remaining, rows=int(misses["rows"].sum())))
+        earlier = earlier.select("key", "status", "error").cast(pl.String)
+        pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
+            list(_OUTCOME_SCHEMA)).write_parquet(_results_path(chunk))
+        return counters
+
+    def write(self) -> Written:
+        """Write the input plus the added columns, batch by batch."""
+        outcome_files = sorted(self.work_dir.glob("chunk-*.results.parquet"))
+        fresh = (pl.read_parquet(outcome_files) if outcome_files
+                 else pl.DataFrame(schema=_OUTCOME_SCHEMA))
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.output.with_name(self.output.name + ".partial")
+        counts: dict[str, int] = {}
+        writer: pq.ParquetWriter | None = None
+        try:
+            for batch in _batches(self.files, self.batch_rows):
+                keyed = key_rows(batch, self.job.spec)
+                wanted = keyed.distinct.select("key")
+                results = _batch_results(lookup_answers(self.cache, wanted),
+                                         wanted.join(fresh, on="key"))
+                added = join_back(keyed.rows, results, self.job.columns, self.job.spec.schema)
+                for status, n in status_counts(added, self.job.columns).items():
+                    counts[status] = counts.get(status, 0) + n
+                table = batch.hstack(added.get_columns()).to_arrow()
+                if writer is None:
+                    writer = pq.ParquetWriter(partial, table.schema)
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ConfigError(f"the input {', '.join(map(str, self.files))} has no rows")
+        partial.replace(self.output)
+        similar = fresh.filter(pl.col("status") == "similar").select(
+            "key", "prompt_tokens", "completion_tokens")
+        return Written(statuses=counts, tallies=self._tallies(similar))
+
+    def finish(self, plan: TablePlan, counters: Counters, written: Written, *,
+               started_at: datetime, wall_seconds: float) -> RunReport:
+        """The report of the job, recorded in ``llm_runs``; the work directory is removed."""
+        job = self.job
+        report = make_report(
+            model=job.spec.model, endpoint=job.spec.endpoint, started_at=started_at,
+            wall_seconds=wall_seconds, rows=plan.rows, distinct=plan.distinct,
+            cache_hits=plan.cache_hits, counters=counters, statuses=written.statuses,
+            stopped=None, cost=completion_cost(job, counters),
+            budget_stop=_budget_stop(job, counters),
+        )
+        answered = sum(n for status, n in written.statuses.items() if status in ANSWERED)
+        report = with_usage(report, job, answered_rows=answered, cached=True,
+                            tallies=written.tallies, counters=counters)
+        self.cache.record_run(report.as_dict())
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        return report
+
+    def run_cascade(self) -> RunReport:
+        """A cascade over the input, one batch of rows at a time, recorded as one run.
+
+        Each batch goes through the models as in ``llm_complete`` and is written as one row
+        group of a temporary file renamed into place at the end; budgets span the batches.
+        The cache carries answers from batch to batch, so a request repeated in a later batch
+        is a cache hit and a rerun after a crash sends only what the cache lacks.
+        """
+        started_at, clock = datetime.now(UTC), time.perf_counter()
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.output.with_name(self.output.name + ".partial")
+        reports: list[RunReport] = []
+        spent: tuple[float, int, int] = (0.0, 0, 0)
+        stopped: BaseException | None = None
+        writer: pq.ParquetWriter | None = None
+        try:
+            for batch in _batches(self.files, self.batch_rows):
+                added, report, stopped = self.client.run(
+                    _cascade(self.client, batch, self.job.after(spent)))
+                reports.append(report)
+                spent = add_spending(spent, report.spending())
+                if stopped is not None:
+                    break
+                table = batch.hstack(added.get_columns()).to_arrow()
+                writer = writer or pq.ParquetWriter(partial, table.schema)
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+        if not reports:
+            raise ConfigError(f"the input {', '.join(map(str, self.files))} has no rows")
+        total = sum_reports(reports, started_at=started_at, model=" > ".join(self.job.models),
+                            wall_seconds=time.perf_counter() - clock)
+        self.cache.record_run(total.as_dict())
+        if stopped is not None:
+            raise stopped
+        partial.replace(self.output)
+        return total
+
+    def estimate(self) -> Estimate:
+        """What :meth:`run` would send and cost; nothing is sent and no cache file is made
+        (a cascade is priced from the first model's requests)."""
+        job = self.job if not self.cascade else self.job.for_model(self.job.models[0])
+        plan_cache = self.cache if self.cache.path.exists() else None
+        rows = keyed = 0
+        distinct: list[pl.DataFrame] = []
+        for batch in _batches(self.files, self.batch_rows):
+            keyed_batch = key_rows(batch, job.spec)
+            rows += batch.height
+            keyed += int(keyed_batch.distinct["rows"].sum())
+            distinct.append(keyed_batch.distinct)
+        requests = (pl.concat(distinct).group_by("key", maintain_order=True)
+                    .agg(pl.col("system", "prompt").first(), pl.col("rows").sum()))
+        hits = lookup_answers(plan_cache, requests)
+        misses = requests.join(hits.select("key"), on="key", how="anti")
+        return price_plan(job, [misses], rows=rows, keyed_rows=keyed,
+                          distinct=requests.height, cache_hits=hits.height)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _plan_db(self) -> duckdb.DuckDBPyConnection:
+        return duckdb.connect(str(self.work_dir / "plan.duckdb"), config=NO_EXTENSION_DOWNLOADS)
+
+    def _tallies(self, similar: pl.DataFrame) -> dict[str, Tally]:
+        """Requests and tokens as if every row were sent, each distinct request once, for the
+        cache hits and for the ``similar`` answers, from the plan's tables and the answers now
+        in the cache."""
+        answers = self.cache.answers_sql("cache", ["key", "prompt_tokens", "completion_tokens"])
+        with self._plan_db() as con, self.cache.attached(con, alias="cache"):
+            con.register("similar_answers", similar.to_arrow())
+            row = con.execute(
+                "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, s.prompt_tokens, 0) AS p, "
+                "coalesce(c.completion_tokens, s.completion_tokens, 0) AS c, "
+                "m.key IS NULL AS hit, s.key IS NOT NULL AS is_similar FROM requests r "
+                f"LEFT JOIN ({answers}) c ON c.key = r.key "
+                "LEFT JOIN misses m ON m.key = r.key "
+                "LEFT JOIN similar_answers s ON s.key = r.key) "
+                "SELECT sum(rows), sum(rows * p), sum(rows * c), count(*), sum(p), sum(c), "
+                "count(*) FILTER (hit), sum(p) FILTER (hit), sum(c) FILTER (hit), "
+                "count(*) FILTER (is_similar), sum(p) FILTER (is_similar), "
+                "sum(c) FILTER (is_similar) FROM t"
+            ).fetchall()[0]
+        values = [int(v or 0) for v in row]
+        return {"every_row": Tally(*values[0:3]), "each_distinct": Tally(*values[3:6]),
+                "cache": Tally(*values[6:9]), "similar": Tally(*values[9:12])}
+
+
+def _results_path(chunk: str | os.PathLike[str]) -> Path:
+    return Path(chunk).with_suffix(".results.parquet")
+
+
+async def _answer(client: Client, job: Job, misses: pl.DataFrame, *,
+                  rows: int) -> tuple[pl.DataFrame, Counters]:
+    """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and
+    the counters."""
+    done = await answer_misses(misses, job, await client._backend(), rows=rows)
+    if done.stopped is not None:
+        raise done.stopped
+    # Answers are read back from the cache; only what the cache does not keep is kept here.
+    fresh = pl.DataFrame(
+        {"key": [o.key for o in done.outcomes], "status": [o.status for o in done.outcomes],
+         "error": [o.error for o in done.outcomes],
+         "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes]},
+        schema={name: _OUTCOME_SCHEMA[name] for name in ("key", "status", "error", "text")},
+    )
+    similar = done.settled.select(list(_OUTCOME_SCHEMA))
+    return pl.concat([similar, fresh], how="diagonal_relaxed"), done.counters
+
+
+async def _cascade(client: Client, batch: pl.DataFrame,
+                   job: Job) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
+    return await run_cascade(batch, job, await client._backend())
+
+
+def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
+    """Answers from the cache, with this run's statuses (ok, failed, ...) taking precedence,
+    and this run's answers where the cache has none under the key (similar, invalid)."""
+    merged = cached.join(fresh, on="key", how="full", coalesce=True, suffix="_run")
+    run_first = ("status", "error")
+    return merged.select(
+        "key",
+        *(pl.coalesce(f"{name}_run", name).alias(name) if name in run_first
+          else pl.coalesce(name, f"{name}_run").alias(name)
+          for name in RESULTS if name != "key"),
+    ).cast(RESULTS)
+
+
+def _budget_stop(job: Job, spent: Counters) -> str | None:
+    """The report's reason when a budget kept requests from being sent."""
+    if not spent.over_budget:
+        return None
+    limits = job.spending
+    return (f"{spent.over_budget:,} request(s) not sent: a budget was reached "
+            f"(max_cost={limits.max_cost}, max_requests={limits.max_requests}, "
+            f"max_tokens_total={limits.max_tokens_total})")
