@@ -24,6 +24,7 @@ from ._options import (
     Columns,
     ModelOption,
     ProgressOption,
+    check_job,
     make_job,
 )
 from ._progress import resolve_progress
@@ -126,9 +127,9 @@ class Client:
 
     async def _complete(self, df: Frame, prompt: str, model: ModelOption,
                         options: CallOptions) -> tuple[Frame, RunReport]:
-        job = make_job(schema_of(df), prompt=prompt, model=model,
-                       endpoint=self.endpoint.identity, cached=self.cache is not None,
-                       options=options)
+        job = make_job(prompt=prompt, model=model, endpoint=self.endpoint.identity,
+                       cached=self.cache is not None, options=options)
+        check_job(job, schema_of(df))
         frame = to_polars(df)
         backend = await self._backend()
         columns, report = await run_frame(frame, job, backend)
@@ -168,9 +169,9 @@ class Client:
     def estimate(self, df: Any, /, *, prompt: str, model: ModelOption,
                  **options: Unpack[CallOptions]) -> Estimate:
         """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
-        job = make_job(schema_of(df), prompt=prompt, model=model,
-                       endpoint=self.endpoint.identity, cached=self.cache is not None,
-                       options=options)
+        job = make_job(prompt=prompt, model=model, endpoint=self.endpoint.identity,
+                       cached=self.cache is not None, options=options)
+        check_job(job, schema_of(df))
         return estimate_frame(to_polars(df), job, self.cache)
 
     # -- the client's event loop --------------------------------------------------------------

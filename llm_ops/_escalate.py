@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import polars as pl
@@ -50,10 +51,10 @@ def confidence_below(threshold: float, *, field: str = "confidence") -> Confiden
 EscalateOption = pl.Expr | ConfidenceBelow | str | None
 
 
-def escalation_rule(escalate: object, columns: pl.Schema, output: str,
-                    structured: OutputSchema | None, models: int) -> pl.Expr:
-    """``escalate=`` as a boolean Polars expression over the input and answer columns, checked
-    on an empty frame of those columns so that a bad rule fails before anything is sent."""
+def escalation_rule(escalate: object, output: str, structured: OutputSchema | None,
+                    models: int) -> pl.Expr:
+    """``escalate=`` as a boolean Polars expression over the input and answer columns (see
+    :func:`check_escalation` for its check against them)."""
     if models < 2:
         raise ConfigError("escalate= decides which rows go on to the next model of a cascade: "
                           "pass model=[first, second, ...] too")
@@ -69,17 +70,23 @@ def escalation_rule(escalate: object, columns: pl.Schema, output: str,
         raise ConfigError("escalate takes confidence_below(0.7), a Polars expression or a SQL "
                           "condition that is true for the rows to send to the next model, e.g. "
                           "pl.col('summary').str.contains('not sure')")
+    return escalate
+
+
+def check_escalation(rule: pl.Expr, columns: Mapping[str, pl.DataType], output: str,
+                     structured: OutputSchema | None) -> None:
+    """Evaluate ``rule`` on an empty frame of the input and answer columns, so that a bad rule
+    fails before anything is sent."""
     answer_columns = {output: structured.dtype if structured else pl.String,
                       f"{output}_status": pl.Enum(STATUSES), f"{output}_error": pl.String}
     if structured is not None:
         answer_columns[f"{output}_raw"] = pl.String
     empty = pl.DataFrame(schema={**columns, **answer_columns})
     try:
-        dtype = empty.select(escalate).to_series().dtype
+        dtype = empty.select(rule).to_series().dtype
     except pl.exceptions.PolarsError as exc:
         raise ConfigError(f"escalate cannot be evaluated on the input and answer columns "
                           f"({', '.join(empty.columns)}): {exc}") from exc
     if dtype != pl.Boolean:
         raise ConfigError(f"escalate must give true/false per row, but gives {dtype}; compare it, "
                           "e.g. ... < 0.8")
-    return escalate

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypedDict, cast
 import polars as pl
 from pydantic import BaseModel
 
-from ._escalate import EscalateOption, escalation_rule
+from ._escalate import EscalateOption, check_escalation, escalation_rule
 from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
@@ -272,9 +272,10 @@ def models_of(model: object) -> tuple[str, ...]:
     return tuple(names)
 
 
-def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: str,
-             cached: bool, options: CallOptions) -> Job:
-    """Check a call against the input's ``columns`` and build its :class:`Job`.
+def make_job(*, prompt: str, model: ModelOption, endpoint: str, cached: bool,
+             options: CallOptions) -> Job:
+    """Check a call's options and build its :class:`Job` (see :func:`check_job` for its
+    check against a table's columns).
 
     ``endpoint`` is the endpoint's identity; ``cached`` whether the client has a cache.
     """
@@ -285,12 +286,8 @@ def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: s
     models = models_of(model)
     output = options.get("output", "completion")
     prompt_template = parse_template(prompt, what="prompt")
-    check_columns(prompt_template, columns, what="prompt")
     system = options.get("system")
-    system_template = None
-    if system is not None:
-        system_template = parse_template(system, what="system")
-        check_columns(system_template, columns, what="system")
+    system_template = None if system is None else parse_template(system, what="system")
     schema = options.get("schema")
     structured = output_schema(schema) if schema is not None else None
     semantic = options.get("semantic_cache")
@@ -302,7 +299,6 @@ def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: s
                           "instead of cache=False, or drop semantic_cache=")
     added = Columns(output, structured=structured is not None, semantic=semantic is not None,
                     cascade=len(models) > 1)
-    added.check_free(columns)
     on_error = options.get("on_error", "null")
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
@@ -324,7 +320,7 @@ def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: s
                         options.get("max_cost"), options.get("max_requests"),
                         options.get("max_tokens_total"))
     escalate = options.get("escalate")
-    rule = (escalation_rule(escalate, columns, output, structured, len(models))
+    rule = (escalation_rule(escalate, output, structured, len(models))
             if escalate is not None else None)
     return Job(
         spec=spec, columns=added, spending=spending, packing=packing,
@@ -332,3 +328,14 @@ def make_job(columns: pl.Schema, *, prompt: str, model: ModelOption, endpoint: s
         repair=repair, on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )
+
+
+def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
+    """Check ``job`` against the input's ``columns``: the columns it adds must be new, its
+    escalation rule must read them, its templates must reference renderable ones."""
+    job.columns.check_free(columns)
+    if job.cascade is not None and job.cascade.escalate is not None:
+        check_escalation(job.cascade.escalate, columns, job.columns.output, job.spec.schema)
+    check_columns(job.spec.prompt, columns, what="prompt")
+    if job.spec.system is not None:
+        check_columns(job.spec.system, columns, what="system")

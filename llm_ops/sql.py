@@ -114,7 +114,7 @@ def register(
 def _job(client: Client, model: str, *, system: bool, max_tokens: int | None,
          temperature: float | None) -> Job:
     return make_job(
-        _TEXTS, prompt="{prompt}", model=model, endpoint=client.endpoint.identity,
+        prompt="{prompt}", model=model, endpoint=client.endpoint.identity,
         cached=client.cache is not None,
         options={"output": "answer", "system": "{system}" if system else None,
                  "max_tokens": max_tokens, "temperature": temperature, "progress": False},

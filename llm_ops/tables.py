@@ -51,7 +51,7 @@ from ._engine import Counters
 from ._estimate import Estimate, price_plan
 from ._frames import from_arrow
 from ._join import join_back, status_counts
-from ._options import CallOptions, Job, ModelOption, make_job
+from ._options import CallOptions, Job, ModelOption, check_job, make_job
 from ._pipeline import answer_misses
 from ._plan import key_rows, lookup_answers
 from ._report import RunReport, add_spending, make_report, sum_reports
@@ -151,8 +151,9 @@ class Table:
         self.batch_rows = positive_int("batch_rows", batch_rows)
         self.chunk_size = positive_int("chunk_size", chunk_size)
         schema = pl.scan_parquet(self.files).collect_schema()
-        self.job: Job = make_job(schema, prompt=prompt, model=model,
-                                 endpoint=client.endpoint.identity, cached=True, options=options)
+        self.job: Job = make_job(prompt=prompt, model=model, endpoint=client.endpoint.identity,
+                                 cached=True, options=options)
+        check_job(self.job, schema)
         self.work_dir = self.output.with_name(self.output.name + ".work")
 
     @property

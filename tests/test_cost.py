@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Price, estimate
+from llm_ops import ConfigError, Price, estimate, llm_complete
 
 DUPLICATED = pl.DataFrame({"text": [f"item {i % 20}" for i in range(60)] + [None]})
 
@@ -81,3 +81,15 @@ def test_max_cost_needs_a_price(complete):
     with pytest.raises(ConfigError, match="max_cost needs a price"):
         pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", model="mystery",
                                            max_cost=1.0)
+
+
+def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
+    df = pl.DataFrame({"text": ["a", "b", "a", None]})
+    kwargs = dict(prompt="Say {text}", model="sim", base_url=endpoint.base_url, cache=cache,
+                  api_key="sk-test-0123456789", concurrency=4, timeout=30.0, seed=7,
+                  top_p=0.5, stop=["\n"], max_tokens=20, progress=False)
+    before = estimate(df, **kwargs)
+    _, report = df.pipe(llm_complete, return_report=True, **kwargs)
+    after = estimate(df, **kwargs)
+    assert before.requests == report.requests_sent == 2
+    assert (after.cache_hits, after.requests) == (2, 0)

@@ -102,3 +102,15 @@ def test_a_reader_can_query_while_a_job_writes(endpoint, cache):
     assert len(counts) > 3 and counts == sorted(counts)
     with open_cache(cache) as reader:
         assert reader.sql("SELECT count(*) FROM llm_cache").fetchall() == [(600,)]
+
+
+def test_one_query_over_many_vectors_stays_under_rpm(endpoint, cache):
+    endpoint.configure(rpm=120, rate_window=1.0, rate_limit_headers=False)
+    con = duckdb.connect()
+    # A little under the endpoint's limit, so that only a limiter made afresh per vector (its
+    # bucket full again while the endpoint's is empty) draws a 429.
+    register(con, base_url=endpoint.base_url, cache=cache, model="sim", rpm=110, concurrency=4)
+    rows = con.sql("SELECT llm_complete('item ' || (i % 4) || ' of ' || (i // 2048)) "
+                   "FROM range(4096) t(i)").fetchall()
+    assert len(rows) == 4096 and endpoint.stats()["requests"] == 8  # 4 prompts in each vector
+    assert "429" not in endpoint.stats()["by_status"]
