@@ -61,8 +61,12 @@ def baseline_complete(
     """``frame`` plus ``completion`` and ``completion_error`` columns, as the hand-written loop."""
     answers, errors = asyncio.run(
         complete_all(
-            frame[column].to_list(), base_url=base_url, concurrency=concurrency, model=model,
-            timeout=timeout, max_retries=max_retries,
+            frame[column].to_list(),
+            base_url=base_url,
+            concurrency=concurrency,
+            model=model,
+            timeout=timeout,
+            max_retries=max_retries,
         )
     )
     return frame.with_columns(

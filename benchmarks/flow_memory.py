@@ -34,8 +34,9 @@ def make_input(path: Path, rows: int, distinct: int) -> None:
     frames = []
     for start in range(0, rows, 1_000_000):
         size = min(1_000_000, rows - start)
-        frames.append(base.sample(size, with_replacement=True, seed=start)
-                      .with_row_index("id", offset=start))
+        frames.append(
+            base.sample(size, with_replacement=True, seed=start).with_row_index("id", offset=start)
+        )
     pl.concat(frames).write_parquet(path, row_group_size=100_000)
 
 
@@ -47,22 +48,37 @@ def worker(kind: str, source: str, base_url: str, work: str) -> None:
         from llm_ops import Client
         from llm_ops.tables import Table
 
-        with Client(base_url=base_url, cache=Path(work) / "cache.duckdb",
-                    concurrency=64) as client:
-            report = Table(client, source, out, prompt="Summarize: {text}", model="sim",
-                           output="summary").run()
+        with Client(base_url=base_url, cache=Path(work) / "cache.duckdb", concurrency=64) as client:
+            report = Table(
+                client, source, out, prompt="Summarize: {text}", model="sim", output="summary"
+            ).run()
         sent, statuses = report.requests_sent, report.statuses
     else:
         from flows.enrich import EnrichConfig, enrich_table
 
-        result = enrich_table(EnrichConfig(input=source, output=str(out), base_url=base_url,
-                                           cache=str(Path(work) / "cache.duckdb"),
-                                           prompt="Summarize: {text}", concurrency=64))
+        result = enrich_table(
+            EnrichConfig(
+                input=source,
+                output=str(out),
+                base_url=base_url,
+                cache=str(Path(work) / "cache.duckdb"),
+                prompt="Summarize: {text}",
+                concurrency=64,
+            )
+        )
         sent, statuses = result["requests_sent"], result["statuses"]
     rows = pl.scan_parquet(out).select(pl.len()).collect().item()
-    print(json.dumps({"wall": time.perf_counter() - started, "sent": sent, "rows": rows,
-                      "ok": statuses.get("ok", 0),
-                      "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "wall": time.perf_counter() - started,
+                "sent": sent,
+                "rows": rows,
+                "ok": statuses.get("ok", 0),
+                "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -78,8 +94,9 @@ def main() -> None:
     runs = [("table", 100_000, 10_000), ("table", 1_000_000, 10_000)]
     if not args.quick:
         runs += [("table", 10_000_000, 10_000), ("flow", 1_000_000, 100_000)]
-    print("| run | rows | distinct | requests sent | rows written | wall s | rows/s | "
-          "peak RSS MB |")
+    print(
+        "| run | rows | distinct | requests sent | rows written | wall s | rows/s | peak RSS MB |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     with LocalEndpoint() as endpoint, tempfile.TemporaryDirectory() as scratch:
@@ -90,13 +107,21 @@ def main() -> None:
             work = tempfile.mkdtemp(dir=scratch)
             env["PREFECT_HOME"] = work
             result = subprocess.run(
-                [sys.executable, __file__, "--worker", kind, str(source), endpoint.base_url,
-                 work], capture_output=True, text=True, check=True, env=env, cwd=ROOT)
+                [sys.executable, __file__, "--worker", kind, str(source), endpoint.base_url, work],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
+                cwd=ROOT,
+            )
             figures = json.loads(result.stdout.strip().splitlines()[-1])
             name = "run_table" if kind == "table" else "enrich-table flow"
-            print(f"| {name} | {rows:,} | {distinct:,} | {figures['sent']:,} | "
-                  f"{figures['rows']:,} | {figures['wall']:.1f} | "
-                  f"{rows / figures['wall']:,.0f} | {figures['peak_mb']:,.0f} |", flush=True)
+            print(
+                f"| {name} | {rows:,} | {distinct:,} | {figures['sent']:,} | "
+                f"{figures['rows']:,} | {figures['wall']:.1f} | "
+                f"{rows / figures['wall']:,.0f} | {figures['peak_mb']:,.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

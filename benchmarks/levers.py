@@ -43,8 +43,11 @@ PRICING = {SMALL: PRICES["gpt-4o-mini"], LARGE: PRICES["gpt-4o"]}
 
 
 def _cost(price: Price, stats: dict[str, Any]) -> float:
-    return price.cost(requests=stats["requests"], input_tokens=stats["prompt_tokens"],
-                      output_tokens=stats["completion_tokens"])
+    return price.cost(
+        requests=stats["requests"],
+        input_tokens=stats["prompt_tokens"],
+        output_tokens=stats["completion_tokens"],
+    )
 
 
 def _baseline(endpoint: LocalEndpoint, prompts: list[str], model: str) -> tuple[float, float]:
@@ -57,8 +60,9 @@ def _baseline(endpoint: LocalEndpoint, prompts: list[str], model: str) -> tuple[
 
 def _timed(frame: pl.DataFrame, **options: Any) -> tuple[pl.DataFrame, RunReport, float]:
     started = time.perf_counter()
-    out, report = llm_complete(frame, progress=False, pricing=PRICING, concurrency=32,
-                               return_report=True, **options)
+    out, report = llm_complete(
+        frame, progress=False, pricing=PRICING, concurrency=32, return_report=True, **options
+    )
     return out, report, time.perf_counter() - started
 
 
@@ -74,23 +78,58 @@ def semantic(endpoint: LocalEndpoint, rows: int, threshold: float, work: Path) -
     semantic_cache = SemanticCache("sim-embed", threshold=threshold)
 
     wall, cost = _baseline(endpoint, [prompt.format(title=t) for t in titles["title"]], LARGE)
-    print(f"\n### Semantic cache: {titles.height:,} review titles, {days[0].height:,} "
-          f"yesterday and {days[1].height:,} today, threshold {threshold}\n")
-    print(_row(["side", "rows", "requests yesterday", "requests today", "embedding requests",
-                "rows similar", "of which same words", "cost $", "saved by cache $",
-                "saved by semantic cache $", "wall s", "cost / baseline"]))
+    print(
+        f"\n### Semantic cache: {titles.height:,} review titles, {days[0].height:,} "
+        f"yesterday and {days[1].height:,} today, threshold {threshold}\n"
+    )
+    print(
+        _row(
+            [
+                "side",
+                "rows",
+                "requests yesterday",
+                "requests today",
+                "embedding requests",
+                "rows similar",
+                "of which same words",
+                "cost $",
+                "saved by cache $",
+                "saved by semantic cache $",
+                "wall s",
+                "cost / baseline",
+            ]
+        )
+    )
     print(_row(["---"] * 12))
-    print(_row(["baseline (AsyncOpenAI loop)", f"{titles.height:,}", f"{days[0].height:,}",
-                f"{days[1].height:,}", 0, 0, "", f"{cost:.4f}", "", "", f"{wall:.2f}",
-                "1.00x"]))
-    for name, options in (("llm_ops, exact cache", {}),
-                          ("llm_ops, + semantic cache", {"semantic_cache": semantic_cache})):
+    print(
+        _row(
+            [
+                "baseline (AsyncOpenAI loop)",
+                f"{titles.height:,}",
+                f"{days[0].height:,}",
+                f"{days[1].height:,}",
+                0,
+                0,
+                "",
+                f"{cost:.4f}",
+                "",
+                "",
+                f"{wall:.2f}",
+                "1.00x",
+            ]
+        )
+    )
+    for name, options in (
+        ("llm_ops, exact cache", {}),
+        ("llm_ops, + semantic cache", {"semantic_cache": semantic_cache}),
+    ):
         cache = work / f"{name}.duckdb"
         requests, embeddings, similar, same, reports, wall = [], 0, 0, 0, [], 0.0
         for day in days:
             endpoint.reset()
-            out, report, seconds = _timed(day, prompt=prompt, model=LARGE,
-                                          base_url=endpoint.base_url, cache=cache, **options)
+            out, report, seconds = _timed(
+                day, prompt=prompt, model=LARGE, base_url=endpoint.base_url, cache=cache, **options
+            )
             stats = endpoint.stats()
             requests.append(stats["requests"])
             embeddings += stats["embedding_requests"]
@@ -100,13 +139,29 @@ def semantic(endpoint: LocalEndpoint, rows: int, threshold: float, work: Path) -
             wall += seconds
         spent = sum(r.cost or 0.0 for r in reports)
         by_cache = sum(r.savings["cache"].cost or 0.0 for r in reports)
-        by_semantic = sum(r.savings["semantic_cache"].cost or 0.0 for r in reports
-                          if "semantic_cache" in r.savings)
-        print(_row([name, f"{titles.height:,}", f"{requests[0]:,}", f"{requests[1]:,}",
-                    f"{embeddings:,}", f"{similar:,}",
-                    f"{same:,} ({same / similar:.0%})" if similar else "", f"{spent:.4f}",
-                    f"{by_cache:.4f}", f"{by_semantic:.4f}" if options else "",
-                    f"{wall:.2f}", f"{spent / cost:.2f}x"]))
+        by_semantic = sum(
+            r.savings["semantic_cache"].cost or 0.0
+            for r in reports
+            if "semantic_cache" in r.savings
+        )
+        print(
+            _row(
+                [
+                    name,
+                    f"{titles.height:,}",
+                    f"{requests[0]:,}",
+                    f"{requests[1]:,}",
+                    f"{embeddings:,}",
+                    f"{similar:,}",
+                    f"{same:,} ({same / similar:.0%})" if similar else "",
+                    f"{spent:.4f}",
+                    f"{by_cache:.4f}",
+                    f"{by_semantic:.4f}" if options else "",
+                    f"{wall:.2f}",
+                    f"{spent / cost:.2f}x",
+                ]
+            )
+        )
 
 
 def _same_words(out: pl.DataFrame, cache: Path) -> int:
@@ -117,13 +172,15 @@ def _same_words(out: pl.DataFrame, cache: Path) -> int:
     answers = pl.from_arrow(Cache(cache).export())
     assert isinstance(answers, pl.DataFrame)
     reused = answers.select(
-        "key", pl.col("request").str.json_path_match("$.messages[0].content").alias("prompt"))
+        "key", pl.col("request").str.json_path_match("$.messages[0].content").alias("prompt")
+    )
 
     def words(text: pl.Expr) -> pl.Expr:
         return text.str.to_lowercase().str.extract_all(r"[a-z0-9]+").list.unique().list.sort()
 
     pairs = out.filter(pl.col("completion_status") == "similar").join(
-        reused, left_on="completion_similar_to", right_on="key")
+        reused, left_on="completion_similar_to", right_on="key"
+    )
     same = words(pl.col("prompt").str.split(": ").list.last()) == words(pl.col("title"))
     return pairs.filter(same).height
 
@@ -134,37 +191,81 @@ def cascade(endpoint: LocalEndpoint, rows: int, hard_share: float, work: Path) -
     frame = texts.with_row_index("i").select(
         pl.when(pl.col("i") % every == 0)
         .then(pl.col("text") + f" [[sim:unsure_for={SMALL}]]")
-        .otherwise(pl.col("text")).alias("text"))
+        .otherwise(pl.col("text"))
+        .alias("text")
+    )
     prompt = "Summarize: {text}"
     hard = frame.filter(pl.col("text").str.contains("unsure_for")).height
 
     wall, cost = _baseline(endpoint, [prompt.format(text=t) for t in frame["text"]], LARGE)
-    print(f"\n### Cascade: {frame.height:,} review texts, {hard:,} hard for {SMALL} "
-          f"(priced as gpt-4o-mini; {LARGE} as gpt-4o)\n")
-    print(_row(["side", "rows", f"requests to {SMALL}", f"requests to {LARGE}",
-                f"rows answered by {LARGE}", "cost $", "saved by cascade $", "wall s",
-                "cost / baseline"]))
+    print(
+        f"\n### Cascade: {frame.height:,} review texts, {hard:,} hard for {SMALL} "
+        f"(priced as gpt-4o-mini; {LARGE} as gpt-4o)\n"
+    )
+    print(
+        _row(
+            [
+                "side",
+                "rows",
+                f"requests to {SMALL}",
+                f"requests to {LARGE}",
+                f"rows answered by {LARGE}",
+                "cost $",
+                "saved by cascade $",
+                "wall s",
+                "cost / baseline",
+            ]
+        )
+    )
     print(_row(["---"] * 9))
-    print(_row(["baseline (AsyncOpenAI loop), all rows to the large model", f"{frame.height:,}",
-                0, f"{frame.height:,}", f"{frame.height:,}", f"{cost:.4f}", "", f"{wall:.2f}",
-                "1.00x"]))
+    print(
+        _row(
+            [
+                "baseline (AsyncOpenAI loop), all rows to the large model",
+                f"{frame.height:,}",
+                0,
+                f"{frame.height:,}",
+                f"{frame.height:,}",
+                f"{cost:.4f}",
+                "",
+                f"{wall:.2f}",
+                "1.00x",
+            ]
+        )
+    )
     runs: list[tuple[str, Any]] = [
         (f"llm_ops, {LARGE} only", {"model": LARGE}),
-        (f"llm_ops, cascade [{SMALL}, {LARGE}]",
-         {"model": [SMALL, LARGE], "escalate": pl.col("completion").str.starts_with("unsure:")}),
+        (
+            f"llm_ops, cascade [{SMALL}, {LARGE}]",
+            {"model": [SMALL, LARGE], "escalate": pl.col("completion").str.starts_with("unsure:")},
+        ),
     ]
     for name, options in runs:
         endpoint.reset()
-        _, report, wall = _timed(frame, prompt=prompt, base_url=endpoint.base_url,
-                                 cache=work / f"{name}.duckdb", **options)
+        _, report, wall = _timed(
+            frame,
+            prompt=prompt,
+            base_url=endpoint.base_url,
+            cache=work / f"{name}.duckdb",
+            **options,
+        )
         usage = report.models
         lever = report.savings.get("cascade")
-        print(_row([name, f"{frame.height:,}",
+        print(
+            _row(
+                [
+                    name,
+                    f"{frame.height:,}",
                     f"{usage[SMALL].requests:,}" if SMALL in usage else 0,
                     f"{usage[LARGE].requests:,}" if LARGE in usage else 0,
-                    f"{usage[LARGE].rows:,}" if LARGE in usage else 0, f"{report.cost:.4f}",
+                    f"{usage[LARGE].rows:,}" if LARGE in usage else 0,
+                    f"{report.cost:.4f}",
                     f"{lever.cost:.4f}" if lever and lever.cost is not None else "",
-                    f"{wall:.2f}", f"{(report.cost or 0) / cost:.2f}x"]))
+                    f"{wall:.2f}",
+                    f"{(report.cost or 0) / cost:.2f}x",
+                ]
+            )
+        )
 
 
 def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
@@ -172,15 +273,30 @@ def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
     count, dimensions = vectors.shape
     keys = [f"k{i}" for i in range(count)]
     tables = {
-        "llm_cache": pa.table({"key": keys, "model": ["m"] * count, "endpoint": ["x"] * count,
-                               "request": ["{}"] * count, "status": ["ok"] * count}),
-        "llm_embeddings": pa.table({
-            "key": keys, "model": ["emb"] * count, "endpoint": ["x"] * count,
-            "request": ["{}"] * count, "dimensions": [dimensions] * count,
-            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dimensions)
-            .cast(pa.list_(pa.float32()))}),
-        "llm_semantic_index": pa.table({"key": keys, "scope": ["s"] * count,
-                                        "embedding_key": keys}),
+        "llm_cache": pa.table(
+            {
+                "key": keys,
+                "model": ["m"] * count,
+                "endpoint": ["x"] * count,
+                "request": ["{}"] * count,
+                "status": ["ok"] * count,
+            }
+        ),
+        "llm_embeddings": pa.table(
+            {
+                "key": keys,
+                "model": ["emb"] * count,
+                "endpoint": ["x"] * count,
+                "request": ["{}"] * count,
+                "dimensions": [dimensions] * count,
+                "embedding": pa.FixedSizeListArray.from_arrays(
+                    pa.array(vectors.ravel()), dimensions
+                ).cast(pa.list_(pa.float32())),
+            }
+        ),
+        "llm_semantic_index": pa.table(
+            {"key": keys, "scope": ["s"] * count, "embedding_key": keys}
+        ),
     }
     cache = Cache(path)
     for table, rows in tables.items():
@@ -189,15 +305,29 @@ def _fill_index(path: Path, vectors: np.ndarray[Any, Any]) -> None:
 
 def _vectors(matrix: np.ndarray[Any, Any]) -> pa.Table:
     count, dimensions = matrix.shape
-    return pa.table({"id": range(count), "embedding": pa.FixedSizeListArray.from_arrays(
-        pa.array(matrix.ravel()), dimensions)})
+    return pa.table(
+        {
+            "id": range(count),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(matrix.ravel()), dimensions),
+        }
+    )
 
 
 def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
-    print("\n### Similarity search: one batch of misses against the indexed answers of its "
-          "scope\n")
-    print(_row(["misses", "candidates", "dimensions", "llm_ops search s", "M pairs/s",
-                "DuckDB array_cosine_similarity s", "llm_ops / DuckDB"]))
+    print("\n### Similarity search: one batch of misses against the indexed answers of its scope\n")
+    print(
+        _row(
+            [
+                "misses",
+                "candidates",
+                "dimensions",
+                "llm_ops search s",
+                "M pairs/s",
+                "DuckDB array_cosine_similarity s",
+                "llm_ops / DuckDB",
+            ]
+        )
+    )
     print(_row(["---"] * 7))
     rng = np.random.default_rng(0)
     for misses, candidates, dimensions in sizes:
@@ -205,8 +335,13 @@ def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
         candidates_vectors = rng.standard_normal((candidates, dimensions), dtype=np.float32)
         _fill_index(path, candidates_vectors)
         queries = rng.standard_normal((misses, dimensions), dtype=np.float32)
-        frame = pl.DataFrame({"key": [f"q{i}" for i in range(misses)], "scope": ["s"] * misses,
-                              "embedding": queries.tolist()})
+        frame = pl.DataFrame(
+            {
+                "key": [f"q{i}" for i in range(misses)],
+                "scope": ["s"] * misses,
+                "embedding": queries.tolist(),
+            }
+        )
         started = time.perf_counter()
         SemanticCache("emb").nearest(frame, Cache(path))
         ours = time.perf_counter() - started
@@ -219,16 +354,29 @@ def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
                 started = time.perf_counter()
                 con.execute(
                     "SELECT q.id, max(array_cosine_similarity(q.embedding, e.embedding)) "
-                    "FROM q, e GROUP BY q.id").fetchall()
+                    "FROM q, e GROUP BY q.id"
+                ).fetchall()
                 duck = time.perf_counter() - started
             sql, ratio = f"{duck:.2f}", f"{ours / duck:.2f}x"
-        print(_row([f"{misses:,}", f"{candidates:,}", dimensions, f"{ours:.2f}",
-                    f"{misses * candidates / ours / 1e6:.0f}", sql, ratio]))
+        print(
+            _row(
+                [
+                    f"{misses:,}",
+                    f"{candidates:,}",
+                    dimensions,
+                    f"{ours:.2f}",
+                    f"{misses * candidates / ours / 1e6:.0f}",
+                    sql,
+                    ratio,
+                ]
+            )
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--hard-share", type=float, default=0.15)
     parser.add_argument("--threshold", type=float, default=0.95)
@@ -237,9 +385,14 @@ def main() -> None:
         semantic(endpoint, args.rows, args.threshold, Path(work))
         cascade(endpoint, min(args.rows, 5_000), args.hard_share, Path(work))
         scale = max(1, args.rows // 1000)
-        search_scale(Path(work), [(100 * scale, 1_000 * scale, 256),
-                                  (250 * scale, 5_000 * scale, 256),
-                                  (250 * scale, 5_000 * scale, 1536)])
+        search_scale(
+            Path(work),
+            [
+                (100 * scale, 1_000 * scale, 256),
+                (250 * scale, 5_000 * scale, 256),
+                (250 * scale, 5_000 * scale, 1536),
+            ],
+        )
 
 
 if __name__ == "__main__":

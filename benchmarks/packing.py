@@ -22,25 +22,36 @@ def main() -> None:
     texts = pl.read_parquet("data/womens_clothing_reviews.parquet")["text"].head(args.rows)
     frame = pl.DataFrame({"text": [f"{text} (#{i})" for i, text in enumerate(texts)]})
     expected = [expected_reply(f"Summarize: {t}", model="sim") for t in frame["text"]]
-    print("| rows per request | rows | requests | requests per row | prompt tokens | "
-          "completion tokens | wall s | rows with their own answer |")
+    print(
+        "| rows per request | rows | requests | requests per row | prompt tokens | "
+        "completion tokens | wall s | rows with their own answer |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     baseline_requests = None
     with LocalEndpoint() as endpoint:
         for k in (1, 8, 32):
             endpoint.reset()
             started = time.perf_counter()
-            out = frame.pipe(llm_complete, prompt="Summarize: {text}", model="sim",
-                             base_url=endpoint.base_url, cache=False, concurrency=32,
-                             rows_per_request=k, progress=False)
+            out = frame.pipe(
+                llm_complete,
+                prompt="Summarize: {text}",
+                model="sim",
+                base_url=endpoint.base_url,
+                cache=False,
+                concurrency=32,
+                rows_per_request=k,
+                progress=False,
+            )
             wall = time.perf_counter() - started
             stats = endpoint.stats()
             baseline_requests = baseline_requests or stats["requests"]
             correct = sum(a == b for a, b in zip(out["completion"], expected, strict=True))
-            print(f"| {k} | {frame.height:,} | {stats['requests']:,} "
-                  f"({stats['requests'] / baseline_requests:.3f}x) | "
-                  f"{stats['requests'] / frame.height:.3f} | {stats['prompt_tokens']:,} | "
-                  f"{stats['completion_tokens']:,} | {wall:.1f} | {correct:,} |")
+            print(
+                f"| {k} | {frame.height:,} | {stats['requests']:,} "
+                f"({stats['requests'] / baseline_requests:.3f}x) | "
+                f"{stats['requests'] / frame.height:.3f} | {stats['prompt_tokens']:,} | "
+                f"{stats['completion_tokens']:,} | {wall:.1f} | {correct:,} |"
+            )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,13 @@ PROFILE = HERE / "PROFILE.txt"
 MODEL = "sim"
 RESULT_PREFIX = "RESULT "
 SCENARIOS = (
-    "overhead", "latency-bound", "duplicates", "rerun", "rate limited", "faults", "memory",
+    "overhead",
+    "latency-bound",
+    "duplicates",
+    "rerun",
+    "rate limited",
+    "faults",
+    "memory",
 )
 Result = dict[str, Any]
 
@@ -102,15 +108,33 @@ class Sizes:
 
 
 FULL = Sizes(
-    reps=3, overhead_rows=20_000, ceiling_requests=10_000, latency_work_seconds=5.0,
-    duplicate_rows=4_000, rerun_rows=5_000, cached_distinct=10_000, cached_rows=1_000_000,
-    rate_work_seconds=10.0, fault_rows=3_000, memory_small=100_000, memory_large=1_000_000,
+    reps=3,
+    overhead_rows=20_000,
+    ceiling_requests=10_000,
+    latency_work_seconds=5.0,
+    duplicate_rows=4_000,
+    rerun_rows=5_000,
+    cached_distinct=10_000,
+    cached_rows=1_000_000,
+    rate_work_seconds=10.0,
+    fault_rows=3_000,
+    memory_small=100_000,
+    memory_large=1_000_000,
     memory_distinct=10_000,
 )
 QUICK = Sizes(
-    reps=1, overhead_rows=3_000, ceiling_requests=3_000, latency_work_seconds=2.0,
-    duplicate_rows=1_000, rerun_rows=1_000, cached_distinct=3_000, cached_rows=100_000,
-    rate_work_seconds=4.0, fault_rows=1_000, memory_small=100_000, memory_large=300_000,
+    reps=1,
+    overhead_rows=3_000,
+    ceiling_requests=3_000,
+    latency_work_seconds=2.0,
+    duplicate_rows=1_000,
+    rerun_rows=1_000,
+    cached_distinct=3_000,
+    cached_rows=100_000,
+    rate_work_seconds=4.0,
+    fault_rows=1_000,
+    memory_small=100_000,
+    memory_large=300_000,
     memory_distinct=3_000,
 )
 
@@ -216,13 +240,19 @@ class ThreadsProfiler:
             pool = pstats.Stats(self.others[0], stream=out)
             for profiler in self.others[1:]:
                 pool.add(profiler)
-            out.write(f"\n===== the {len(self.others)} other Python threads (asyncio.to_thread: "
-                      f"planning, cache writes, join back), merged: top {top} by tottime =====\n")
+            out.write(
+                f"\n===== the {len(self.others)} other Python threads (asyncio.to_thread: "
+                f"planning, cache writes, join back), merged: top {top} by tottime =====\n"
+            )
             pool.sort_stats("tottime").print_stats(top)
         text = out.getvalue()
         package = Path(sys.modules["llm_ops"].__file__ or "").parent
-        for prefix in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"],
-                       str(package.parent), str(REPO)):
+        for prefix in (
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["stdlib"],
+            str(package.parent),
+            str(REPO),
+        ):
             text = text.replace(prefix + os.sep, "")
         return text
 
@@ -269,13 +299,21 @@ async def hammer(base_url: str, bodies: Sequence[bytes], concurrency: int) -> in
 def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
     frame = workload(params["rows"], params.get("distinct"), params.get("seed", 0))
     texts = frame["text"]
-    result: Result = {"scenario": scenario, "side": side, "rows": frame.height,
-                      "distinct": texts.n_unique(),
-                      "llm_ops": str(Path(sys.modules["llm_ops"].__file__ or "").parent)}
-    bodies = [
-        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": t}]}).encode()
-        for t in texts
-    ] if side == "ceiling" else []
+    result: Result = {
+        "scenario": scenario,
+        "side": side,
+        "rows": frame.height,
+        "distinct": texts.n_unique(),
+        "llm_ops": str(Path(sys.modules["llm_ops"].__file__ or "").parent),
+    }
+    bodies = (
+        [
+            json.dumps({"model": MODEL, "messages": [{"role": "user", "content": t}]}).encode()
+            for t in texts
+        ]
+        if side == "ceiling"
+        else []
+    )
     gc.collect()
     result["rss_before_mb"] = rss_mb()
     profiler = ThreadsProfiler() if params.get("profile") else None
@@ -284,13 +322,21 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
     with profiler or contextlib.nullcontext():
         if side == "llm_ops":
             out, report = llm_complete(
-                frame, prompt="{text}", model=MODEL, base_url=params["base_url"],
-                cache=params.get("cache") or False, concurrency=params["concurrency"],
-                timeout=params.get("timeout") or 60.0, progress=False, return_report=True,
+                frame,
+                prompt="{text}",
+                model=MODEL,
+                base_url=params["base_url"],
+                cache=params.get("cache") or False,
+                concurrency=params["concurrency"],
+                timeout=params.get("timeout") or 60.0,
+                progress=False,
+                return_report=True,
             )
         elif side == "baseline":
             out = baseline_complete(
-                frame, base_url=params["base_url"], concurrency=params["concurrency"],
+                frame,
+                base_url=params["base_url"],
+                concurrency=params["concurrency"],
                 timeout=params.get("timeout"),
             )
         elif side == "ceiling":
@@ -309,8 +355,10 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
     if side == "llm_ops":
         status = out["completion_status"].cast(pl.String)
         result["report"] = {
-            "requests_sent": report.requests_sent, "retries": report.retries,
-            "cache_hits": report.cache_hits, "distinct_requests": report.distinct_requests,
+            "requests_sent": report.requests_sent,
+            "retries": report.retries,
+            "cache_hits": report.cache_hits,
+            "distinct_requests": report.distinct_requests,
             "statuses": {k: v for k, v in report.statuses.items() if v},
         }
         marked_failed = status.is_in(["failed", "rejected"])
@@ -350,8 +398,9 @@ class Bench:
         self._files += 1
         return str(self.scratch / f"{name}-{self._files}.duckdb")
 
-    def run(self, scenario: str, side: str, params: dict[str, Any],
-            config: dict[str, Any]) -> Result:
+    def run(
+        self, scenario: str, side: str, params: dict[str, Any], config: dict[str, Any]
+    ) -> Result:
         self.endpoint.configure(**config)
         self.endpoint.reset()
         cpu = endpoint_cpu_seconds(self.endpoint)
@@ -368,16 +417,28 @@ class Bench:
 
     def disturbance(self, scenario: str) -> str:
         """One line on how busy other processes kept the machine during a scenario's runs."""
-        loads = [r["other_load"] for r in self.results.get(scenario, [])
-                 if not math.isnan(r["other_load"])]
+        loads = [
+            r["other_load"]
+            for r in self.results.get(scenario, [])
+            if not math.isnan(r["other_load"])
+        ]
         if not loads:
             return ""
-        return (f"Other processes used a median {statistics.median(loads):.2f} and at most "
-                f"{max(loads):.2f} cores while this scenario's sides were measured "
-                f"({os.cpu_count()} cores in all).")
+        return (
+            f"Other processes used a median {statistics.median(loads):.2f} and at most "
+            f"{max(loads):.2f} cores while this scenario's sides were measured "
+            f"({os.cpu_count()} cores in all)."
+        )
 
-    def later(self, scenario: str, side: str, params: dict[str, Any],
-              config: dict[str, Any], *, fresh_cache: bool = False) -> Callable[[], Result]:
+    def later(
+        self,
+        scenario: str,
+        side: str,
+        params: dict[str, Any],
+        config: dict[str, Any],
+        *,
+        fresh_cache: bool = False,
+    ) -> Callable[[], Result]:
         """A run to make later; ``fresh_cache`` gives each run a new cache file."""
 
         def run() -> Result:
@@ -398,13 +459,21 @@ class Bench:
 
 
 def spawn(scenario: str, side: str, params: dict[str, Any]) -> Result:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", scenario, side,
-               json.dumps(params)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600,
-                          check=False)
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        scenario,
+        side,
+        json.dumps(params),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=REPO, timeout=3600, check=False
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"worker {scenario}/{side} exited {done.returncode}:\n"
-                           f"{done.stderr[-4000:]}")
+        raise RuntimeError(
+            f"worker {scenario}/{side} exited {done.returncode}:\n{done.stderr[-4000:]}"
+        )
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             result: Result = json.loads(line.removeprefix(RESULT_PREFIX))
@@ -480,42 +549,89 @@ def scenario_overhead(bench: Bench, sizes: Sizes) -> Section:
     rows = sizes.overhead_rows
     params = {"rows": rows, "concurrency": CONCURRENCY}
     ceiling = [
-        bench.run("overhead", "ceiling", {"rows": sizes.ceiling_requests,
-                                          "concurrency": CONCURRENCY}, {})
+        bench.run(
+            "overhead", "ceiling", {"rows": sizes.ceiling_requests, "concurrency": CONCURRENCY}, {}
+        )
         for _ in range(bench.reps)
     ]
-    runs = bench.alternate([
-        ("llm_ops", bench.later("overhead", "llm_ops", params, {}, fresh_cache=True)),
-        ("llm_ops_nocache", bench.later("overhead", "llm_ops", params, {})),
-        ("baseline", bench.later("overhead", "baseline", params, {})),
-    ])
-    headers = ["side", "rows", "wall s", "rows/s", "client CPU ms/request", "peak RSS MB",
-               "endpoint CPU ms/request", "endpoint busy", "correct rows"]
-    labels = {"llm_ops": "llm_ops (fresh cache file)", "llm_ops_nocache": "llm_ops (cache=False)",
-              "baseline": "baseline (AsyncOpenAI loop)"}
+    runs = bench.alternate(
+        [
+            ("llm_ops", bench.later("overhead", "llm_ops", params, {}, fresh_cache=True)),
+            ("llm_ops_nocache", bench.later("overhead", "llm_ops", params, {})),
+            ("baseline", bench.later("overhead", "baseline", params, {})),
+        ]
+    )
+    headers = [
+        "side",
+        "rows",
+        "wall s",
+        "rows/s",
+        "client CPU ms/request",
+        "peak RSS MB",
+        "endpoint CPU ms/request",
+        "endpoint busy",
+        "correct rows",
+    ]
+    labels = {
+        "llm_ops": "llm_ops (fresh cache file)",
+        "llm_ops_nocache": "llm_ops (cache=False)",
+        "baseline": "baseline (AsyncOpenAI loop)",
+    }
     body = []
     for key, label in labels.items():
         r = runs[key]
-        body.append([label, fmt(median(r, "rows")), fmt(median(r, "wall"), 2),
-                     fmt(median(r, "rows_per_s")), fmt(median(r, "cpu_ms_per_request"), 2),
-                     fmt(median(r, "peak_rss_mb")), fmt(median(r, "endpoint_ms_per_request"), 2),
-                     pct(median(r, "endpoint_busy")), fmt(median(r, "correct"))])
+        body.append(
+            [
+                label,
+                fmt(median(r, "rows")),
+                fmt(median(r, "wall"), 2),
+                fmt(median(r, "rows_per_s")),
+                fmt(median(r, "cpu_ms_per_request"), 2),
+                fmt(median(r, "peak_rss_mb")),
+                fmt(median(r, "endpoint_ms_per_request"), 2),
+                pct(median(r, "endpoint_busy")),
+                fmt(median(r, "correct")),
+            ]
+        )
     for key in ("llm_ops", "llm_ops_nocache"):
         a, b = runs[key], runs["baseline"]
-        body.append([f"**ratio {labels[key]} / baseline**", "", ratio(median(a, "wall"),
-                     median(b, "wall")), ratio(median(a, "rows_per_s"), median(b, "rows_per_s")),
-                     ratio(median(a, "cpu_ms_per_request"), median(b, "cpu_ms_per_request")),
-                     ratio(median(a, "peak_rss_mb"), median(b, "peak_rss_mb")), "", "", ""])
+        body.append(
+            [
+                f"**ratio {labels[key]} / baseline**",
+                "",
+                ratio(median(a, "wall"), median(b, "wall")),
+                ratio(median(a, "rows_per_s"), median(b, "rows_per_s")),
+                ratio(median(a, "cpu_ms_per_request"), median(b, "cpu_ms_per_request")),
+                ratio(median(a, "peak_rss_mb"), median(b, "peak_rss_mb")),
+                "",
+                "",
+                "",
+            ]
+        )
     ceiling_ms = median(ceiling, "endpoint_ms_per_request")
     worst = max(median(r, "endpoint_ms_per_request") for r in runs.values())
     fastest = max(median(r, "rows_per_s") for r in runs.values())
     ceiling_table = table(
-        ["load", "requests", "req/s", "load client CPU ms/request", "endpoint CPU ms/request",
-         "endpoint busy", "endpoint ceiling (1 core) ≈ req/s"],
-        [["raw aiohttp, pre-encoded bodies, body read not parsed", fmt(median(ceiling, "rows")),
-          fmt(median(ceiling, "rows_per_s")), fmt(median(ceiling, "cpu_ms_per_request"), 2),
-          fmt(ceiling_ms, 2), pct(median(ceiling, "endpoint_busy")),
-          fmt(1000 / ceiling_ms if ceiling_ms else math.nan)]],
+        [
+            "load",
+            "requests",
+            "req/s",
+            "load client CPU ms/request",
+            "endpoint CPU ms/request",
+            "endpoint busy",
+            "endpoint ceiling (1 core) ≈ req/s",
+        ],
+        [
+            [
+                "raw aiohttp, pre-encoded bodies, body read not parsed",
+                fmt(median(ceiling, "rows")),
+                fmt(median(ceiling, "rows_per_s")),
+                fmt(median(ceiling, "cpu_ms_per_request"), 2),
+                fmt(ceiling_ms, 2),
+                pct(median(ceiling, "endpoint_busy")),
+                fmt(1000 / ceiling_ms if ceiling_ms else math.nan),
+            ]
+        ],
     )
     text = (
         f"Zero-latency endpoint, {rows:,} distinct rows, concurrency {CONCURRENCY}. Client CPU "
@@ -534,29 +650,59 @@ def scenario_overhead(bench: Bench, sizes: Sizes) -> Section:
 
 
 def scenario_latency(bench: Bench, sizes: Sizes) -> Section:
-    headers = ["concurrency", "side", "rows", "wall s", "rows/s", "% of C/latency",
-               "client CPU ms/request", "endpoint max in flight"]
+    headers = [
+        "concurrency",
+        "side",
+        "rows",
+        "wall s",
+        "rows/s",
+        "% of C/latency",
+        "client CPU ms/request",
+        "endpoint max in flight",
+    ]
     body = []
     config = {"latency": LATENCY}
     for concurrency in LATENCY_CONCURRENCIES:
         ideal = concurrency / LATENCY
-        params = {"rows": max(20, round(ideal * sizes.latency_work_seconds)),
-                  "concurrency": concurrency}
-        runs = bench.alternate([
-            ("llm_ops", bench.later("latency-bound", "llm_ops", params, config,
-                                    fresh_cache=True)),
-            ("baseline", bench.later("latency-bound", "baseline", params, config)),
-        ])
+        params = {
+            "rows": max(20, round(ideal * sizes.latency_work_seconds)),
+            "concurrency": concurrency,
+        }
+        runs = bench.alternate(
+            [
+                (
+                    "llm_ops",
+                    bench.later("latency-bound", "llm_ops", params, config, fresh_cache=True),
+                ),
+                ("baseline", bench.later("latency-bound", "baseline", params, config)),
+            ]
+        )
         for side, r in runs.items():
-            body.append([str(concurrency), side, fmt(median(r, "rows")), fmt(median(r, "wall"), 2),
-                         fmt(median(r, "rows_per_s")), pct(median(r, "rows_per_s") / ideal),
-                         fmt(median(r, "cpu_ms_per_request"), 2),
-                         fmt(median(r, lambda x: x["endpoint"]["max_in_flight"]))])
+            body.append(
+                [
+                    str(concurrency),
+                    side,
+                    fmt(median(r, "rows")),
+                    fmt(median(r, "wall"), 2),
+                    fmt(median(r, "rows_per_s")),
+                    pct(median(r, "rows_per_s") / ideal),
+                    fmt(median(r, "cpu_ms_per_request"), 2),
+                    fmt(median(r, lambda x: x["endpoint"]["max_in_flight"])),
+                ]
+            )
         a, b = runs["llm_ops"], runs["baseline"]
-        body.append([str(concurrency), "**ratio llm_ops / baseline**", "",
-                     ratio(median(a, "wall"), median(b, "wall")),
-                     ratio(median(a, "rows_per_s"), median(b, "rows_per_s")), "",
-                     ratio(median(a, "cpu_ms_per_request"), median(b, "cpu_ms_per_request")), ""])
+        body.append(
+            [
+                str(concurrency),
+                "**ratio llm_ops / baseline**",
+                "",
+                ratio(median(a, "wall"), median(b, "wall")),
+                ratio(median(a, "rows_per_s"), median(b, "rows_per_s")),
+                "",
+                ratio(median(a, "cpu_ms_per_request"), median(b, "cpu_ms_per_request")),
+                "",
+            ]
+        )
     text = (
         f"Endpoint latency {LATENCY * 1000:.0f} ms, distinct rows, about "
         f"{sizes.latency_work_seconds:g} s of ideal work at C / latency "
@@ -571,25 +717,55 @@ def scenario_duplicates(bench: Bench, sizes: Sizes) -> Section:
     rows = sizes.duplicate_rows
     params = {"rows": rows, "distinct": max(1, rows // 2), "concurrency": CONCURRENCY}
     config = {"latency": DUPLICATE_LATENCY}
-    runs = bench.alternate([
-        ("llm_ops", bench.later("duplicates", "llm_ops", params, config, fresh_cache=True)),
-        ("baseline", bench.later("duplicates", "baseline", params, config)),
-    ])
-    headers = ["side", "rows", "distinct prompts", "requests received", "requests per distinct",
-               "requests per row", "most sends of one prompt", "wall s", "rows/s", "correct rows"]
+    runs = bench.alternate(
+        [
+            ("llm_ops", bench.later("duplicates", "llm_ops", params, config, fresh_cache=True)),
+            ("baseline", bench.later("duplicates", "baseline", params, config)),
+        ]
+    )
+    headers = [
+        "side",
+        "rows",
+        "distinct prompts",
+        "requests received",
+        "requests per distinct",
+        "requests per row",
+        "most sends of one prompt",
+        "wall s",
+        "rows/s",
+        "correct rows",
+    ]
     body = []
     for side, r in runs.items():
-        body.append([side, fmt(median(r, "rows")), fmt(median(r, "distinct")),
-                     fmt(median(r, "sent")), fmt(median(r, lambda x: x["sent"] / x["distinct"]), 2),
-                     fmt(median(r, lambda x: x["sent"] / x["rows"]), 2),
-                     fmt(median(r, lambda x: x["endpoint"]["max_prompt_repeats"])),
-                     fmt(median(r, "wall"), 2), fmt(median(r, "rows_per_s")),
-                     fmt(median(r, "correct"))])
+        body.append(
+            [
+                side,
+                fmt(median(r, "rows")),
+                fmt(median(r, "distinct")),
+                fmt(median(r, "sent")),
+                fmt(median(r, lambda x: x["sent"] / x["distinct"]), 2),
+                fmt(median(r, lambda x: x["sent"] / x["rows"]), 2),
+                fmt(median(r, lambda x: x["endpoint"]["max_prompt_repeats"])),
+                fmt(median(r, "wall"), 2),
+                fmt(median(r, "rows_per_s")),
+                fmt(median(r, "correct")),
+            ]
+        )
     a, b = runs["llm_ops"], runs["baseline"]
-    body.append(["**ratio llm_ops / baseline**", "", "",
-                 ratio(median(a, "sent"), median(b, "sent")),
-                 "", "", "", ratio(median(a, "wall"), median(b, "wall")),
-                 ratio(median(a, "rows_per_s"), median(b, "rows_per_s")), ""])
+    body.append(
+        [
+            "**ratio llm_ops / baseline**",
+            "",
+            "",
+            ratio(median(a, "sent"), median(b, "sent")),
+            "",
+            "",
+            "",
+            ratio(median(a, "wall"), median(b, "wall")),
+            ratio(median(a, "rows_per_s"), median(b, "rows_per_s")),
+            "",
+        ]
+    )
     text = (
         f"{rows:,} rows over {rows // 2:,} distinct prompts (each twice, shuffled), endpoint "
         f"latency {DUPLICATE_LATENCY * 1000:.0f} ms, concurrency {CONCURRENCY}. Requests are "
@@ -604,35 +780,77 @@ def scenario_rerun(bench: Bench, sizes: Sizes) -> Section:
     cache = bench.cache_file("rerun")
     params = {"rows": rows, "concurrency": CONCURRENCY, "cache": cache}
     cold = bench.run("rerun", "llm_ops", params, {})
-    runs = bench.alternate([
-        ("warm", bench.later("rerun", "llm_ops", params, {})),
-        ("baseline", bench.later("rerun", "baseline", params, {})),
-    ])
+    runs = bench.alternate(
+        [
+            ("warm", bench.later("rerun", "llm_ops", params, {})),
+            ("baseline", bench.later("rerun", "baseline", params, {})),
+        ]
+    )
     big_cache = bench.cache_file("cached-table")
-    fill = bench.run("rerun", "llm_ops", {"rows": sizes.cached_distinct,
-                                          "concurrency": CONCURRENCY, "cache": big_cache}, {})
-    big = [bench.run("rerun", "llm_ops", {"rows": sizes.cached_rows,
-                                          "distinct": sizes.cached_distinct,
-                                          "concurrency": CONCURRENCY, "cache": big_cache}, {})
-           for _ in range(bench.reps)]
-    headers = ["run", "side", "rows", "distinct", "requests received", "wall s", "rows/s",
-               "client CPU s", "peak RSS MB", "correct rows"]
+    fill = bench.run(
+        "rerun",
+        "llm_ops",
+        {"rows": sizes.cached_distinct, "concurrency": CONCURRENCY, "cache": big_cache},
+        {},
+    )
+    big = [
+        bench.run(
+            "rerun",
+            "llm_ops",
+            {
+                "rows": sizes.cached_rows,
+                "distinct": sizes.cached_distinct,
+                "concurrency": CONCURRENCY,
+                "cache": big_cache,
+            },
+            {},
+        )
+        for _ in range(bench.reps)
+    ]
+    headers = [
+        "run",
+        "side",
+        "rows",
+        "distinct",
+        "requests received",
+        "wall s",
+        "rows/s",
+        "client CPU s",
+        "peak RSS MB",
+        "correct rows",
+    ]
 
     def line(run: str, side: str, r: Sequence[Result]) -> list[str]:
-        return [run, side, fmt(median(r, "rows")), fmt(median(r, "distinct")),
-                fmt(median(r, "sent")), fmt(median(r, "wall"), 2), fmt(median(r, "rows_per_s")),
-                fmt(median(r, "cpu"), 2), fmt(median(r, "peak_rss_mb")), fmt(median(r, "correct"))]
+        return [
+            run,
+            side,
+            fmt(median(r, "rows")),
+            fmt(median(r, "distinct")),
+            fmt(median(r, "sent")),
+            fmt(median(r, "wall"), 2),
+            fmt(median(r, "rows_per_s")),
+            fmt(median(r, "cpu"), 2),
+            fmt(median(r, "peak_rss_mb")),
+            fmt(median(r, "correct")),
+        ]
 
     warm, base = runs["warm"], runs["baseline"]
     body = [
         line("first run, empty cache (once)", "llm_ops", [cold]),
         line("same job again, warm cache", "llm_ops", warm),
         line("same job again (no cache)", "baseline", base),
-        ["**ratio warm llm_ops / baseline**", "", "", "", "",
-         ratio(median(warm, "wall"), median(base, "wall")),
-         ratio(median(warm, "rows_per_s"), median(base, "rows_per_s")),
-         ratio(median(warm, "cpu"), median(base, "cpu")),
-         ratio(median(warm, "peak_rss_mb"), median(base, "peak_rss_mb")), ""],
+        [
+            "**ratio warm llm_ops / baseline**",
+            "",
+            "",
+            "",
+            "",
+            ratio(median(warm, "wall"), median(base, "wall")),
+            ratio(median(warm, "rows_per_s"), median(base, "rows_per_s")),
+            ratio(median(warm, "cpu"), median(base, "cpu")),
+            ratio(median(warm, "peak_rss_mb"), median(base, "peak_rss_mb")),
+            "",
+        ],
         line("cache fill: the distinct prompts (once)", "llm_ops", [fill]),
         line("fully cached table", "llm_ops", big),
     ]
@@ -655,12 +873,23 @@ def scenario_rate_limited(bench: Bench, sizes: Sizes) -> Section:
     ideal_wall = max(0.0, rows - burst) / rate + RATE_LATENCY
     config = {"rpm": RATE_RPM, "rate_window": RATE_WINDOW, "latency": RATE_LATENCY}
     params = {"rows": rows, "concurrency": CONCURRENCY}
-    runs = bench.alternate([
-        ("llm_ops", bench.later("rate limited", "llm_ops", params, config, fresh_cache=True)),
-        ("baseline", bench.later("rate limited", "baseline", params, config)),
-    ])
-    headers = ["side", "rows", "answered rows", "failed rows", "429s received",
-               "requests received", "wall s", "goodput rows/s", "sustained % of limit"]
+    runs = bench.alternate(
+        [
+            ("llm_ops", bench.later("rate limited", "llm_ops", params, config, fresh_cache=True)),
+            ("baseline", bench.later("rate limited", "baseline", params, config)),
+        ]
+    )
+    headers = [
+        "side",
+        "rows",
+        "answered rows",
+        "failed rows",
+        "429s received",
+        "requests received",
+        "wall s",
+        "goodput rows/s",
+        "sustained % of limit",
+    ]
 
     def sustained(x: Result) -> float:
         """Rows answered beyond the burst, per second of wall time past the first latency."""
@@ -669,16 +898,33 @@ def scenario_rate_limited(bench: Bench, sizes: Sizes) -> Section:
 
     body = []
     for side, r in runs.items():
-        body.append([side, fmt(median(r, "rows")), fmt(median(r, "correct")),
-                     fmt(median(r, "failed_rows")), fmt(median(r, "http_429")),
-                     fmt(median(r, "sent")), fmt(median(r, "wall"), 2),
-                     fmt(median(r, lambda x: x["correct"] / x["wall"]), 1),
-                     pct(median(r, sustained))])
+        body.append(
+            [
+                side,
+                fmt(median(r, "rows")),
+                fmt(median(r, "correct")),
+                fmt(median(r, "failed_rows")),
+                fmt(median(r, "http_429")),
+                fmt(median(r, "sent")),
+                fmt(median(r, "wall"), 2),
+                fmt(median(r, lambda x: x["correct"] / x["wall"]), 1),
+                pct(median(r, sustained)),
+            ]
+        )
     a, b = runs["llm_ops"], runs["baseline"]
-    body.append(["**ratio llm_ops / baseline**", "", ratio(median(a, "correct"),
-                 median(b, "correct")), "", ratio(median(a, "http_429"), median(b, "http_429")),
-                 ratio(median(a, "sent"), median(b, "sent")), ratio(median(a, "wall"),
-                 median(b, "wall")), "", ""])
+    body.append(
+        [
+            "**ratio llm_ops / baseline**",
+            "",
+            ratio(median(a, "correct"), median(b, "correct")),
+            "",
+            ratio(median(a, "http_429"), median(b, "http_429")),
+            ratio(median(a, "sent"), median(b, "sent")),
+            ratio(median(a, "wall"), median(b, "wall")),
+            "",
+            "",
+        ]
+    )
     text = (
         f"Endpoint limit {RATE_RPM} requests/min ({rate:g}/s) with a {RATE_WINDOW:g} s burst "
         f"({burst:g} requests), latency {RATE_LATENCY * 1000:.0f} ms; x-ratelimit headers on, "
@@ -696,25 +942,61 @@ def scenario_rate_limited(bench: Bench, sizes: Sizes) -> Section:
 def scenario_faults(bench: Bench, sizes: Sizes) -> Section:
     rows = sizes.fault_rows
     params = {"rows": rows, "concurrency": CONCURRENCY, "timeout": FAULT_TIMEOUT}
-    runs = bench.alternate([
-        ("llm_ops", bench.later("faults", "llm_ops", params, FAULTS, fresh_cache=True)),
-        ("baseline", bench.later("faults", "baseline", params, FAULTS)),
-    ], reps=min(bench.reps, SLOW_SCENARIO_REPS))
-    headers = ["side", "rows", "answered correctly", "failed (explicitly)", "lost",
-               "requests received", "hangs hit", "other faults hit", "wall s", "rows/s"]
+    runs = bench.alternate(
+        [
+            ("llm_ops", bench.later("faults", "llm_ops", params, FAULTS, fresh_cache=True)),
+            ("baseline", bench.later("faults", "baseline", params, FAULTS)),
+        ],
+        reps=min(bench.reps, SLOW_SCENARIO_REPS),
+    )
+    headers = [
+        "side",
+        "rows",
+        "answered correctly",
+        "failed (explicitly)",
+        "lost",
+        "requests received",
+        "hangs hit",
+        "other faults hit",
+        "wall s",
+        "rows/s",
+    ]
     body = []
     for side, r in runs.items():
-        body.append([side, fmt(median(r, "rows")), fmt(median(r, "correct")),
-                     fmt(median(r, "failed_rows")), fmt(median(r, "lost")), fmt(median(r, "sent")),
-                     fmt(median(r, lambda x: x["endpoint"]["faults"].get("hang", 0))),
-                     fmt(median(r, lambda x: sum(v for k, v in x["endpoint"]["faults"].items()
-                                                 if k != "hang"))),
-                     fmt(median(r, "wall"), 2), fmt(median(r, "rows_per_s"))])
+        body.append(
+            [
+                side,
+                fmt(median(r, "rows")),
+                fmt(median(r, "correct")),
+                fmt(median(r, "failed_rows")),
+                fmt(median(r, "lost")),
+                fmt(median(r, "sent")),
+                fmt(median(r, lambda x: x["endpoint"]["faults"].get("hang", 0))),
+                fmt(
+                    median(
+                        r,
+                        lambda x: sum(v for k, v in x["endpoint"]["faults"].items() if k != "hang"),
+                    )
+                ),
+                fmt(median(r, "wall"), 2),
+                fmt(median(r, "rows_per_s")),
+            ]
+        )
     a, b = runs["llm_ops"], runs["baseline"]
-    body.append(["**ratio llm_ops / baseline**", "", ratio(median(a, "correct"),
-                 median(b, "correct")), "", "", ratio(median(a, "sent"), median(b, "sent")), "", "",
-                 ratio(median(a, "wall"), median(b, "wall")),
-                 ratio(median(a, "rows_per_s"), median(b, "rows_per_s"))])
+    body.append(
+        [
+            "**ratio llm_ops / baseline**",
+            "",
+            ratio(median(a, "correct"), median(b, "correct")),
+            "",
+            "",
+            ratio(median(a, "sent"), median(b, "sent")),
+            "",
+            "",
+            ratio(median(a, "wall"), median(b, "wall")),
+            ratio(median(a, "rows_per_s"), median(b, "rows_per_s")),
+        ]
+    )
     worst_lost = max(int(x["lost"]) for x in a)
     text = (
         f"{FAULTS['fault_rate']:.0%} of attempts get a fault (500, 503, 429 without headers, "
@@ -733,27 +1015,62 @@ def scenario_faults(bench: Bench, sizes: Sizes) -> Section:
 
 def scenario_memory(bench: Bench, sizes: Sizes) -> Section:
     distinct = sizes.memory_distinct
-    runs = bench.alternate([
-        (str(rows), bench.later(
-            "memory", "llm_ops", {"rows": rows, "distinct": distinct, "concurrency": CONCURRENCY},
-            {}))
-        for rows in (sizes.memory_small, sizes.memory_large)
-    ], reps=min(bench.reps, SLOW_SCENARIO_REPS))
-    headers = ["rows", "distinct", "requests received", "RSS before the call MB", "peak RSS MB",
-               "peak - before MB", "wall s", "rows/s"]
+    runs = bench.alternate(
+        [
+            (
+                str(rows),
+                bench.later(
+                    "memory",
+                    "llm_ops",
+                    {"rows": rows, "distinct": distinct, "concurrency": CONCURRENCY},
+                    {},
+                ),
+            )
+            for rows in (sizes.memory_small, sizes.memory_large)
+        ],
+        reps=min(bench.reps, SLOW_SCENARIO_REPS),
+    )
+    headers = [
+        "rows",
+        "distinct",
+        "requests received",
+        "RSS before the call MB",
+        "peak RSS MB",
+        "peak - before MB",
+        "wall s",
+        "rows/s",
+    ]
     body = []
     for r in runs.values():
-        body.append([fmt(median(r, "rows")), fmt(median(r, "distinct")), fmt(median(r, "sent")),
-                     fmt(median(r, "rss_before_mb")), fmt(median(r, "peak_rss_mb")),
-                     fmt(median(r, lambda x: x["peak_rss_mb"] - x["rss_before_mb"])),
-                     fmt(median(r, "wall"), 2), fmt(median(r, "rows_per_s"))])
+        body.append(
+            [
+                fmt(median(r, "rows")),
+                fmt(median(r, "distinct")),
+                fmt(median(r, "sent")),
+                fmt(median(r, "rss_before_mb")),
+                fmt(median(r, "peak_rss_mb")),
+                fmt(median(r, lambda x: x["peak_rss_mb"] - x["rss_before_mb"])),
+                fmt(median(r, "wall"), 2),
+                fmt(median(r, "rows_per_s")),
+            ]
+        )
     small, large = runs[str(sizes.memory_small)], runs[str(sizes.memory_large)]
-    growth = ratio(median(large, lambda x: x["peak_rss_mb"] - x["rss_before_mb"]),
-                   median(small, lambda x: x["peak_rss_mb"] - x["rss_before_mb"]))
-    body.append([f"**ratio {sizes.memory_large:,} / {sizes.memory_small:,}**", "", "",
-                 ratio(median(large, "rss_before_mb"), median(small, "rss_before_mb")),
-                 ratio(median(large, "peak_rss_mb"), median(small, "peak_rss_mb")), growth,
-                 "", ""])
+    growth = ratio(
+        median(large, lambda x: x["peak_rss_mb"] - x["rss_before_mb"]),
+        median(small, lambda x: x["peak_rss_mb"] - x["rss_before_mb"]),
+    )
+    body.append(
+        [
+            f"**ratio {sizes.memory_large:,} / {sizes.memory_small:,}**",
+            "",
+            "",
+            ratio(median(large, "rss_before_mb"), median(small, "rss_before_mb")),
+            ratio(median(large, "peak_rss_mb"), median(small, "peak_rss_mb")),
+            growth,
+            "",
+            "",
+        ]
+    )
     text = (
         "llm_complete on an in-memory Polars frame, cache=False, zero-latency endpoint, "
         f"concurrency {CONCURRENCY}; rows are {distinct:,} distinct prompts repeated (so the "
@@ -809,10 +1126,20 @@ def machine() -> str:
 
 def source_state() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "llm_ops"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "llm_ops"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" + uncommitted changes in llm_ops/" if dirty else "")
@@ -849,15 +1176,14 @@ def load_average() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def header(
-    args: argparse.Namespace, sizes: Sizes, seconds: float, source: str, load: str
-) -> str:
+def header(args: argparse.Namespace, sizes: Sizes, seconds: float, source: str, load: str) -> str:
     mode = "quick" if args.quick else "full"
     return (
         "# llm-ops benchmark results\n\n"
         "Generated by `python benchmarks/run.py"
-        + (" --quick" if args.quick else "") + (f" --scale {args.scale:g}" if args.scale != 1
-                                                 else "") + "`; regenerated by each run.\n\n"
+        + (" --quick" if args.quick else "")
+        + (f" --scale {args.scale:g}" if args.scale != 1 else "")
+        + "`; regenerated by each run.\n\n"
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M UTC}\n"
         f"- machine: {machine()}\n"
         f"- Python {platform.python_version()}; {versions()}\n"
@@ -878,9 +1204,17 @@ def run_profile(args: argparse.Namespace, sizes: Sizes) -> None:
     source = source_state()
     with bench_setup() as (endpoint, scratch, snapshot):
         bench = Bench(endpoint, 1, scratch)
-        result = bench.run("overhead", "llm_ops", {
-            "rows": rows, "concurrency": CONCURRENCY, "cache": bench.cache_file("profile"),
-            "profile": True}, {})
+        result = bench.run(
+            "overhead",
+            "llm_ops",
+            {
+                "rows": rows,
+                "concurrency": CONCURRENCY,
+                "cache": bench.cache_file("profile"),
+                "profile": True,
+            },
+            {},
+        )
     text = (
         f"llm-ops client CPU profile: scenario 1 (overhead), llm_ops side under cProfile\n"
         f"date {datetime.now(UTC):%Y-%m-%d %H:%M UTC}; {machine()}; Python "
@@ -893,8 +1227,7 @@ def run_profile(args: argparse.Namespace, sizes: Sizes) -> None:
         "Covers the event-loop thread and, apart, the asyncio.to_thread pool threads (planning, "
         "cache writes); DuckDB's own C++ threads are not visible to cProfile. Times are wall "
         "seconds per thread: the loop's idle time is select.epoll.poll, a pool thread's "
-        "SimpleQueue.get.\n"
-        + result["profile"]
+        "SimpleQueue.get.\n" + result["profile"]
     )
     out = Path(args.out) if args.out else PROFILE
     out.write_text(text)
@@ -907,14 +1240,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, one repetition")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this")
     parser.add_argument("--reps", type=int, default=None, help="repetitions per side")
-    parser.add_argument("--out", default=None,
-                        help="results file (default: benchmarks/RESULTS.md; --quick writes none)")
-    parser.add_argument("--only", default=None,
-                        help=f"comma-separated scenarios to run, of: {', '.join(SCENARIOS)}")
-    parser.add_argument("--profile", action="store_true",
-                        help="profile scenario 1 for llm_ops; writes benchmarks/PROFILE.txt")
-    parser.add_argument("--worker", nargs=3, metavar=("SCENARIO", "SIDE", "JSON"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results file (default: benchmarks/RESULTS.md; --quick writes none)",
+    )
+    parser.add_argument(
+        "--only", default=None, help=f"comma-separated scenarios to run, of: {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile scenario 1 for llm_ops; writes benchmarks/PROFILE.txt",
+    )
+    parser.add_argument(
+        "--worker", nargs=3, metavar=("SCENARIO", "SIDE", "JSON"), help=argparse.SUPPRESS
+    )
     return parser.parse_args(argv)
 
 
@@ -970,8 +1311,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     if fingerprint(REPO / "llm_ops") != snapshot:
         source += " (the work tree's llm_ops changed during the run: these figures are the copy's)"
-    document = (header(args, sizes, seconds, source, load) + "\n"
-                + "\n".join(section.markdown() for section in sections))
+    document = (
+        header(args, sizes, seconds, source, load)
+        + "\n"
+        + "\n".join(section.markdown() for section in sections)
+    )
     print(f"total run time {seconds:.0f} s", flush=True)
     if args.out or not args.quick:
         out = Path(args.out) if args.out else RESULTS

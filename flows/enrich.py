@@ -60,16 +60,20 @@ class EnrichConfig(BaseModel):
     input: str = Field("data/womens_clothing_reviews.parquet", description="Parquet path or glob")
     output: str = Field("output/reviews_enriched.parquet", description="Parquet file to write")
     prompt: str = Field(DEMO_PROMPT, description="template with {column} references")
-    model: str | list[str] = Field("sim", description="a model, or a cascade's models from "
-                                                       "the cheapest to the strongest")
-    escalate: str | None = Field(None, description="with a cascade: SQL condition sending an "
-                                                   "answered row to the next model")
+    model: str | list[str] = Field(
+        "sim", description="a model, or a cascade's models from the cheapest to the strongest"
+    )
+    escalate: str | None = Field(
+        None, description="with a cascade: SQL condition sending an answered row to the next model"
+    )
     output_column: str = "summary"
     system: str | None = None
     base_url: str | None = Field(None, description="default: OPENAI_BASE_URL, then OpenAI")
     api_key_secret: str | None = Field(None, description="name of a Prefect Secret block")
-    cache: str | None = Field(None, description="DuckDB cache file; default: LLM_OPS_CACHE, "
-                                                "then ~/.cache/llm-ops/cache.duckdb")
+    cache: str | None = Field(
+        None,
+        description="DuckDB cache file; default: LLM_OPS_CACHE, then ~/.cache/llm-ops/cache.duckdb",
+    )
     concurrency: int = 32
     rpm: float | None = None
     tpm: float | None = None
@@ -88,25 +92,36 @@ class EnrichConfig(BaseModel):
     max_cost: float | None = Field(None, description="stop sending past this many dollars")
     max_requests: int | None = Field(None, description="stop sending past this many requests")
     semantic_cache_model: str | None = Field(
-        None, description="embedding model: reuse answers of similar cached requests")
-    similarity: float = Field(0.95, gt=0, le=1, description="cosine similarity from which a "
-                                                           "similar answer is reused")
+        None, description="embedding model: reuse answers of similar cached requests"
+    )
+    similarity: float = Field(
+        0.95, gt=0, le=1, description="cosine similarity from which a similar answer is reused"
+    )
 
     def options(self) -> dict[str, Any]:
         """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
         on as they are; the column name, prices and the semantic cache are put together."""
-        options = {name: value for name, value in self.model_dump().items()
-                   if name in Options.__optional_keys__ and value is not None}
+        options = {
+            name: value
+            for name, value in self.model_dump().items()
+            if name in Options.__optional_keys__ and value is not None
+        }
         options["output"] = self.output_column
-        prices = (self.price_input_per_million, self.price_output_per_million,
-                  self.price_per_request)
+        prices = (
+            self.price_input_per_million,
+            self.price_output_per_million,
+            self.price_per_request,
+        )
         if any(value is not None for value in prices):
-            options["pricing"] = Price(input_per_million=self.price_input_per_million or 0.0,
-                                       output_per_million=self.price_output_per_million or 0.0,
-                                       per_request=self.price_per_request or 0.0)
+            options["pricing"] = Price(
+                input_per_million=self.price_input_per_million or 0.0,
+                output_per_million=self.price_output_per_million or 0.0,
+                per_request=self.price_per_request or 0.0,
+            )
         if self.semantic_cache_model:
-            options["semantic_cache"] = SemanticCache(self.semantic_cache_model,
-                                                      threshold=self.similarity)
+            options["semantic_cache"] = SemanticCache(
+                self.semantic_cache_model, threshold=self.similarity
+            )
         if self.api_key_secret:
             secret = cast("Secret[str]", Secret.load(self.api_key_secret))  # sync in a sync flow
             options["api_key"] = secret.get()
@@ -128,8 +143,16 @@ def open_table(config: EnrichConfig) -> Table:
     options = config.options()
     made = {k: options.pop(k) for k in list(options) if k in ClientOptions.__optional_keys__}
     client = _client(json.dumps(made, sort_keys=True))
-    return Table(client, config.input, config.output, prompt=config.prompt, model=config.model,
-                 batch_rows=config.batch_rows, chunk_size=config.chunk_size, **options)
+    return Table(
+        client,
+        config.input,
+        config.output,
+        prompt=config.prompt,
+        model=config.model,
+        batch_rows=config.batch_rows,
+        chunk_size=config.chunk_size,
+        **options,
+    )
 
 
 @task(name="plan", cache_policy=NO_CACHE, retries=1)
@@ -142,8 +165,14 @@ def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
     return not isinstance(state.result(raise_on_failure=False), JobAbortedError)
 
 
-@task(name="send-chunk", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2,
-      retry_condition_fn=_retry_unless_aborted, task_run_name="send-chunk-{number}")
+@task(
+    name="send-chunk",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=_retry_unless_aborted,
+    task_run_name="send-chunk-{number}",
+)
 def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
     return open_table(config).run_chunk(chunk, spent=spent)
 
@@ -167,15 +196,20 @@ def _dollars(amount: float | None) -> float | str:
 def report_table(report: RunReport) -> list[dict[str, Any]]:
     """The run report as rows of (figure, value) for a Prefect table artifact."""
     figures = {
-        "rows": report.rows, "distinct requests": report.distinct_requests,
-        "cache hits": report.cache_hits, "requests sent": report.requests_sent,
+        "rows": report.rows,
+        "distinct requests": report.distinct_requests,
+        "cache hits": report.cache_hits,
+        "requests sent": report.requests_sent,
         "retries": report.retries,
         **{f"rows {status}": n for status, n in report.statuses.items()},
-        "prompt tokens": report.prompt_tokens, "completion tokens": report.completion_tokens,
+        "prompt tokens": report.prompt_tokens,
+        "completion tokens": report.completion_tokens,
         "cost ($)": _dollars(report.cost),
         "saved in all ($)": _dollars(report.cost_saved),
-        **{f"saved by {lever} (requests, $)": f"{saving.requests:,}, {_dollars(saving.cost)}"
-           for lever, saving in report.savings.items()},
+        **{
+            f"saved by {lever} (requests, $)": f"{saving.requests:,}, {_dollars(saving.cost)}"
+            for lever, saving in report.savings.items()
+        },
         "wall seconds": round(report.wall_seconds, 2),
     }
     return [{"figure": name, "value": value} for name, value in figures.items()]
@@ -188,35 +222,54 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     logger = get_run_logger()
     started_at, clock = datetime.now(UTC), time.perf_counter()
     table = open_table(config)  # bad parameters fail the run here, before anything is written
-    logger.info("enriching %d file(s) matching %s with model %s", len(table.files),
-                config.input, config.model)
+    logger.info(
+        "enriching %d file(s) matching %s with model %s",
+        len(table.files),
+        config.input,
+        config.model,
+    )
 
     if table.cascade:
         report = cascade_table(config)
         return _finish(config, report)
 
     plan = plan_requests(config)
-    logger.info("%d rows, %d distinct requests, %d cached, %d to send in %d chunk(s)",
-                plan.rows, plan.distinct, plan.cache_hits, plan.misses, len(plan.chunks))
-    progress = cast(UUID, create_progress_artifact(  # sync in a sync flow
-        0.0 if plan.chunks else 100.0, key="enrich-progress", description="share of chunks sent"))
+    logger.info(
+        "%d rows, %d distinct requests, %d cached, %d to send in %d chunk(s)",
+        plan.rows,
+        plan.distinct,
+        plan.cache_hits,
+        plan.misses,
+        len(plan.chunks),
+    )
+    progress = cast(
+        UUID,
+        create_progress_artifact(  # sync in a sync flow
+            0.0 if plan.chunks else 100.0, key="enrich-progress", description="share of chunks sent"
+        ),
+    )
     counters = Counters()
     for number, chunk in enumerate(plan.chunks, start=1):
         counters.add(send_chunk(config, chunk, number, counters))
         update_progress_artifact(progress, 100.0 * number / len(plan.chunks))
-        logger.info("chunk %d/%d done: %d requests sent so far", number, len(plan.chunks),
-                    counters.sent)
+        logger.info(
+            "chunk %d/%d done: %d requests sent so far", number, len(plan.chunks), counters.sent
+        )
 
     written = write_output(config)
-    report = table.finish(plan, counters, written, started_at=started_at,
-                          wall_seconds=time.perf_counter() - clock)
+    report = table.finish(
+        plan, counters, written, started_at=started_at, wall_seconds=time.perf_counter() - clock
+    )
     return _finish(config, report)
 
 
 def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
     """Publish the report, and fail the run past ``max_failure_ratio``."""
-    create_table_artifact(report_table(report), key="enrich-report",
-                          description=f"llm-ops run {report.run_id}: {config.input}")
+    create_table_artifact(
+        report_table(report),
+        key="enrich-report",
+        description=f"llm-ops run {report.run_id}: {config.input}",
+    )
     get_run_logger().info("wrote %s\n%s", config.output, report)
     if config.max_failure_ratio is not None and report.rows:
         ratio = report.failed_rows / report.rows
@@ -236,8 +289,9 @@ def main(argv: list[str]) -> None:
     from llm_ops.testing import DEFAULT_PORT, LocalEndpoint
 
     with LocalEndpoint(port=DEFAULT_PORT) as endpoint:
-        enrich_table(EnrichConfig(base_url=endpoint.base_url, cache="output/cache.duckdb",
-                                  concurrency=64))
+        enrich_table(
+            EnrichConfig(base_url=endpoint.base_url, cache="output/cache.duckdb", concurrency=64)
+        )
 
 
 if __name__ == "__main__":

@@ -154,18 +154,29 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 
 _CACHE_SCHEMA = pa.schema(
     [
-        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
-        ("request", pa.string()), ("status", pa.string()), ("response_text", pa.string()),
-        ("response_json", pa.string()), ("finish_reason", pa.string()),
-        ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
-        ("latency_ms", pa.float64()), ("attempts", pa.int32()),
+        ("key", pa.string()),
+        ("model", pa.string()),
+        ("endpoint", pa.string()),
+        ("request", pa.string()),
+        ("status", pa.string()),
+        ("response_text", pa.string()),
+        ("response_json", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("latency_ms", pa.float64()),
+        ("attempts", pa.int32()),
     ]
 )
 _EMBEDDING_SCHEMA = pa.schema(
     [
-        ("key", pa.string()), ("model", pa.string()), ("endpoint", pa.string()),
-        ("request", pa.string()), ("dimensions", pa.int32()),
-        ("embedding", pa.list_(pa.float32())), ("prompt_tokens", pa.int32()),
+        ("key", pa.string()),
+        ("model", pa.string()),
+        ("endpoint", pa.string()),
+        ("request", pa.string()),
+        ("dimensions", pa.int32()),
+        ("embedding", pa.list_(pa.float32())),
+        ("prompt_tokens", pa.int32()),
         ("latency_ms", pa.float64()),
     ]
 )
@@ -173,31 +184,61 @@ _EMBEDDING_SCHEMA = pa.schema(
 # Column types of each table's journal lines, as DuckDB's read_json wants them.
 _COLUMNS: dict[str, dict[str, str]] = {
     "llm_cache": {
-        "key": "VARCHAR", "model": "VARCHAR", "endpoint": "VARCHAR", "request": "VARCHAR",
-        "status": "VARCHAR", "response_text": "VARCHAR", "response_json": "VARCHAR",
-        "finish_reason": "VARCHAR", "prompt_tokens": "INTEGER", "completion_tokens": "INTEGER",
-        "latency_ms": "DOUBLE", "attempts": "INTEGER",
+        "key": "VARCHAR",
+        "model": "VARCHAR",
+        "endpoint": "VARCHAR",
+        "request": "VARCHAR",
+        "status": "VARCHAR",
+        "response_text": "VARCHAR",
+        "response_json": "VARCHAR",
+        "finish_reason": "VARCHAR",
+        "prompt_tokens": "INTEGER",
+        "completion_tokens": "INTEGER",
+        "latency_ms": "DOUBLE",
+        "attempts": "INTEGER",
     },
     "llm_embeddings": {
-        "key": "VARCHAR", "model": "VARCHAR", "endpoint": "VARCHAR", "request": "VARCHAR",
-        "dimensions": "INTEGER", "embedding": "FLOAT[]", "prompt_tokens": "INTEGER",
+        "key": "VARCHAR",
+        "model": "VARCHAR",
+        "endpoint": "VARCHAR",
+        "request": "VARCHAR",
+        "dimensions": "INTEGER",
+        "embedding": "FLOAT[]",
+        "prompt_tokens": "INTEGER",
         "latency_ms": "DOUBLE",
     },
     "llm_semantic_index": {"key": "VARCHAR", "scope": "VARCHAR", "embedding_key": "VARCHAR"},
     "llm_runs": {
-        "run_id": "VARCHAR", "started_at": "TIMESTAMPTZ", "finished_at": "TIMESTAMPTZ",
-        "model": "VARCHAR", "endpoint": "VARCHAR", "rows": "BIGINT",
-        "distinct_requests": "BIGINT", "cache_hits": "BIGINT", "requests_sent": "BIGINT",
-        "retries": "BIGINT", "statuses": "MAP(VARCHAR, BIGINT)", "prompt_tokens": "BIGINT",
-        "completion_tokens": "BIGINT", "wall_seconds": "DOUBLE", "outcome": "VARCHAR",
-        "error": "VARCHAR", "cost": "DOUBLE", "cost_saved": "DOUBLE", "budget_stop": "VARCHAR",
+        "run_id": "VARCHAR",
+        "started_at": "TIMESTAMPTZ",
+        "finished_at": "TIMESTAMPTZ",
+        "model": "VARCHAR",
+        "endpoint": "VARCHAR",
+        "rows": "BIGINT",
+        "distinct_requests": "BIGINT",
+        "cache_hits": "BIGINT",
+        "requests_sent": "BIGINT",
+        "retries": "BIGINT",
+        "statuses": "MAP(VARCHAR, BIGINT)",
+        "prompt_tokens": "BIGINT",
+        "completion_tokens": "BIGINT",
+        "wall_seconds": "DOUBLE",
+        "outcome": "VARCHAR",
+        "error": "VARCHAR",
+        "cost": "DOUBLE",
+        "cost_saved": "DOUBLE",
+        "budget_stop": "VARCHAR",
         "savings": "MAP(VARCHAR, STRUCT(requests BIGINT, cost DOUBLE))",
         "models": "MAP(VARCHAR, STRUCT(rows BIGINT, requests BIGINT, prompt_tokens BIGINT, "
-                  "completion_tokens BIGINT, cost DOUBLE))",
+        "completion_tokens BIGINT, cost DOUBLE))",
     },
 }
-_KEYS = {"llm_cache": "key", "llm_embeddings": "key", "llm_semantic_index": "key",
-         "llm_runs": "run_id"}
+_KEYS = {
+    "llm_cache": "key",
+    "llm_embeddings": "key",
+    "llm_semantic_index": "key",
+    "llm_runs": "run_id",
+}
 
 
 def default_cache_path() -> Path:
@@ -276,12 +317,14 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int:
     # fetchall, not fetchone: DuckDB keeps a partly fetched result open on the connection
-    exists = con.execute("SELECT count(*) FROM duckdb_tables() "
-                         "WHERE table_name = 'llm_ops_migrations'").fetchall()[0][0]
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'llm_ops_migrations'"
+    ).fetchall()[0][0]
     if not exists:
         return 0
-    return int(con.execute("SELECT coalesce(max(version), 0) FROM llm_ops_migrations")
-               .fetchall()[0][0])
+    return int(
+        con.execute("SELECT coalesce(max(version), 0) FROM llm_ops_migrations").fetchall()[0][0]
+    )
 
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -294,8 +337,14 @@ class Cache:
     while another process holds the file (up to ``lock_timeout`` seconds for reads).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, flush_every: int = 1024,
-                 flush_seconds: float = 2.0, lock_timeout: float = 30.0):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_every: int = 1024,
+        flush_seconds: float = 2.0,
+        lock_timeout: float = 30.0,
+    ):
         self.path = Path(path)
         self.journal = self.path.with_name(self.path.name + ".journal")
         self.flush_every = flush_every
@@ -313,19 +362,25 @@ class Cache:
         the database, migrate it, check that the file and the journal can be written, and merge
         journal files a dead or finished job left behind. Raises :class:`CacheError` naming
         the path and what to do; a lock held elsewhere only delays the merge."""
-        hint = (f"choose a writable location with cache=... or {CACHE_ENV}, or pass cache=False "
-                "to run without a cache")
+        hint = (
+            f"choose a writable location with cache=... or {CACHE_ENV}, or pass cache=False "
+            "to run without a cache"
+        )
         try:
             self.journal.mkdir(parents=True, exist_ok=True)
             probe = self.journal / f".probe-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise CacheError(f"cannot use the cache {self.path}: {exc.strerror or exc} "
-                             f"({exc.filename or self.journal}); {hint}") from exc
+            raise CacheError(
+                f"cannot use the cache {self.path}: {exc.strerror or exc} "
+                f"({exc.filename or self.journal}); {hint}"
+            ) from exc
         if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
-            raise CacheError(f"cannot use the cache {self.path}: the file is not readable and "
-                             f"writable by this user; {hint}")
+            raise CacheError(
+                f"cannot use the cache {self.path}: the file is not readable and "
+                f"writable by this user; {hint}"
+            )
         if not self._up_to_date():
             with self.connect(read_only=False):
                 pass  # creates and migrates
@@ -340,8 +395,10 @@ class Cache:
         with self.connect(read_only=True) as con:
             current = _schema_version(con)
         if current > LATEST_VERSION:
-            raise CacheError(f"the cache {self.path} has schema version {current}, newer than "
-                             f"this llm-ops knows ({LATEST_VERSION}); upgrade llm-ops")
+            raise CacheError(
+                f"the cache {self.path} has schema version {current}, newer than "
+                f"this llm-ops knows ({LATEST_VERSION}); upgrade llm-ops"
+            )
         if current == LATEST_VERSION:
             _MIGRATED.add(identity)
         return current == LATEST_VERSION
@@ -375,7 +432,8 @@ class Cache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         with _IN_PROCESS:
             con = self._open_retrying(
-                read_only=read_only, wait=self.lock_timeout if wait is None else wait)
+                read_only=read_only, wait=self.lock_timeout if wait is None else wait
+            )
             try:
                 identity = (self.path, self.path.stat().st_ino)  # DuckDB created the file
                 if not read_only and identity not in _MIGRATED:
@@ -413,13 +471,16 @@ class Cache:
         return sorted(self.journal.glob(f"*.{table}.jsonl"))
 
     def _journal_sql(self, table: str, columns: Sequence[str], files: Sequence[Path]) -> str:
-        spec = ", ".join(f"{_sql_string(name)}: {_sql_string(_COLUMNS[table][name])}"
-                         for name in _COLUMNS[table])
+        spec = ", ".join(
+            f"{_sql_string(name)}: {_sql_string(_COLUMNS[table][name])}" for name in _COLUMNS[table]
+        )
         paths = ", ".join(_sql_string(str(f)) for f in files)
         # ignore_errors: the last line of a file being appended to may be incomplete
-        return (f"SELECT {', '.join(columns)} FROM read_json([{paths}], "
-                f"format='newline_delimited', columns={{{spec}}}, ignore_errors=true) "
-                f"WHERE {_KEYS[table]} IS NOT NULL")
+        return (
+            f"SELECT {', '.join(columns)} FROM read_json([{paths}], "
+            f"format='newline_delimited', columns={{{spec}}}, ignore_errors=true) "
+            f"WHERE {_KEYS[table]} IS NOT NULL"
+        )
 
     def answers_sql(self, alias: str, columns: Sequence[str]) -> str:
         """A query over the answers of the attached cache ``alias`` and of the journal, one
@@ -428,10 +489,12 @@ class Cache:
         files = self._journal_files("llm_cache")
         if not files:
             return f"SELECT {listed} FROM {alias}.llm_cache"
-        return (f"SELECT DISTINCT ON (key) {listed} FROM ("
-                f"SELECT {listed}, 0 AS journal FROM {alias}.llm_cache UNION ALL "
-                f"{self._journal_sql('llm_cache', [*columns, '1 AS journal'], files)}) "
-                "ORDER BY key, journal")
+        return (
+            f"SELECT DISTINCT ON (key) {listed} FROM ("
+            f"SELECT {listed}, 0 AS journal FROM {alias}.llm_cache UNION ALL "
+            f"{self._journal_sql('llm_cache', [*columns, '1 AS journal'], files)}) "
+            "ORDER BY key, journal"
+        )
 
     def _rows_for_keys(self, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
         if not self.path.exists():
@@ -441,13 +504,20 @@ class Cache:
             files = self._journal_files(table)
             query = f"SELECT {', '.join(columns)} FROM {table}"
             if files:
-                query = (f"SELECT DISTINCT ON (key) * FROM ({query} UNION ALL "
-                         f"{self._journal_sql(table, columns, files)})")
+                query = (
+                    f"SELECT DISTINCT ON (key) * FROM ({query} UNION ALL "
+                    f"{self._journal_sql(table, columns, files)})"
+                )
             try:
                 with self.connect() as con:
                     con.register("wanted_keys", keys)
-                    return con.sql(f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w "
-                                   "ON t.key = w.key").to_arrow_table().cast(schema)
+                    return (
+                        con.sql(
+                            f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
+                        )
+                        .to_arrow_table()
+                        .cast(schema)
+                    )
             except CacheError as exc:
                 # A journal file merged and removed between listing and reading: list again.
                 if attempt == 2 or "No files found" not in str(exc):
@@ -463,7 +533,11 @@ class Cache:
         return self._rows_for_keys("llm_embeddings", _EMBEDDING_SCHEMA, keys)
 
     def similar_candidates(
-        self, scopes: Sequence[str], *, embedding_model: str, dimensions: int,
+        self,
+        scopes: Sequence[str],
+        *,
+        embedding_model: str,
+        dimensions: int,
         batch_rows: int = 65_536,
     ) -> Iterator[pa.RecordBatch]:
         """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
@@ -521,9 +595,11 @@ class Cache:
                     if not present:
                         continue
                     names = list(_COLUMNS[table])
-                    con.execute(f"INSERT INTO {table} ({', '.join(names)}) "
-                                f"{self._journal_sql(table, names, present)} "
-                                "ON CONFLICT DO NOTHING")
+                    con.execute(
+                        f"INSERT INTO {table} ({', '.join(names)}) "
+                        f"{self._journal_sql(table, names, present)} "
+                        "ON CONFLICT DO NOTHING"
+                    )
                 con.execute("COMMIT")
         except CacheError as exc:
             self.last_merge_error = str(exc)
@@ -571,9 +647,11 @@ class Cache:
                 files = self._journal_files(table)
                 if files:
                     names = list(_COLUMNS[table])
-                    con.execute(f"INSERT INTO snapshot.{table} ({', '.join(names)}) "
-                                f"{self._journal_sql(table, names, files)} "
-                                "ON CONFLICT DO NOTHING")
+                    con.execute(
+                        f"INSERT INTO snapshot.{table} ({', '.join(names)}) "
+                        f"{self._journal_sql(table, names, files)} "
+                        "ON CONFLICT DO NOTHING"
+                    )
             con.execute("DETACH snapshot")
         return out
 
@@ -583,7 +661,8 @@ class Cache:
             per_model = con.sql(
                 "SELECT model, count(*) AS answers, sum(prompt_tokens) AS tokens_in, "
                 "sum(completion_tokens) AS tokens_out, max(created_at) AS newest "
-                "FROM llm_cache GROUP BY model ORDER BY answers DESC").to_arrow_table()
+                "FROM llm_cache GROUP BY model ORDER BY answers DESC"
+            ).to_arrow_table()
             runs = int(con.sql("SELECT count(*) FROM llm_runs").fetchall()[0][0])
         return per_model, runs
 
@@ -591,19 +670,28 @@ class Cache:
         """Cached answers (of ``model``, or all), oldest first."""
         where, params = _answer_filter(model=model)
         with self.connect() as con:
-            return con.sql(f"SELECT * FROM llm_cache WHERE {where} ORDER BY created_at",
-                           params=params).to_arrow_table()
+            return con.sql(
+                f"SELECT * FROM llm_cache WHERE {where} ORDER BY created_at", params=params
+            ).to_arrow_table()
 
-    def prune(self, *, model: str | None = None, older_than_days: float | None = None,
-              status: str | None = None, dry_run: bool = False) -> int:
+    def prune(
+        self,
+        *,
+        model: str | None = None,
+        older_than_days: float | None = None,
+        status: str | None = None,
+        dry_run: bool = False,
+    ) -> int:
         """Delete cached answers matching every filter given; returns how many (would) go."""
-        where, params = _answer_filter(model=model, older_than_days=older_than_days,
-                                       status=status)
+        where, params = _answer_filter(model=model, older_than_days=older_than_days, status=status)
         if where == "TRUE":
             raise ConfigError("prune needs at least one of model, older than, status")
         with self.connect(read_only=dry_run) as con:
-            count = int(con.execute(f"SELECT count(*) FROM llm_cache WHERE {where}",
-                                    params).fetchall()[0][0])
+            count = int(
+                con.execute(f"SELECT count(*) FROM llm_cache WHERE {where}", params).fetchall()[0][
+                    0
+                ]
+            )
             if not dry_run:
                 con.execute(f"DELETE FROM llm_cache WHERE {where}", params).fetchall()
         return count
@@ -621,18 +709,21 @@ class Cache:
         fresh.replace(self.path)
         return before, self.path.stat().st_size
 
-    def insert(self, table: Literal["llm_cache", "llm_embeddings", "llm_semantic_index"],
-               rows: pa.Table) -> None:
+    def insert(
+        self, table: Literal["llm_cache", "llm_embeddings", "llm_semantic_index"], rows: pa.Table
+    ) -> None:
         """Insert ``rows`` (an Arrow table with some of the table's columns), say to restore an
         export; a key already present keeps its row."""
         if table not in ("llm_cache", "llm_embeddings", "llm_semantic_index"):
-            raise ConfigError(f"insert takes llm_cache, llm_embeddings or llm_semantic_index, "
-                              f"got {table!r}")
+            raise ConfigError(
+                f"insert takes llm_cache, llm_embeddings or llm_semantic_index, got {table!r}"
+            )
         names = ", ".join(rows.column_names)
         with self.connect(read_only=False) as con:
             con.register("new_rows", rows)
-            con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows "
-                        "ON CONFLICT DO NOTHING")
+            con.execute(
+                f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows ON CONFLICT DO NOTHING"
+            )
             con.unregister("new_rows")
 
     def pending(self) -> int:
@@ -640,8 +731,9 @@ class Cache:
         return len(list(self.journal.glob("*.jsonl"))) if self.journal.is_dir() else 0
 
 
-def _answer_filter(*, model: str | None = None, older_than_days: float | None = None,
-                   status: str | None = None) -> tuple[str, list[Any]]:
+def _answer_filter(
+    *, model: str | None = None, older_than_days: float | None = None, status: str | None = None
+) -> tuple[str, list[Any]]:
     clauses: list[str] = ["TRUE"]
     params: list[Any] = []
     if model:
@@ -705,8 +797,9 @@ class JournalWriter:
         self._sealed: list[Path] = []
         self.unmerged = 0  # rows added since the last successful merge began
         cache.journal.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = os.open(cache.journal / f"{self.id}.lock",
-                                            os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd: int | None = os.open(
+            cache.journal / f"{self.id}.lock", os.O_RDWR | os.O_CREAT, 0o644
+        )
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
 
     def answer(self, row: Mapping[str, Any]) -> None:
@@ -744,8 +837,9 @@ class JournalWriter:
             file.write("\n".join(lines) + "\n")
             file.flush()  # into the OS: it survives the death of this process
         except OSError as exc:
-            raise CacheError(f"cannot write the journal of the cache {self.cache.path}: "
-                             f"{exc.strerror or exc}") from exc
+            raise CacheError(
+                f"cannot write the journal of the cache {self.cache.path}: {exc.strerror or exc}"
+            ) from exc
         lines.clear()
 
     def _seal(self) -> list[Path]:
@@ -789,12 +883,17 @@ class JournalWriter:
             _log.warning(
                 "llm-ops: %d journal file(s) of %s could not be merged yet (%s); the answers "
                 "are safe in %s and are merged when the cache is next opened",
-                pending, self.cache.path, self.cache.last_merge_error or "file held elsewhere",
-                self.cache.journal)
+                pending,
+                self.cache.path,
+                self.cache.last_merge_error or "file held elsewhere",
+                self.cache.journal,
+            )
 
 
 def open_cache(
-    cache: str | os.PathLike[str] | None = None, *, read_only: bool = True,
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    read_only: bool = True,
     lock_timeout: float = 30.0,
 ) -> duckdb.DuckDBPyConnection:
     """Open the cache database for your own queries; close it when done.
@@ -813,8 +912,10 @@ def open_cache(
     path = resolve_cache_path(cache)
     assert path is not None
     if read_only and not path.exists():
-        raise CacheError(f"there is no cache at {path} yet; run a job first, or pass the path "
-                         f"of an existing cache (cache= or {CACHE_ENV})")
+        raise CacheError(
+            f"there is no cache at {path} yet; run a job first, or pass the path "
+            f"of an existing cache (cache= or {CACHE_ENV})"
+        )
     store = Cache(path, lock_timeout=lock_timeout)
     with contextlib.suppress(CacheError):
         store.merge_orphans(wait=min(lock_timeout, 2.0))
@@ -822,4 +923,3 @@ def open_cache(
     if not read_only:
         migrate(con)
     return con
-

@@ -54,10 +54,14 @@ async def run_cascade(
         spent = add_spending(spent, tier.report.spending())
         skipped = tier.columns[job.columns.status].cast(pl.String) == "skipped"
         labelled = tier.columns.with_columns(
-            pl.when(~skipped).then(pl.lit(model)).alias(job.columns.model), rows)
+            pl.when(~skipped).then(pl.lit(model)).alias(job.columns.model), rows
+        )
         last = number == len(job.models) - 1 or tier.stopped is not None
-        flagged = (pl.repeat(False, subset.height, eager=True) if last
-                   else escalation(subset, tier.columns, job))
+        flagged = (
+            pl.repeat(False, subset.height, eager=True)
+            if last
+            else escalation(subset, tier.columns, job)
+        )
         finals.append(labelled.filter(~flagged))
         tiers.append((tier_job, tier, ~flagged))
         if last or not flagged.any():
@@ -65,23 +69,34 @@ async def run_cascade(
         rows, subset = rows.filter(flagged), subset.filter(flagged)
     columns = pl.concat(finals).sort(_ROW).drop(_ROW)
     stopped = tiers[-1][1].stopped
-    report = _combined_report(job, tiers, columns, started_at=started_at,
-                              wall_seconds=time.perf_counter() - clock)
+    report = _combined_report(
+        job, tiers, columns, started_at=started_at, wall_seconds=time.perf_counter() - clock
+    )
     return columns, report, stopped
 
 
-def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
-                     columns: pl.DataFrame, *, started_at: datetime,
-                     wall_seconds: float) -> RunReport:
+def _combined_report(
+    job: Job,
+    tiers: list[tuple[Job, Tier, pl.Series]],
+    columns: pl.DataFrame,
+    *,
+    started_at: datetime,
+    wall_seconds: float,
+) -> RunReport:
     """One report for the whole cascade: the models' reports added up, with the rows, statuses
     and rows per model of the final columns, and the cascade's own saving."""
     reports = [tier.report for _, tier, _ in tiers]
-    total = sum_reports(reports, started_at=started_at, wall_seconds=wall_seconds,
-                        model=" > ".join(job.models))
+    total = sum_reports(
+        reports, started_at=started_at, wall_seconds=wall_seconds, model=" > ".join(job.models)
+    )
     answered = columns.filter(pl.col(job.columns.status).cast(pl.String).is_in(list(ANSWERED)))
     final_rows = dict(answered[job.columns.model].value_counts().iter_rows())
-    models = {name: dataclasses.replace(usage, rows=int(final_rows.get(name, 0)))
-              if name in job.models else usage for name, usage in total.models.items()}
+    models = {
+        name: dataclasses.replace(usage, rows=int(final_rows.get(name, 0)))
+        if name in job.models
+        else usage
+        for name, usage in total.models.items()
+    }
 
     # The cascade saves the last model's price on the rows an earlier model answered and kept,
     # and pays for everything the earlier models did.
@@ -91,19 +106,30 @@ def _combined_report(job: Job, tiers: list[tuple[Job, Tier, pl.Series]],
     earlier_cost: float | None = 0.0
     for tier_job, tier, kept in tiers:
         keys = tier.row_keys.filter(kept)
-        every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"),
-                           tier.results)["every_row"]
+        every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"), tier.results)[
+            "every_row"
+        ]
         if tier_job.spec.model != last_model:
             earlier_cost = add_costs(earlier_cost, tier.report.cost)
             fresh = tier.results.filter(pl.col("status") == "ok").join(keys, on="key", how="semi")
-            kept_fresh += Tally(fresh.height, int(fresh["prompt_tokens"].sum() or 0),
-                                int(fresh["completion_tokens"].sum() or 0))
-    savings = {**total.savings, "cascade": Saving(
-        kept_fresh.requests, subtract_costs(kept_fresh.cost(last_price), earlier_cost))}
+            kept_fresh += Tally(
+                fresh.height,
+                int(fresh["prompt_tokens"].sum() or 0),
+                int(fresh["completion_tokens"].sum() or 0),
+            )
+    savings = {
+        **total.savings,
+        "cascade": Saving(
+            kept_fresh.requests, subtract_costs(kept_fresh.cost(last_price), earlier_cost)
+        ),
+    }
     counts = status_counts(columns, job.columns)
     return dataclasses.replace(
-        total, rows=reports[0].rows, distinct_requests=reports[0].distinct_requests,
+        total,
+        rows=reports[0].rows,
+        distinct_requests=reports[0].distinct_requests,
         statuses={status: counts.get(status, 0) for status in STATUSES},
         cost_saved=subtract_costs(every_row.cost(last_price), total.cost),
-        savings=savings, models=models,
+        savings=savings,
+        models=models,
     )

@@ -70,20 +70,26 @@ class Client:
     def __init__(self, **options: Unpack[ClientOptions]) -> None:
         unknown = set(options) - ClientOptions.__optional_keys__
         if unknown:
-            raise ConfigError(f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
-                              "them to complete() instead")
+            raise ConfigError(
+                f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
+                "them to complete() instead"
+            )
         self.endpoint = Endpoint.resolve(options.get("base_url"), options.get("api_key"))
         self.limits = Limits(
             concurrency=options.get("concurrency", 32),
             max_attempts=options.get("max_attempts", 5),
             timeout=options.get("timeout", 60.0),
-            rpm=options.get("rpm"), tpm=options.get("tpm"),
+            rpm=options.get("rpm"),
+            tpm=options.get("tpm"),
         )
         flush_every = positive_int("flush_every", options.get("flush_every", 1024))
         flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))
         path = resolve_cache_path(options.get("cache"))
-        self.cache = None if path is None else Cache(path, flush_every=flush_every,
-                                                     flush_seconds=flush_seconds)
+        self.cache = (
+            None
+            if path is None
+            else Cache(path, flush_every=flush_every, flush_seconds=flush_seconds)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
@@ -91,44 +97,95 @@ class Client:
 
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
-        return (f"Client(base_url={self.endpoint.identity!r}, cache={cache!r}, "
-                f"concurrency={self.limits.concurrency})")
+        return (
+            f"Client(base_url={self.endpoint.identity!r}, cache={cache!r}, "
+            f"concurrency={self.limits.concurrency})"
+        )
 
     # -- completions --------------------------------------------------------------------------
 
     @overload
-    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                 return_report: Literal[False] = ..., **options: Unpack[CallOptions]) -> Frame: ...
+    def complete(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: Literal[False] = ...,
+        **options: Unpack[CallOptions],
+    ) -> Frame: ...
     @overload
-    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                 return_report: Literal[True], **options: Unpack[CallOptions]
-                 ) -> tuple[Frame, RunReport]: ...
-    def complete(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                 return_report: bool = False, **options: Unpack[CallOptions]
-                 ) -> Frame | tuple[Frame, RunReport]:
+    def complete(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: Literal[True],
+        **options: Unpack[CallOptions],
+    ) -> tuple[Frame, RunReport]: ...
+    def complete(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: bool = False,
+        **options: Unpack[CallOptions],
+    ) -> Frame | tuple[Frame, RunReport]:
         """:func:`llm_ops.llm_complete` on this client (same arguments but the client's)."""
         result, report = self.run(self._complete(df, prompt, model, options))
         return (result, report) if return_report else result
 
     @overload
-    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: Literal[False] = ...,
-                             **options: Unpack[CallOptions]) -> Frame: ...
+    async def complete_async(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: Literal[False] = ...,
+        **options: Unpack[CallOptions],
+    ) -> Frame: ...
     @overload
-    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: Literal[True], **options: Unpack[CallOptions]
-                             ) -> tuple[Frame, RunReport]: ...
-    async def complete_async(self, df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: bool = False, **options: Unpack[CallOptions]
-                             ) -> Frame | tuple[Frame, RunReport]:
+    async def complete_async(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: Literal[True],
+        **options: Unpack[CallOptions],
+    ) -> tuple[Frame, RunReport]: ...
+    async def complete_async(
+        self,
+        df: Frame,
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        return_report: bool = False,
+        **options: Unpack[CallOptions],
+    ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete` for code already running in an event loop."""
         result, report = await self.run_async(self._complete(df, prompt, model, options))
         return (result, report) if return_report else result
 
-    async def _complete(self, df: Frame, prompt: str, model: ModelOption,
-                        options: CallOptions) -> tuple[Frame, RunReport]:
-        job = make_job(prompt=prompt, model=model, endpoint=self.endpoint.identity,
-                       cached=self.cache is not None, options=options)
+    async def _complete(
+        self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
+    ) -> tuple[Frame, RunReport]:
+        job = make_job(
+            prompt=prompt,
+            model=model,
+            endpoint=self.endpoint.identity,
+            cached=self.cache is not None,
+            options=options,
+        )
         check_job(job, schema_of(df))
         frame = to_polars(df)
         backend = await self._backend()
@@ -137,16 +194,27 @@ class Client:
 
     # -- embeddings ---------------------------------------------------------------------------
 
-    def embed(self, df: Frame, /, *, column: str, model: str, output: str = "embedding",
-              dimensions: int | None = None, batch_size: int = 256,
-              on_error: Literal["null", "raise"] = "null", progress: ProgressOption = None
-              ) -> Frame:
+    def embed(
+        self,
+        df: Frame,
+        /,
+        *,
+        column: str,
+        model: str,
+        output: str = "embedding",
+        dimensions: int | None = None,
+        batch_size: int = 256,
+        on_error: Literal["null", "raise"] = "null",
+        progress: ProgressOption = None,
+    ) -> Frame:
         """:func:`llm_ops.llm_embed` on this client (same arguments but the client's)."""
         if not isinstance(column, str) or not column:
             raise ConfigError(f"column must name the text column to embed, got {column!r}")
         if column not in schema_of(df):
-            raise ConfigError(f"column {column!r} is not in the table; available columns: "
-                              f"{', '.join(schema_of(df))}")
+            raise ConfigError(
+                f"column {column!r} is not in the table; available columns: "
+                f"{', '.join(schema_of(df))}"
+            )
         positive_int("batch_size", batch_size)
         if on_error not in ("null", "raise"):
             raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
@@ -157,20 +225,33 @@ class Client:
 
         async def run() -> pl.DataFrame:
             backend = await self._backend()
-            return await embed_frame(frame, column, spec, backend, columns=columns,
-                                     batch_size=batch_size, on_error=on_error,
-                                     progress=resolve_progress(progress))
+            return await embed_frame(
+                frame,
+                column,
+                spec,
+                backend,
+                columns=columns,
+                batch_size=batch_size,
+                on_error=on_error,
+                progress=resolve_progress(progress),
+            )
 
         result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
         return result
 
     # -- estimates ----------------------------------------------------------------------------
 
-    def estimate(self, df: Any, /, *, prompt: str, model: ModelOption,
-                 **options: Unpack[CallOptions]) -> Estimate:
+    def estimate(
+        self, df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
+    ) -> Estimate:
         """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
-        job = make_job(prompt=prompt, model=model, endpoint=self.endpoint.identity,
-                       cached=self.cache is not None, options=options)
+        job = make_job(
+            prompt=prompt,
+            model=model,
+            endpoint=self.endpoint.identity,
+            cached=self.cache is not None,
+            options=options,
+        )
         check_job(job, schema_of(df))
         return estimate_frame(to_polars(df), job, self.cache)
 
@@ -180,8 +261,9 @@ class Client:
         with self._starting:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="llm-ops-client",
-                                          daemon=True)
+                thread = threading.Thread(
+                    target=loop.run_forever, name="llm-ops-client", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
@@ -221,8 +303,7 @@ class Client:
 
     async def run_async(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop, awaited from another loop."""
-        return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(coroutine, self._start()))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._start()))
 
     def close(self) -> None:
         """Close the connection pool and stop the client's loop; the client cannot be used
@@ -240,13 +321,18 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
 
 def _model(model: object) -> str:
     if not isinstance(model, str) or not model.strip():
-        raise ConfigError(f"model must be a model name such as 'text-embedding-3-small', got "
-                          f"{model!r}")
+        raise ConfigError(
+            f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
+        )
     return model

@@ -20,21 +20,36 @@ from .exceptions import ConfigError
 
 
 async def embed_frame(
-    frame: pl.DataFrame, column: str, spec: EmbeddingSpec, backend: Backend, *,
-    columns: Columns, batch_size: int, on_error: str, progress: ProgressCallback | None,
+    frame: pl.DataFrame,
+    column: str,
+    spec: EmbeddingSpec,
+    backend: Backend,
+    *,
+    columns: Columns,
+    batch_size: int,
+    on_error: str,
+    progress: ProgressCallback | None,
 ) -> pl.DataFrame:
     """The vector, status and error columns for ``column`` of ``frame``; the run is recorded."""
     started_at, clock = datetime.now(UTC), time.perf_counter()
     row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, column, spec)
-    done = await embed_distinct(distinct, spec, backend, batch_size=batch_size,
-                                progress=progress, rows=frame.height)
-    added = _join_back(row_keys, done.vectors, frame[column].is_null(), column, columns,
-                       dimensions=spec.dimensions)
+    done = await embed_distinct(
+        distinct, spec, backend, batch_size=batch_size, progress=progress, rows=frame.height
+    )
+    added = _join_back(
+        row_keys, done.vectors, frame[column].is_null(), column, columns, dimensions=spec.dimensions
+    )
     report = make_report(
-        model=spec.model, endpoint=spec.endpoint, started_at=started_at,
-        wall_seconds=time.perf_counter() - clock, rows=frame.height, distinct=distinct.height,
-        cache_hits=done.cache_hits, counters=done.counters,
-        statuses=status_counts(added, columns), stopped=done.stopped,
+        model=spec.model,
+        endpoint=spec.endpoint,
+        started_at=started_at,
+        wall_seconds=time.perf_counter() - clock,
+        rows=frame.height,
+        distinct=distinct.height,
+        cache_hits=done.cache_hits,
+        counters=done.counters,
+        statuses=status_counts(added, columns),
+        stopped=done.stopped,
     )
     if backend.cache is not None:
         await asyncio.to_thread(backend.cache.record_run, report.as_dict())
@@ -45,21 +60,37 @@ async def embed_frame(
     return added
 
 
-def _join_back(row_keys: pl.DataFrame, results: pl.DataFrame, skipped: pl.Series, column: str,
-               columns: Columns, *, dimensions: int | None) -> pl.DataFrame:
+def _join_back(
+    row_keys: pl.DataFrame,
+    results: pl.DataFrame,
+    skipped: pl.Series,
+    column: str,
+    columns: Columns,
+    *,
+    dimensions: int | None,
+) -> pl.DataFrame:
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
     widths = joined["embedding"].drop_nulls().list.len().unique()
     if len(widths) > 1:
-        raise ConfigError(f"the endpoint returned vectors of different sizes {widths.to_list()}; "
-                          "pass dimensions= to fix one")
+        raise ConfigError(
+            f"the endpoint returned vectors of different sizes {widths.to_list()}; "
+            "pass dimensions= to fix one"
+        )
     # An Array column even when no row got a vector, so frames of reruns line up.
     width = int(widths[0]) if len(widths) == 1 else (dimensions or 0)
     return joined.with_columns(skipped=skipped).select(
         pl.col("embedding").list.to_array(width).alias(columns.output),
-        pl.when("skipped").then(pl.lit("skipped"))
-        .when(pl.col("status").is_null()).then(pl.lit("failed"))
-        .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(columns.status),
-        pl.when("skipped").then(pl.lit(f"column {column!r} is null; row not sent"))
-        .when(pl.col("status").is_null()).then(pl.lit(NOT_SENT))
-        .otherwise(pl.col("error")).alias(columns.error),
+        pl.when("skipped")
+        .then(pl.lit("skipped"))
+        .when(pl.col("status").is_null())
+        .then(pl.lit("failed"))
+        .otherwise(pl.col("status"))
+        .cast(STATUS_DTYPE)
+        .alias(columns.status),
+        pl.when("skipped")
+        .then(pl.lit(f"column {column!r} is null; row not sent"))
+        .when(pl.col("status").is_null())
+        .then(pl.lit(NOT_SENT))
+        .otherwise(pl.col("error"))
+        .alias(columns.error),
     )

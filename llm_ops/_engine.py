@@ -45,8 +45,10 @@ DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this lon
 STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 """Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
-REPAIR_PROMPT = ("That answer did not match the required JSON schema ({}). Reply again with "
-                 "only JSON that matches the schema.")
+REPAIR_PROMPT = (
+    "That answer did not match the required JSON schema ({}). Reply again with "
+    "only JSON that matches the schema."
+)
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
 _SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
 
@@ -73,7 +75,8 @@ class Pack(Request):
         """Two halves; a half of one member is that member's ordinary request."""
         middle = len(self.members) // 2
         return make_pack(self.members[:middle], self.system), make_pack(
-            self.members[middle:], self.system)
+            self.members[middle:], self.system
+        )
 
 
 def make_pack(members: tuple[Request, ...], system: str | None) -> Request:
@@ -81,9 +84,14 @@ def make_pack(members: tuple[Request, ...], system: str | None) -> Request:
     if len(members) == 1:
         return members[0]
     prompts = [member.messages[-1]["content"] for member in members]
-    return Pack(key="pack:" + members[0].key, messages=pack_messages(system, prompts),
-                request_json="", rows=sum(m.rows for m in members), members=members,
-                system=system)
+    return Pack(
+        key="pack:" + members[0].key,
+        messages=pack_messages(system, prompts),
+        request_json="",
+        rows=sum(m.rows for m in members),
+        members=members,
+        system=system,
+    )
 
 
 @dataclass(frozen=True)
@@ -100,11 +108,18 @@ class Batch(Request):
         middle = len(self.inputs) // 2
         halves = (slice(None, middle), slice(middle, None))
         return tuple(  # type: ignore[return-value]
-            Batch(key=f"{self.key}.{n}", messages=[], request_json="",
-                  rows=sum(self.input_rows[half]), keys=self.keys[half],
-                  inputs=self.inputs[half], requests_json=self.requests_json[half],
-                  input_rows=self.input_rows[half])
-            for n, half in enumerate(halves))
+            Batch(
+                key=f"{self.key}.{n}",
+                messages=[],
+                request_json="",
+                rows=sum(self.input_rows[half]),
+                keys=self.keys[half],
+                inputs=self.inputs[half],
+                requests_json=self.requests_json[half],
+                input_rows=self.input_rows[half],
+            )
+            for n, half in enumerate(halves)
+        )
 
 
 @dataclass
@@ -191,8 +206,9 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 class _Retryable(Exception):
-    def __init__(self, message: str, retry_after: float | None = None,
-                 http_status: int | None = None):
+    def __init__(
+        self, message: str, retry_after: float | None = None, http_status: int | None = None
+    ):
         super().__init__(message)
         self.retry_after = retry_after
         self.http_status = http_status
@@ -253,12 +269,16 @@ class Engine:
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
         self.connect_failures = 0  # attempts in a row that could not connect
-        pool = httpx2.Limits(max_connections=limits.concurrency,
-                             max_keepalive_connections=limits.concurrency)
+        pool = httpx2.Limits(
+            max_connections=limits.concurrency, max_keepalive_connections=limits.concurrency
+        )
         self.http = openai.DefaultAioHttpClient(limits=pool, timeout=limits.timeout)
         self.client = openai.AsyncOpenAI(
-            base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0,
-            timeout=limits.timeout, http_client=self.http,
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            max_retries=0,
+            timeout=limits.timeout,
+            http_client=self.http,
         )
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
         _RedactingFilter.secrets.update(v for v in endpoint.query.values() if v)
@@ -274,10 +294,11 @@ class Engine:
         """Count a connection that could not be made: its message, and whether the run of
         such failures is long enough to stop the job."""
         self.connect_failures += 1
-        limit = (CONNECT_FAILURES_TO_ABORT if self.connected.is_set()
-                 else self.limits.max_attempts)
-        return (redact(str(exc) or type(exc).__name__, *self.secrets),
-                self.connect_failures >= limit)
+        limit = CONNECT_FAILURES_TO_ABORT if self.connected.is_set() else self.limits.max_attempts
+        return (
+            redact(str(exc) or type(exc).__name__, *self.secrets),
+            self.connect_failures >= limit,
+        )
 
     async def close(self) -> None:
         await self.client.close()
@@ -348,7 +369,8 @@ class Dispatcher:
         if self._stopping:
             raise JobInterruptedError(
                 "the job was stopped by SIGTERM; what was in flight was answered and every "
-                "answer is cached, so a rerun sends only the rest")
+                "answer is cached, so a rerun sends only the rest"
+            )
 
     def stop(self) -> None:
         """Send nothing new; give what is in flight up to :data:`DRAIN_SECONDS` (or the
@@ -356,8 +378,9 @@ class Dispatcher:
         if self._stopping:
             return
         self._stopping = True
-        asyncio.get_running_loop().call_later(min(DRAIN_SECONDS, self.settings.timeout),
-                                              self._drain_timeout)
+        asyncio.get_running_loop().call_later(
+            min(DRAIN_SECONDS, self.settings.timeout), self._drain_timeout
+        )
 
     def _drain_timeout(self) -> None:
         if any(not worker.done() for worker in self._workers):
@@ -403,11 +426,22 @@ class Dispatcher:
                 answer = await self._attempt_loop(half)
                 items += answer.items if answer.items is not None else [(half, answer)]
             return Outcome(key=pack.key, status="ok", items=items)
-        return Outcome(key=pack.key, status=outcome.status, items=[
-            (member, Outcome(key=member.key, status=outcome.status, error=outcome.error,
-                             attempts=outcome.attempts))
-            for member in pack.members
-        ])
+        return Outcome(
+            key=pack.key,
+            status=outcome.status,
+            items=[
+                (
+                    member,
+                    Outcome(
+                        key=member.key,
+                        status=outcome.status,
+                        error=outcome.error,
+                        attempts=outcome.attempts,
+                    ),
+                )
+                for member in pack.members
+            ],
+        )
 
     async def _request_loop(self, request: Request, *, split_on_status: bool = False) -> Outcome:
         """Attempts until an outcome; ``split_on_status``: stop at the first failure the
@@ -418,10 +452,12 @@ class Dispatcher:
         attempt = 0
         if self.engine.limiter.too_large(estimate):
             outcome = Outcome(
-                key=request.key, status="failed", attempts=0,
+                key=request.key,
+                status="failed",
+                attempts=0,
                 error=f"the request needs about {estimate:,} tokens (prompt + max_tokens), more "
-                      f"than the whole tokens-per-minute budget ({self.engine.limiter.tpm:,.0f}); "
-                      "shorten the prompt or lower max_tokens",
+                f"than the whole tokens-per-minute budget ({self.engine.limiter.tpm:,.0f}); "
+                "shorten the prompt or lower max_tokens",
             )
             return outcome
         messages, repaired = request.messages, False
@@ -433,19 +469,28 @@ class Dispatcher:
             expected = self._expected_tokens(request, estimate)
             if self.budget is not None and not self.budget.reserve(*expected):
                 self.counters.over_budget += 1
-                return Outcome(key=request.key, status="skipped", attempts=attempt - 1,
-                               error=f"not sent: the budget stopped the job "
-                                     f"({self.budget.exhausted})")
+                return Outcome(
+                    key=request.key,
+                    status="skipped",
+                    attempts=attempt - 1,
+                    error=f"not sent: the budget stopped the job ({self.budget.exhausted})",
+                )
             try:
                 outcome = await self._attempt(request, messages, estimate)
                 if self.budget is not None:
-                    self.budget.settle(expected, (outcome.prompt_tokens,
-                                                  outcome.completion_tokens))
-                if (outcome.status == "invalid" and self.repair and not repaired
-                        and attempt < self.settings.max_attempts):
+                    self.budget.settle(expected, (outcome.prompt_tokens, outcome.completion_tokens))
+                if (
+                    outcome.status == "invalid"
+                    and self.repair
+                    and not repaired
+                    and attempt < self.settings.max_attempts
+                ):
                     # One repair round: show the model its answer and what was wrong with it.
-                    messages = [*messages, {"role": "assistant", "content": outcome.text or ""},
-                                {"role": "user", "content": REPAIR_PROMPT.format(outcome.error)}]
+                    messages = [
+                        *messages,
+                        {"role": "assistant", "content": outcome.text or ""},
+                        {"role": "user", "content": REPAIR_PROMPT.format(outcome.error)},
+                    ]
                     repaired = True
                     continue
             except _Retryable as exc:
@@ -460,8 +505,9 @@ class Dispatcher:
             except _Final as exc:
                 if self.budget is not None:
                     self.budget.settle(expected, (0, 0))
-                outcome = Outcome(key=request.key, status=exc.status, error=str(exc),
-                                  http_status=exc.http_status)
+                outcome = Outcome(
+                    key=request.key, status=exc.status, error=str(exc), http_status=exc.http_status
+                )
             outcome.attempts = attempt
             outcome.latency_ms = (time.perf_counter() - started) * 1000
             return outcome
@@ -524,7 +570,8 @@ class Dispatcher:
                     f"could not connect to {engine.endpoint} ({engine.connect_failures} attempts "
                     f"in a row failed: {_one_line(detail)}); the job was stopped. Check "
                     "base_url and that the server is running, then rerun: answers so far are "
-                    "cached.")
+                    "cached."
+                )
             raise _Retryable(f"could not connect: {detail}") from exc
         except httpx2.TimeoutException as exc:
             self.counters.timeouts += 1
@@ -552,8 +599,11 @@ class Dispatcher:
         self, status: int, payload: bytes, headers: Mapping[str, str]
     ) -> Exception:
         error = _error_body(payload)
-        message = _one_line(redact(f"HTTP {status}: {error.get('message') or _preview(payload)}",
-                                   *self.engine.secrets))
+        message = _one_line(
+            redact(
+                f"HTTP {status}: {error.get('message') or _preview(payload)}", *self.engine.secrets
+            )
+        )
         if status in ABORT_STATUS:
             self._abort(
                 f"the endpoint refused the credentials ({message}); the job was stopped and "
@@ -601,16 +651,22 @@ class Dispatcher:
         if body.get("error"):
             error = body["error"]
             detail = error.get("message") if isinstance(error, dict) else error
-            raise _Retryable(_one_line(redact(f"the endpoint answered with an error: {detail}",
-                                              *self.engine.secrets)))
+            raise _Retryable(
+                _one_line(
+                    redact(f"the endpoint answered with an error: {detail}", *self.engine.secrets)
+                )
+            )
         if finish_reason == "content_filter":
-            raise _Final("filtered", "the endpoint's content filter stopped the answer "
-                                     "(finish_reason 'content_filter')")
+            raise _Final(
+                "filtered",
+                "the endpoint's content filter stopped the answer (finish_reason 'content_filter')",
+            )
         if finish_reason != "length" and finish_reason not in FINISHED:
             raise _Retryable(f"the answer did not finish (finish_reason {finish_reason!r})")
         if not isinstance(text, str):
-            raise _Final("rejected", f"the answer has no text content (finish_reason "
-                                     f"{finish_reason!r})")
+            raise _Final(
+                "rejected", f"the answer has no text content (finish_reason {finish_reason!r})"
+            )
         truncated = finish_reason == "length"
         outcome = Outcome(
             key=key,
@@ -626,10 +682,17 @@ class Dispatcher:
             if answers is not None:
                 share = len(request.members)
                 outcome.items = [
-                    (member, Outcome(key=member.key, status="ok", text=answer,
-                                     finish_reason=finish_reason,
-                                     prompt_tokens=prompt_tokens // share,
-                                     completion_tokens=completion_tokens // share))
+                    (
+                        member,
+                        Outcome(
+                            key=member.key,
+                            status="ok",
+                            text=answer,
+                            finish_reason=finish_reason,
+                            prompt_tokens=prompt_tokens // share,
+                            completion_tokens=completion_tokens // share,
+                        ),
+                    )
                     for member, answer in zip(request.members, answers, strict=True)
                 ]
             return outcome
@@ -643,8 +706,7 @@ class Dispatcher:
 
 
 class EmbeddingDispatcher(Dispatcher):
-    """Sends :class:`Batch` requests to ``/embeddings``; an outcome carries one vector per input.
-    """
+    """Sends :class:`Batch` requests to ``/embeddings``; an outcome carries one vector per input."""
 
     path = "embeddings"
 
@@ -681,15 +743,18 @@ class EmbeddingDispatcher(Dispatcher):
         except (ValueError, KeyError, TypeError) as exc:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
         if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
-            raise _Retryable(f"the endpoint returned {len(vectors)} embeddings for {expected} "
-                             "inputs")
+            raise _Retryable(
+                f"the endpoint returned {len(vectors)} embeddings for {expected} inputs"
+            )
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         self.counters.answered += 1
         self.counters.prompt_tokens += prompt_tokens
         wanted = self.params.get("dimensions")
         if wanted is not None and any(len(vector) != wanted for vector in vectors):
-            raise _Final("rejected", f"asked for dimensions={wanted}, the endpoint returned "
-                                     f"{len(vectors[0])}: it ignores dimensions=; drop it for "
-                                     "this endpoint")
-        return Outcome(key=request.key, status="ok", vectors=vectors,
-                       prompt_tokens=prompt_tokens)
+            raise _Final(
+                "rejected",
+                f"asked for dimensions={wanted}, the endpoint returned "
+                f"{len(vectors[0])}: it ignores dimensions=; drop it for "
+                "this endpoint",
+            )
+        return Outcome(key=request.key, status="ok", vectors=vectors, prompt_tokens=prompt_tokens)

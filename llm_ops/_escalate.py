@@ -1,5 +1,4 @@
-"""When a cascade sends a row on to the next model: failures always, and what ``escalate=`` flags.
-"""
+"""When a cascade sends a row on to the next model: failures always, and what `escalate=` flags."""
 
 from __future__ import annotations
 
@@ -28,7 +27,8 @@ class ConfidenceBelow:
             raise ConfigError(
                 f"confidence_below reads the number field {self.field!r} of a structured answer: "
                 f"pass schema= with such a field (e.g. {self.field}: float), or name the field "
-                "with confidence_below(..., field=...)")
+                "with confidence_below(..., field=...)"
+            )
         return pl.col(output).struct.field(self.field) < self.threshold
 
 
@@ -51,42 +51,56 @@ def confidence_below(threshold: float, *, field: str = "confidence") -> Confiden
 EscalateOption = pl.Expr | ConfidenceBelow | str | None
 
 
-def escalation_rule(escalate: object, output: str, structured: OutputSchema | None,
-                    models: int) -> pl.Expr:
+def escalation_rule(
+    escalate: object, output: str, structured: OutputSchema | None, models: int
+) -> pl.Expr:
     """``escalate=`` as a boolean Polars expression over the input and answer columns (see
     :func:`check_escalation` for its check against them)."""
     if models < 2:
-        raise ConfigError("escalate= decides which rows go on to the next model of a cascade: "
-                          "pass model=[first, second, ...] too")
+        raise ConfigError(
+            "escalate= decides which rows go on to the next model of a cascade: "
+            "pass model=[first, second, ...] too"
+        )
     if isinstance(escalate, ConfidenceBelow):
         escalate = escalate.expr(output, structured)
     elif isinstance(escalate, str):  # SQL, for the CLI and flow parameters
         try:
             escalate = pl.sql_expr(escalate)
         except pl.exceptions.PolarsError as exc:
-            raise ConfigError(f"escalate {escalate!r} is not a SQL expression Polars can read "
-                              f"({exc}); e.g. \"{output} LIKE 'unsure:%'\"") from exc
+            raise ConfigError(
+                f"escalate {escalate!r} is not a SQL expression Polars can read "
+                f"({exc}); e.g. \"{output} LIKE 'unsure:%'\""
+            ) from exc
     if not isinstance(escalate, pl.Expr):
-        raise ConfigError("escalate takes confidence_below(0.7), a Polars expression or a SQL "
-                          "condition that is true for the rows to send to the next model, e.g. "
-                          "pl.col('summary').str.contains('not sure')")
+        raise ConfigError(
+            "escalate takes confidence_below(0.7), a Polars expression or a SQL "
+            "condition that is true for the rows to send to the next model, e.g. "
+            "pl.col('summary').str.contains('not sure')"
+        )
     return escalate
 
 
-def check_escalation(rule: pl.Expr, columns: Mapping[str, pl.DataType], output: str,
-                     structured: OutputSchema | None) -> None:
+def check_escalation(
+    rule: pl.Expr, columns: Mapping[str, pl.DataType], output: str, structured: OutputSchema | None
+) -> None:
     """Evaluate ``rule`` on an empty frame of the input and answer columns, so that a bad rule
     fails before anything is sent."""
-    answer_columns = {output: structured.dtype if structured else pl.String,
-                      f"{output}_status": pl.Enum(STATUSES), f"{output}_error": pl.String}
+    answer_columns = {
+        output: structured.dtype if structured else pl.String,
+        f"{output}_status": pl.Enum(STATUSES),
+        f"{output}_error": pl.String,
+    }
     if structured is not None:
         answer_columns[f"{output}_raw"] = pl.String
     empty = pl.DataFrame(schema={**columns, **answer_columns})
     try:
         dtype = empty.select(rule).to_series().dtype
     except pl.exceptions.PolarsError as exc:
-        raise ConfigError(f"escalate cannot be evaluated on the input and answer columns "
-                          f"({', '.join(empty.columns)}): {exc}") from exc
+        raise ConfigError(
+            f"escalate cannot be evaluated on the input and answer columns "
+            f"({', '.join(empty.columns)}): {exc}"
+        ) from exc
     if dtype != pl.Boolean:
-        raise ConfigError(f"escalate must give true/false per row, but gives {dtype}; compare it, "
-                          "e.g. ... < 0.8")
+        raise ConfigError(
+            f"escalate must give true/false per row, but gives {dtype}; compare it, e.g. ... < 0.8"
+        )

@@ -40,32 +40,52 @@ class Estimate:
         def money(value: float | None) -> str:
             return "unknown" if value is None else f"${value:,.4f}"
 
-        output = "unbounded (set max_tokens)" if self.output_tokens_max is None else (
-            f"{self.output_tokens_max:,}")
-        packing = (f"  ({self.requests_without_packing:,} without packing)"
-                   if self.requests != self.requests_without_packing else "")
-        return "\n".join([
-            f"rows                 {self.rows:>12,}",
-            f"rows skipped (null)  {self.skipped_rows:>12,}",
-            f"distinct requests    {self.distinct_requests:>12,}",
-            f"cache hits           {self.cache_hits:>12,}",
-            f"requests to send     {self.requests:>12,}{packing}",
-            f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
-            f"output tokens (max)  {output:>12}",
-            f"cost                 {money(self.cost_min)} to {money(self.cost_max)}",
-        ])
+        output = (
+            "unbounded (set max_tokens)"
+            if self.output_tokens_max is None
+            else (f"{self.output_tokens_max:,}")
+        )
+        packing = (
+            f"  ({self.requests_without_packing:,} without packing)"
+            if self.requests != self.requests_without_packing
+            else ""
+        )
+        return "\n".join(
+            [
+                f"rows                 {self.rows:>12,}",
+                f"rows skipped (null)  {self.skipped_rows:>12,}",
+                f"distinct requests    {self.distinct_requests:>12,}",
+                f"cache hits           {self.cache_hits:>12,}",
+                f"requests to send     {self.requests:>12,}{packing}",
+                f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
+                f"output tokens (max)  {output:>12}",
+                f"cost                 {money(self.cost_min)} to {money(self.cost_max)}",
+            ]
+        )
 
 
 def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estimate:
     """Plan ``job`` over ``frame`` and price it; nothing is sent, no cache file is made."""
     plan = plan_frame(frame, job.spec, cache)
-    return price_plan(job, [plan.misses], rows=frame.height,
-                      keyed_rows=int(plan.distinct["rows"].sum()),
-                      distinct=plan.distinct.height, cache_hits=plan.hits.height)
+    return price_plan(
+        job,
+        [plan.misses],
+        rows=frame.height,
+        keyed_rows=int(plan.distinct["rows"].sum()),
+        distinct=plan.distinct.height,
+        cache_hits=plan.hits.height,
+    )
 
 
-def price_plan(job: Job, misses: Iterable[pl.DataFrame], *, rows: int, keyed_rows: int,
-               distinct: int, cache_hits: int) -> Estimate:
+def price_plan(
+    job: Job,
+    misses: Iterable[pl.DataFrame],
+    *,
+    rows: int,
+    keyed_rows: int,
+    distinct: int,
+    cache_hits: int,
+) -> Estimate:
     """An :class:`Estimate` of sending the ``REQUESTS`` frames ``misses`` (a frame's, or a
     table's chunks), packed as the job packs them."""
     requests = chars = messages = singles = 0
@@ -78,17 +98,31 @@ def price_plan(job: Job, misses: Iterable[pl.DataFrame], *, rows: int, keyed_row
     input_tokens = approx_tokens(chars, messages)
     max_tokens = job.spec.params.get("max_tokens")
     output_max = None if max_tokens is None else max_tokens * singles
-    cost_min = cost_or_none(job.price, requests=requests, input_tokens=input_tokens,
-                            output_tokens=0)
+    cost_min = cost_or_none(
+        job.price, requests=requests, input_tokens=input_tokens, output_tokens=0
+    )
     cost_max: float | None = 0.0
     for model in job.models:
-        most = None if output_max is None else cost_or_none(
-            job.spending.price(model), requests=requests, input_tokens=input_tokens,
-            output_tokens=output_max)
+        most = (
+            None
+            if output_max is None
+            else cost_or_none(
+                job.spending.price(model),
+                requests=requests,
+                input_tokens=input_tokens,
+                output_tokens=output_max,
+            )
+        )
         cost_max = add_costs(cost_max, most)
     return Estimate(
-        rows=rows, skipped_rows=rows - keyed_rows, distinct_requests=distinct,
-        cache_hits=cache_hits, requests=requests, requests_without_packing=singles,
-        input_tokens=input_tokens, output_tokens_max=output_max, cost_min=cost_min,
+        rows=rows,
+        skipped_rows=rows - keyed_rows,
+        distinct_requests=distinct,
+        cache_hits=cache_hits,
+        requests=requests,
+        requests_without_packing=singles,
+        input_tokens=input_tokens,
+        output_tokens_max=output_max,
+        cost_min=cost_min,
         cost_max=cost_max,
     )

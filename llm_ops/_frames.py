@@ -51,8 +51,11 @@ def from_arrow(table: pa.Table) -> pl.DataFrame:
         try:
             column.validate(full=True)
         except pa.ArrowInvalid:
-            rows = [i for i, value in enumerate(column.cast(pa.binary()).to_pylist())
-                    if value is not None and not _is_utf8(value)]
+            rows = [
+                i
+                for i, value in enumerate(column.cast(pa.binary()).to_pylist())
+                if value is not None and not _is_utf8(value)
+            ]
             raise ConfigError(
                 f"column {name!r} holds text that is not valid UTF-8 in {len(rows):,} row(s) "
                 f"(first: row {rows[0] if rows else '?'}); repair or drop those rows first, e.g. "

@@ -33,8 +33,9 @@ def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.Da
     return pl.concat([*earlier, answered])
 
 
-def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, columns: Columns,
-              schema: OutputSchema | None) -> pl.DataFrame:
+def join_back(
+    row_keys: pl.DataFrame, results: pl.DataFrame, columns: Columns, schema: OutputSchema | None
+) -> pl.DataFrame:
     """The added columns, one row per row of ``row_keys`` (``ROW_KEYS``), in its order."""
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
     answered = pl.col("status").is_in(ANSWERED)
@@ -45,18 +46,26 @@ def join_back(row_keys: pl.DataFrame, results: pl.DataFrame, columns: Columns,
         output = pl.when(answered).then(pl.col("json")).str.json_decode(schema.dtype)
     added = [
         output.alias(columns.output),
-        pl.when(pl.col("skip_reason").is_not_null()).then(pl.lit("skipped"))
-        .when(pl.col("status").is_null()).then(pl.lit("failed"))
-        .otherwise(pl.col("status")).cast(STATUS_DTYPE).alias(columns.status),
-        pl.coalesce(pl.col("skip_reason"), pl.col("error"),
-                    pl.when(pl.col("status").is_null()).then(pl.lit(NOT_SENT)))
-        .alias(columns.error),
+        pl.when(pl.col("skip_reason").is_not_null())
+        .then(pl.lit("skipped"))
+        .when(pl.col("status").is_null())
+        .then(pl.lit("failed"))
+        .otherwise(pl.col("status"))
+        .cast(STATUS_DTYPE)
+        .alias(columns.status),
+        pl.coalesce(
+            pl.col("skip_reason"),
+            pl.col("error"),
+            pl.when(pl.col("status").is_null()).then(pl.lit(NOT_SENT)),
+        ).alias(columns.error),
     ]
     if columns.structured:
         added.append(pl.col("text").alias(columns.raw))
     if columns.semantic:
-        added += [pl.col("similar_to").alias(columns.similar_to),
-                  pl.col("similarity").alias(columns.similarity)]
+        added += [
+            pl.col("similar_to").alias(columns.similar_to),
+            pl.col("similarity").alias(columns.similarity),
+        ]
     return joined.select(added)
 
 
@@ -67,9 +76,8 @@ def status_counts(added: pl.DataFrame, columns: Columns) -> dict[str, int]:
 
 def raise_failed_rows(added: pl.DataFrame, columns: Columns) -> None:
     """``on_error="raise"``: one :class:`~llm_ops.RowsFailedError` for every failed row."""
-    failed = (
-        added.with_row_index("row")
-        .filter(pl.col(columns.status).cast(pl.String).is_in(list(FAILED)))
+    failed = added.with_row_index("row").filter(
+        pl.col(columns.status).cast(pl.String).is_in(list(FAILED))
     )
     raise RowsFailedError(
         failed["row"].to_list(),

@@ -126,7 +126,9 @@ def key_sql(
     system = _SYSTEM_SLOT if with_system else None
     skeleton = canonical_json(
         build_request(
-            endpoint=endpoint, model=model, messages=messages_for(system, _PROMPT_SLOT),
+            endpoint=endpoint,
+            model=model,
+            messages=messages_for(system, _PROMPT_SLOT),
             params=params,
         )
     )

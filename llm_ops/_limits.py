@@ -38,8 +38,15 @@ class AdaptiveConcurrency:
     few round trips rather than minutes.
     """
 
-    def __init__(self, ceiling: int, *, cooldown: float = 1.0, calm: float = 2.0,
-                 window: int = 64, overload_share: float = 0.2):
+    def __init__(
+        self,
+        ceiling: int,
+        *,
+        cooldown: float = 1.0,
+        calm: float = 2.0,
+        window: int = 64,
+        overload_share: float = 0.2,
+    ):
         self.ceiling = ceiling
         self.limit = float(ceiling)
         self.in_flight = 0

@@ -17,13 +17,34 @@ from ._report import RunReport
 
 
 @overload
-def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption,
-                 return_report: Literal[False] = ..., **options: Unpack[Options]) -> Frame: ...
+def llm_complete(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> Frame: ...
 @overload
-def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption, return_report: Literal[True],
-                 **options: Unpack[Options]) -> tuple[Frame, RunReport]: ...
-def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption, return_report: bool = False,
-                 **options: Unpack[Options]) -> Frame | tuple[Frame, RunReport]:
+def llm_complete(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[Frame, RunReport]: ...
+def llm_complete(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: bool = False,
+    **options: Unpack[Options],
+) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
 
     Each row's prompt is rendered from its columns; identical requests are sent once; answers
@@ -142,16 +163,34 @@ def llm_complete(df: Frame, /, *, prompt: str, model: ModelOption, return_report
 
 
 @overload
-async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: Literal[False] = ...,
-                             **options: Unpack[Options]) -> Frame: ...
+async def llm_complete_async(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> Frame: ...
 @overload
-async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: Literal[True],
-                             **options: Unpack[Options]) -> tuple[Frame, RunReport]: ...
-async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
-                             return_report: bool = False, **options: Unpack[Options]
-                             ) -> Frame | tuple[Frame, RunReport]:
+async def llm_complete_async(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[Frame, RunReport]: ...
+async def llm_complete_async(
+    df: Frame,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: bool = False,
+    **options: Unpack[Options],
+) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments."""
     made, call = split_options(options)
     client = Client(**made)
@@ -162,9 +201,17 @@ async def llm_complete_async(df: Frame, /, *, prompt: str, model: ModelOption,
     return (result, report) if return_report else result
 
 
-def llm_embed(df: Frame, /, *, column: str, model: str, output: str = "embedding",
-              dimensions: int | None = None, batch_size: int = 256,
-              **options: Unpack[EmbedOptions]) -> Frame:
+def llm_embed(
+    df: Frame,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    batch_size: int = 256,
+    **options: Unpack[EmbedOptions],
+) -> Frame:
     """Add an embedding of ``column`` to every row, as a fixed-size ``Float32`` array column.
 
     Distinct texts are embedded once, many per request (``batch_size`` inputs, within the
@@ -202,14 +249,21 @@ def llm_embed(df: Frame, /, *, column: str, model: str, output: str = "embedding
     """
     made, call = split_options(options)
     with Client(**made) as client:
-        result: Frame = client.embed(df, column=column, model=model, output=output,
-                                     dimensions=dimensions, batch_size=batch_size,
-                                     **cast(ResultOptions, call))
+        result: Frame = client.embed(
+            df,
+            column=column,
+            model=model,
+            output=output,
+            dimensions=dimensions,
+            batch_size=batch_size,
+            **cast(ResultOptions, call),
+        )
     return result
 
 
-def estimate(df: Any, /, *, prompt: str, model: ModelOption,
-             **options: Unpack[Options]) -> Estimate:
+def estimate(
+    df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[Options]
+) -> Estimate:
     """Plan a :func:`~llm_ops.llm_complete` job and price it; nothing is sent.
 
     Takes exactly what :func:`~llm_ops.llm_complete` takes (transport options such as

@@ -97,8 +97,10 @@ def split_options(options: Mapping[str, Any]) -> tuple[ClientOptions, CallOption
     """``options`` as (what the client is made with, the rest)."""
     unknown = set(options) - Options.__optional_keys__ - EmbedOptions.__optional_keys__
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; see "
-                          "help(llm_ops.llm_complete) for the options")
+        raise ConfigError(
+            f"unknown option(s) {', '.join(sorted(unknown))}; see "
+            "help(llm_ops.llm_complete) for the options"
+        )
     client = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
     call = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS}
     return cast(ClientOptions, client), cast(CallOptions, call)
@@ -144,7 +146,9 @@ class Columns:
     @property
     def names(self) -> tuple[str, ...]:
         return (
-            self.output, self.status, self.error,
+            self.output,
+            self.status,
+            self.error,
             *([self.raw] if self.structured else []),
             *([self.similar_to, self.similarity] if self.semantic else []),
             *([self.model] if self.cascade else []),
@@ -153,8 +157,10 @@ class Columns:
     def check_free(self, schema: Mapping[str, Any]) -> None:
         for column in self.names:
             if column in schema:
-                raise ConfigError(f"the input already has a column {column!r}; choose another "
-                                  "output= name or drop that column first")
+                raise ConfigError(
+                    f"the input already has a column {column!r}; choose another "
+                    "output= name or drop that column first"
+                )
 
 
 @dataclass(frozen=True)
@@ -185,12 +191,15 @@ class Spending:
                 positive_int(name, getattr(self, name))
         if self.max_cost is not None:
             if not is_number(self.max_cost) or self.max_cost < 0:
-                raise ConfigError(f"max_cost must be a number of dollars >= 0, got "
-                                  f"{self.max_cost!r}")
+                raise ConfigError(
+                    f"max_cost must be a number of dollars >= 0, got {self.max_cost!r}"
+                )
             for name, price in self.prices.items():
                 if price is None:
-                    raise ConfigError(f"max_cost needs a price for model {name!r}, which has "
-                                      "none; pass pricing={'" + name + "': Price(...)}")
+                    raise ConfigError(
+                        f"max_cost needs a price for model {name!r}, which has "
+                        "none; pass pricing={'" + name + "': Price(...)}"
+                    )
 
     def price(self, model: str) -> Price | None:
         return self.prices.get(model)
@@ -203,7 +212,8 @@ class Spending:
             self.price(model),
             None if self.max_cost is None else max(0.0, self.max_cost - cost),
             None if self.max_requests is None else max(0, self.max_requests - requests),
-            None if self.max_tokens_total is None else max(0, self.max_tokens_total - tokens))
+            None if self.max_tokens_total is None else max(0, self.max_tokens_total - tokens),
+        )
         return budget if budget.limited else None
 
 
@@ -263,17 +273,23 @@ class Job:
 def models_of(model: object) -> tuple[str, ...]:
     """``model=``: one name, or a cascade's names from the cheapest to the strongest."""
     names = [model] if isinstance(model, str) else model
-    if not isinstance(names, Sequence) or not names or not all(
-            isinstance(name, str) and name.strip() for name in names):
-        raise ConfigError(f"model must be a model name such as 'gpt-4o-mini', or a list of names "
-                          f"for a cascade such as ['gpt-4o-mini', 'gpt-4o'], got {model!r}")
+    if (
+        not isinstance(names, Sequence)
+        or not names
+        or not all(isinstance(name, str) and name.strip() for name in names)
+    ):
+        raise ConfigError(
+            f"model must be a model name such as 'gpt-4o-mini', or a list of names "
+            f"for a cascade such as ['gpt-4o-mini', 'gpt-4o'], got {model!r}"
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
     return tuple(names)
 
 
-def make_job(*, prompt: str, model: ModelOption, endpoint: str, cached: bool,
-             options: CallOptions) -> Job:
+def make_job(
+    *, prompt: str, model: ModelOption, endpoint: str, cached: bool, options: CallOptions
+) -> Job:
     """Check a call's options and build its :class:`Job` (see :func:`check_job` for its
     check against a table's columns).
 
@@ -281,8 +297,10 @@ def make_job(*, prompt: str, model: ModelOption, endpoint: str, cached: bool,
     """
     unknown = set(options) - CallOptions.__optional_keys__
     if unknown:
-        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}; see "
-                          "help(llm_ops.llm_complete) for the options")
+        raise ConfigError(
+            f"unknown option(s) {', '.join(sorted(unknown))}; see "
+            "help(llm_ops.llm_complete) for the options"
+        )
     models = models_of(model)
     output = options.get("output", "completion")
     prompt_template = parse_template(prompt, what="prompt")
@@ -292,40 +310,65 @@ def make_job(*, prompt: str, model: ModelOption, endpoint: str, cached: bool,
     structured = output_schema(schema) if schema is not None else None
     semantic = options.get("semantic_cache")
     if semantic is not None and not isinstance(semantic, SemanticCache):
-        raise ConfigError("semantic_cache takes a SemanticCache, e.g. "
-                          "semantic_cache=SemanticCache('text-embedding-3-small', threshold=0.95)")
+        raise ConfigError(
+            "semantic_cache takes a SemanticCache, e.g. "
+            "semantic_cache=SemanticCache('text-embedding-3-small', threshold=0.95)"
+        )
     if semantic is not None and not cached:
-        raise ConfigError("the semantic cache lives in the cache database: pass a cache path "
-                          "instead of cache=False, or drop semantic_cache=")
-    added = Columns(output, structured=structured is not None, semantic=semantic is not None,
-                    cascade=len(models) > 1)
+        raise ConfigError(
+            "the semantic cache lives in the cache database: pass a cache path "
+            "instead of cache=False, or drop semantic_cache="
+        )
+    added = Columns(
+        output,
+        structured=structured is not None,
+        semantic=semantic is not None,
+        cascade=len(models) > 1,
+    )
     on_error = options.get("on_error", "null")
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
     spec = RequestSpec.build(
-        endpoint=endpoint, model=models[0], prompt=prompt_template, system=system_template,
-        max_tokens=options.get("max_tokens"), temperature=options.get("temperature"),
-        top_p=options.get("top_p"), seed=options.get("seed"), stop=options.get("stop"),
-        schema=structured)
+        endpoint=endpoint,
+        model=models[0],
+        prompt=prompt_template,
+        system=system_template,
+        max_tokens=options.get("max_tokens"),
+        temperature=options.get("temperature"),
+        top_p=options.get("top_p"),
+        seed=options.get("seed"),
+        stop=options.get("stop"),
+        schema=structured,
+    )
     packing = Packing(options.get("rows_per_request", 1), options.get("pack_tokens"))
     if packing.rows_per_request > 1 and structured is not None:
-        raise ConfigError("rows_per_request cannot be combined with schema= yet; use one or "
-                          "the other")
+        raise ConfigError(
+            "rows_per_request cannot be combined with schema= yet; use one or the other"
+        )
     repair = options.get("repair", False)
     if repair and structured is None:
         raise ConfigError("repair=True only applies to structured output; pass schema= too")
     pricing = options.get("pricing")
     priced = [*models, *([semantic.model] if semantic is not None else [])]
-    spending = Spending({name: price_for(name, pricing) for name in priced},
-                        options.get("max_cost"), options.get("max_requests"),
-                        options.get("max_tokens_total"))
+    spending = Spending(
+        {name: price_for(name, pricing) for name in priced},
+        options.get("max_cost"),
+        options.get("max_requests"),
+        options.get("max_tokens_total"),
+    )
     escalate = options.get("escalate")
-    rule = (escalation_rule(escalate, output, structured, len(models))
-            if escalate is not None else None)
+    rule = (
+        escalation_rule(escalate, output, structured, len(models)) if escalate is not None else None
+    )
     return Job(
-        spec=spec, columns=added, spending=spending, packing=packing,
-        cascade=Cascade(models, rule) if len(models) > 1 else None, semantic=semantic,
-        repair=repair, on_error=on_error,
+        spec=spec,
+        columns=added,
+        spending=spending,
+        packing=packing,
+        cascade=Cascade(models, rule) if len(models) > 1 else None,
+        semantic=semantic,
+        repair=repair,
+        on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )
 

@@ -38,8 +38,10 @@ PACK_FORMAT: dict[str, Any] = {
 def pack_messages(system: str | None, prompts: list[str]) -> list[dict[str, str]]:
     """The chat messages of a pack: the shared system message, then the listed requests."""
     items = [{"id": str(number), "request": prompt} for number, prompt in enumerate(prompts, 1)]
-    user = (f"{PACK_HEADER} Reply with JSON {{\"answers\": [{{\"id\": ..., \"answer\": ...}}]}}"
-            f", one answer per id.\nREQUESTS:\n{json.dumps(items, ensure_ascii=False)}")
+    user = (
+        f'{PACK_HEADER} Reply with JSON {{"answers": [{{"id": ..., "answer": ...}}]}}'
+        f", one answer per id.\nREQUESTS:\n{json.dumps(items, ensure_ascii=False)}"
+    )
     messages = [{"role": "user", "content": user}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})

@@ -44,7 +44,8 @@ class CacheSink:
             if self._merge is not None:
                 self._merge.result()  # surface a failed merge
             self._merge = asyncio.ensure_future(
-                asyncio.to_thread(self.writer.merge, wait=MERGE_WAIT))
+                asyncio.to_thread(self.writer.merge, wait=MERGE_WAIT)
+            )
 
     async def merge_periodically(self) -> None:
         """Bound how long an answer waits when answers trickle in; cancel to stop."""

@@ -49,14 +49,22 @@ class AnswerSink:
         self.outcomes.append(outcome)
         if self.cache is None or outcome.status not in CACHEABLE:
             return
-        self.cache.answer({
-            "key": outcome.key, "model": self.model, "endpoint": self.endpoint,
-            "request": request.request_json, "status": outcome.status,
-            "response_text": outcome.text, "response_json": outcome.json,
-            "finish_reason": outcome.finish_reason, "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
-            "latency_ms": outcome.latency_ms, "attempts": outcome.attempts,
-        })
+        self.cache.answer(
+            {
+                "key": outcome.key,
+                "model": self.model,
+                "endpoint": self.endpoint,
+                "request": request.request_json,
+                "status": outcome.status,
+                "response_text": outcome.text,
+                "response_json": outcome.json,
+                "finish_reason": outcome.finish_reason,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "latency_ms": outcome.latency_ms,
+                "attempts": outcome.attempts,
+            }
+        )
 
 
 def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
@@ -70,8 +78,9 @@ def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
     budget = (job.packing.pack_tokens or 0) * CHARS_PER_TOKEN
     for key, system, prompt, rows in misses.iter_rows():
         request = job.spec.request(system, prompt)
-        single = Request(key=key, messages=request["messages"],
-                         request_json=canonical_json(request), rows=rows)
+        single = Request(
+            key=key, messages=request["messages"], request_json=canonical_json(request), rows=rows
+        )
         if per_request == 1:
             yield single
             continue
@@ -104,8 +113,7 @@ class Answered(Dispatched):
     settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
 
 
-async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *,
-                        rows: int) -> Answered:
+async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int) -> Answered:
     """Answer the cache misses: by similarity where ``job.semantic`` allows, else by sending.
 
     Misses that follow another miss of the job (see :func:`~llm_ops._similar.find_similar`)
@@ -119,40 +127,55 @@ async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *,
     counters = similar.counters
     if similar.stopped is not None:  # the embeddings were refused: completions would be too
         return Answered([], counters, similar.stopped, settled=similar.results)
-    done = await dispatch(similar.misses, job.after(spent_by(job, counters)), backend,
-                          rows=rows,
-                          rows_settled=rows - _rows(similar.misses) - _rows(similar.followers))
+    done = await dispatch(
+        similar.misses,
+        job.after(spent_by(job, counters)),
+        backend,
+        rows=rows,
+        rows_settled=rows - _rows(similar.misses) - _rows(similar.followers),
+    )
     counters.add(done.counters)
     followed, resend = follow_leaders(similar.followers, done.outcomes)
     outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
     if not resend.is_empty() and stopped is None:  # their leaders got no answer
-        again = await dispatch(resend, job.after(spent_by(job, counters)), backend, rows=rows,
-                               rows_settled=rows - _rows(resend))
+        again = await dispatch(
+            resend,
+            job.after(spent_by(job, counters)),
+            backend,
+            rows=rows,
+            rows_settled=rows - _rows(resend),
+        )
         counters.add(again.counters)
         outcomes, stopped = outcomes + again.outcomes, again.stopped
         budget_stop = budget_stop or again.budget_stop
-    return Answered(outcomes, counters, stopped, budget_stop,
-                    settled=pl.concat([similar.results, followed]))
+    return Answered(
+        outcomes, counters, stopped, budget_stop, settled=pl.concat([similar.results, followed])
+    )
 
 
 def _rows(requests: pl.DataFrame) -> int:
     return int(requests["rows"].sum())
 
 
-async def dispatch(misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int,
-                   rows_settled: int) -> Dispatched:
+async def dispatch(
+    misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, rows_settled: int
+) -> Dispatched:
     """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
     cache. ``rows`` and ``rows_settled`` are only for progress: the job's rows and those
     already final."""
     sink = AnswerSink(job, backend)
     spec = job.spec
     dispatcher = Dispatcher(
-        backend.engine, model=spec.model, params=spec.params,
-        validate=spec.schema.validate if spec.schema else None, repair=job.repair,
+        backend.engine,
+        model=spec.model,
+        params=spec.params,
+        validate=spec.schema.validate if spec.schema else None,
+        repair=job.repair,
         budget=job.budget(),
     )
-    tracker = Tracker(rows=rows, rows_settled=rows_settled, requests=misses.height,
-                      dispatcher=dispatcher)
+    tracker = Tracker(
+        rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher
+    )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for member, answer in outcome.items or [(request, outcome)]:
@@ -177,8 +200,12 @@ async def dispatch(misses: pl.DataFrame, job: Job, backend: Backend, *, rows: in
         if sink.cache is not None:
             await sink.cache.close()
     budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
-    return Dispatched(outcomes=sink.outcomes, counters=dispatcher.counters, stopped=stopped,
-                      budget_stop=budget_stop)
+    return Dispatched(
+        outcomes=sink.outcomes,
+        counters=dispatcher.counters,
+        stopped=stopped,
+        budget_stop=budget_stop,
+    )
 
 
 @dataclass
@@ -201,14 +228,26 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
     results = results_frame([plan.hits, done.settled], done.outcomes)
     columns = await asyncio.to_thread(join_back, plan.rows, results, job.columns, job.spec.schema)
     report = make_report(
-        model=job.spec.model, endpoint=job.spec.endpoint, started_at=started_at,
-        wall_seconds=time.perf_counter() - clock, rows=frame.height,
-        distinct=plan.distinct.height, cache_hits=plan.hits.height, counters=done.counters,
-        statuses=status_counts(columns, job.columns), stopped=done.stopped,
-        cost=completion_cost(job, done.counters), budget_stop=done.budget_stop,
+        model=job.spec.model,
+        endpoint=job.spec.endpoint,
+        started_at=started_at,
+        wall_seconds=time.perf_counter() - clock,
+        rows=frame.height,
+        distinct=plan.distinct.height,
+        cache_hits=plan.hits.height,
+        counters=done.counters,
+        statuses=status_counts(columns, job.columns),
+        stopped=done.stopped,
+        cost=completion_cost(job, done.counters),
+        budget_stop=done.budget_stop,
     )
     answered = int(columns[job.columns.status].cast(pl.String).is_in(list(ANSWERED)).sum())
-    report = with_usage(report, job, answered_rows=answered, cached=backend.cache is not None,
-                        tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
-                        counters=done.counters)
+    report = with_usage(
+        report,
+        job,
+        answered_rows=answered,
+        cached=backend.cache is not None,
+        tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
+        counters=done.counters,
+    )
     return Tier(columns, report, plan.rows.select("key"), results, done.stopped)

@@ -43,11 +43,11 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
     """
     system = spec.system.expr() if spec.system else pl.lit(None, dtype=pl.String)
     # with_columns broadcasts a template without column references to every row
-    texts = frame.with_columns(prompt=spec.prompt.expr(), system=system).select(
-        "prompt", "system")
+    texts = frame.with_columns(prompt=spec.prompt.expr(), system=system).select("prompt", "system")
     expression, parameters = spec.key_sql()
-    row_keys, grouped = group_and_key(texts, expression, parameters, spec.key,
-                                      with_system=spec.system is not None)
+    row_keys, grouped = group_and_key(
+        texts, expression, parameters, spec.key, with_system=spec.system is not None
+    )
     referenced = [*spec.prompt.columns, *(spec.system.columns if spec.system else ())]
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
     for column in reversed(list(dict.fromkeys(referenced))):
@@ -63,8 +63,12 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
 
 
 def group_and_key(
-    texts: pl.DataFrame, expression: str, parameters: list[str],
-    reference_key: Callable[[str | None, str], str], *, with_system: bool,
+    texts: pl.DataFrame,
+    expression: str,
+    parameters: list[str],
+    reference_key: Callable[[str | None, str], str],
+    *,
+    with_system: bool,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Dedupe ``texts`` (columns system, prompt) in DuckDB and key each distinct pair once.
 
@@ -124,8 +128,10 @@ def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
         pl.col("response_text").alias("text"),
         pl.col("response_json").alias("json"),
         pl.when(truncated).then(pl.lit("truncated")).otherwise(pl.lit("cached")).alias("status"),
-        pl.when(truncated).then(pl.lit(f"{TRUNCATED_MESSAGE} (from the cache)"))
-        .otherwise(pl.lit(None, dtype=pl.String)).alias("error"),
+        pl.when(truncated)
+        .then(pl.lit(f"{TRUNCATED_MESSAGE} (from the cache)"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+        .alias("error"),
         pl.col("prompt_tokens").cast(pl.Int64),
         pl.col("completion_tokens").cast(pl.Int64),
         pl.lit(None, pl.String).alias("similar_to"),

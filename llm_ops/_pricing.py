@@ -32,11 +32,15 @@ class Price:
     cached_input_per_million: float | None = None
     per_request: float = 0.0
 
-    def cost(self, *, requests: int, input_tokens: int, output_tokens: int,
-             cached_input_tokens: int = 0) -> float:
+    def cost(
+        self, *, requests: int, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    ) -> float:
         """Dollars for this many requests and tokens."""
-        cached_rate = (self.input_per_million if self.cached_input_per_million is None
-                       else self.cached_input_per_million)
+        cached_rate = (
+            self.input_per_million
+            if self.cached_input_per_million is None
+            else self.cached_input_per_million
+        )
         total = (
             self.per_request * requests
             + self.input_per_million * (input_tokens - cached_input_tokens) / 1e6
@@ -81,15 +85,18 @@ def price_for(model: str, pricing: PricingOption = None) -> Price | None:
         if not isinstance(pricing, Mapping) or not all(
             isinstance(p, Price) for p in pricing.values()
         ):
-            raise ConfigError("pricing must be a Price or a dict of model name to Price, e.g. "
-                              "{'my-model': Price(input_per_million=0.5, output_per_million=1.5)}")
+            raise ConfigError(
+                "pricing must be a Price or a dict of model name to Price, e.g. "
+                "{'my-model': Price(input_per_million=0.5, output_per_million=1.5)}"
+            )
         if model in pricing:
             return pricing[model]
     return PRICES.get(model)
 
 
-def cost_or_none(price: Price | None, *, requests: int, input_tokens: int,
-                 output_tokens: int) -> float | None:
+def cost_or_none(
+    price: Price | None, *, requests: int, input_tokens: int, output_tokens: int
+) -> float | None:
     """:meth:`Price.cost`, or ``None`` when the price is unknown."""
     if price is None:
         return None
@@ -121,20 +128,24 @@ class Budget:
 
     @property
     def limited(self) -> bool:
-        return any(v is not None for v in (self.max_cost, self.max_requests,
-                                           self.max_tokens_total))
+        return any(v is not None for v in (self.max_cost, self.max_requests, self.max_tokens_total))
 
     def reserve(self, input_tokens: int, output_tokens: int) -> bool:
         """Count one request of about this size against the limits, if it fits."""
         if self.exhausted is not None:
             return False
-        cost = cost_or_none(self.price, requests=1, input_tokens=input_tokens,
-                            output_tokens=output_tokens) or 0.0
+        cost = (
+            cost_or_none(
+                self.price, requests=1, input_tokens=input_tokens, output_tokens=output_tokens
+            )
+            or 0.0
+        )
         tokens = input_tokens + output_tokens
         if self.max_requests is not None and self.spent_requests + 1 > self.max_requests:
             self.exhausted = f"max_requests={self.max_requests} reached"
         elif self.max_tokens_total is not None and (
-                self.spent_tokens + tokens > self.max_tokens_total):
+            self.spent_tokens + tokens > self.max_tokens_total
+        ):
             self.exhausted = f"max_tokens_total={self.max_tokens_total:,} would be exceeded"
         elif self.max_cost is not None and self.spent_cost + cost > self.max_cost + 1e-9:
             self.exhausted = f"max_cost=${self.max_cost:g} would be exceeded"
@@ -149,7 +160,6 @@ class Budget:
         """Replace a reservation's estimate with what ``usage`` reported."""
         self.spent_tokens += sum(actual) - sum(estimated)
         if self.price is not None:
-            self.spent_cost += (
-                self.price.cost(requests=0, input_tokens=actual[0], output_tokens=actual[1])
-                - self.price.cost(requests=0, input_tokens=estimated[0],
-                                  output_tokens=estimated[1]))
+            self.spent_cost += self.price.cost(
+                requests=0, input_tokens=actual[0], output_tokens=actual[1]
+            ) - self.price.cost(requests=0, input_tokens=estimated[0], output_tokens=estimated[1])

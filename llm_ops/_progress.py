@@ -75,8 +75,15 @@ ProgressCallback = Callable[[Progress], None]
 class Tracker:
     """Counts rows as outcomes arrive and publishes :class:`Progress` while a job runs."""
 
-    def __init__(self, *, rows: int, rows_settled: int, requests: int, dispatcher: Dispatcher,
-                 phase: str = "sending"):
+    def __init__(
+        self,
+        *,
+        rows: int,
+        rows_settled: int,
+        requests: int,
+        dispatcher: Dispatcher,
+        phase: str = "sending",
+    ):
         self.rows = rows
         self.phase = phase
         self.rows_done = rows_settled

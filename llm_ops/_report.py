@@ -124,8 +124,11 @@ class RunReport:
         """Dollars (0 when unknown), HTTP requests and tokens spent, embeddings included: what
         a budget shared with later work must give up."""
         usage = self.models.values()
-        return (self.cost or 0.0, sum(u.requests for u in usage),
-                sum(u.prompt_tokens + u.completion_tokens for u in usage))
+        return (
+            self.cost or 0.0,
+            sum(u.requests for u in usage),
+            sum(u.prompt_tokens + u.completion_tokens for u in usage),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
@@ -145,12 +148,15 @@ class RunReport:
             f"  rows by status     {statuses}",
         ]
         for lever, saving in self.savings.items():
-            lines.append(f"  saved by {lever:<14} {saving.requests:>5,} requests  "
-                         f"{_dollars(saving.cost)}")
+            lines.append(
+                f"  saved by {lever:<14} {saving.requests:>5,} requests  {_dollars(saving.cost)}"
+            )
         if len(self.models) > 1:
             for model, usage in self.models.items():
-                lines.append(f"  model {model:<12} {usage.rows:>10,} rows · "
-                             f"{usage.requests:,} requests · {_dollars(usage.cost)}")
+                lines.append(
+                    f"  model {model:<12} {usage.rows:>10,} rows · "
+                    f"{usage.requests:,} requests · {_dollars(usage.cost)}"
+                )
         if self.budget_stop:
             lines.append(f"  budget stop        {self.budget_stop}")
         if self.error:
@@ -158,8 +164,9 @@ class RunReport:
         return "\n".join(lines)
 
 
-def sum_reports(reports: list[RunReport], *, started_at: datetime, wall_seconds: float,
-                model: str) -> RunReport:
+def sum_reports(
+    reports: list[RunReport], *, started_at: datetime, wall_seconds: float, model: str
+) -> RunReport:
     """One new run's report adding up several (a cascade's models, a table's batches): counts,
     tokens, costs, statuses, savings and models are summed; the first stop and budget stop are
     kept."""
@@ -171,15 +178,18 @@ def sum_reports(reports: list[RunReport], *, started_at: datetime, wall_seconds:
             models[name] = _sum_usage(models.get(name, ModelUsage()), usage)
         for lever, saving in report.savings.items():
             before = savings.get(lever, Saving(0, 0.0))
-            savings[lever] = Saving(before.requests + saving.requests,
-                                    add_costs(before.cost, saving.cost))
+            savings[lever] = Saving(
+                before.requests + saving.requests, add_costs(before.cost, saving.cost)
+            )
         for status, n in report.statuses.items():
             statuses[status] = statuses.get(status, 0) + n
     stopped = next((r for r in reports if r.outcome != "completed"), None)
     costs = [r.cost for r in reports]
     saved = [r.cost_saved for r in reports]
     return RunReport(
-        run_id=uuid.uuid4().hex[:12], started_at=started_at, finished_at=datetime.now(UTC),
+        run_id=uuid.uuid4().hex[:12],
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
         model=model,
         endpoint=reports[0].endpoint,
         rows=sum(r.rows for r in reports),
@@ -196,14 +206,25 @@ def sum_reports(reports: list[RunReport], *, started_at: datetime, wall_seconds:
         cost=None if None in costs else round(sum(c or 0.0 for c in costs), 10),
         cost_saved=None if None in saved else round(sum(c or 0.0 for c in saved), 10),
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
-        savings=savings, models=models,
+        savings=savings,
+        models=models,
     )
 
 
 def make_report(
-    *, model: str, endpoint: str, started_at: datetime, wall_seconds: float, rows: int,
-    distinct: int, cache_hits: int, counters: Counters, statuses: dict[str, int],
-    stopped: BaseException | None, cost: float | None = None, budget_stop: str | None = None,
+    *,
+    model: str,
+    endpoint: str,
+    started_at: datetime,
+    wall_seconds: float,
+    rows: int,
+    distinct: int,
+    cache_hits: int,
+    counters: Counters,
+    statuses: dict[str, int],
+    stopped: BaseException | None,
+    cost: float | None = None,
+    budget_stop: str | None = None,
 ) -> RunReport:
     """The report of a finished (or stopped) run; savings and models are added after."""
     if stopped is None:
@@ -211,14 +232,24 @@ def make_report(
     else:
         outcome = "aborted" if isinstance(stopped, JobAbortedError) else "interrupted"
     return RunReport(
-        run_id=uuid.uuid4().hex[:12], started_at=started_at, finished_at=datetime.now(UTC),
-        model=model, endpoint=endpoint, rows=rows, distinct_requests=distinct,
-        cache_hits=cache_hits, requests_sent=counters.sent, retries=counters.retries,
+        run_id=uuid.uuid4().hex[:12],
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+        model=model,
+        endpoint=endpoint,
+        rows=rows,
+        distinct_requests=distinct,
+        cache_hits=cache_hits,
+        requests_sent=counters.sent,
+        retries=counters.retries,
         statuses={s: statuses.get(s, 0) for s in STATUSES},
-        prompt_tokens=counters.prompt_tokens, completion_tokens=counters.completion_tokens,
-        wall_seconds=wall_seconds, outcome=outcome,
+        prompt_tokens=counters.prompt_tokens,
+        completion_tokens=counters.completion_tokens,
+        wall_seconds=wall_seconds,
+        outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
-        cost=cost, budget_stop=budget_stop,
+        cost=cost,
+        budget_stop=budget_stop,
     )
 
 
@@ -228,8 +259,13 @@ def add_spending(a: tuple[float, int, int], b: tuple[float, int, int]) -> tuple[
 
 
 def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:
-    return ModelUsage(a.rows + b.rows, a.requests + b.requests, a.prompt_tokens + b.prompt_tokens,
-                      a.completion_tokens + b.completion_tokens, add_costs(a.cost, b.cost))
+    return ModelUsage(
+        a.rows + b.rows,
+        a.requests + b.requests,
+        a.prompt_tokens + b.prompt_tokens,
+        a.completion_tokens + b.completion_tokens,
+        add_costs(a.cost, b.cost),
+    )
 
 
 def _dollars(amount: float | None) -> str:

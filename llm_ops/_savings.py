@@ -20,44 +20,76 @@ from ._report import ModelUsage, RunReport, Saving
 
 def completion_cost(job: Job, counters: Counters) -> float | None:
     """What the completions counted in ``counters`` cost under the price of ``job.model``."""
-    return cost_or_none(job.price, requests=counters.answered,
-                        input_tokens=counters.prompt_tokens,
-                        output_tokens=counters.completion_tokens)
+    return cost_or_none(
+        job.price,
+        requests=counters.answered,
+        input_tokens=counters.prompt_tokens,
+        output_tokens=counters.completion_tokens,
+    )
 
 
 def embedding_cost(job: Job, counters: Counters) -> float | None:
     """What the semantic cache's embeddings counted in ``counters`` cost."""
     if job.semantic is None:
         return 0.0
-    return cost_or_none(job.semantic_price, requests=counters.embedding_requests,
-                        input_tokens=counters.embedding_tokens, output_tokens=0)
+    return cost_or_none(
+        job.semantic_price,
+        requests=counters.embedding_requests,
+        input_tokens=counters.embedding_tokens,
+        output_tokens=0,
+    )
 
 
 def spent_by(job: Job, counters: Counters) -> tuple[float, int, int]:
     """Dollars (0 when unknown), requests and tokens that ``counters`` count, embeddings
     included: what a budget shared with later work gives up (see :meth:`Job.after`)."""
-    return ((completion_cost(job, counters) or 0.0) + (embedding_cost(job, counters) or 0.0),
-            counters.sent + counters.embedding_requests,
-            counters.prompt_tokens + counters.completion_tokens + counters.embedding_tokens)
+    return (
+        (completion_cost(job, counters) or 0.0) + (embedding_cost(job, counters) or 0.0),
+        counters.sent + counters.embedding_requests,
+        counters.prompt_tokens + counters.completion_tokens + counters.embedding_tokens,
+    )
 
 
-def with_usage(report: RunReport, job: Job, *, answered_rows: int, cached: bool,
-               tallies: dict[str, Tally], counters: Counters) -> RunReport:
+def with_usage(
+    report: RunReport,
+    job: Job,
+    *,
+    answered_rows: int,
+    cached: bool,
+    tallies: dict[str, Tally],
+    counters: Counters,
+) -> RunReport:
     """``report`` with its models, savings per lever and total saving filled in."""
-    models = {job.spec.model: ModelUsage(rows=answered_rows, requests=counters.sent,
-                                    prompt_tokens=counters.prompt_tokens,
-                                    completion_tokens=counters.completion_tokens,
-                                    cost=report.cost)}
+    models = {
+        job.spec.model: ModelUsage(
+            rows=answered_rows,
+            requests=counters.sent,
+            prompt_tokens=counters.prompt_tokens,
+            completion_tokens=counters.completion_tokens,
+            cost=report.cost,
+        )
+    }
     embeddings = embedding_cost(job, counters)
     if job.semantic is not None:
-        models[job.semantic.model] = ModelUsage(requests=counters.embedding_requests,
-                                                prompt_tokens=counters.embedding_tokens,
-                                                cost=embeddings)
+        models[job.semantic.model] = ModelUsage(
+            requests=counters.embedding_requests,
+            prompt_tokens=counters.embedding_tokens,
+            cost=embeddings,
+        )
     cost = add_costs(report.cost, embeddings)
-    savings = lever_savings(job, tallies, cached=cached, counters=counters,
-                            on_completions=report.cost, on_embeddings=embeddings)
+    savings = lever_savings(
+        job,
+        tallies,
+        cached=cached,
+        counters=counters,
+        on_completions=report.cost,
+        on_embeddings=embeddings,
+    )
     return dataclasses.replace(
-        report, cost=cost, models=models, savings=savings,
+        report,
+        cost=cost,
+        models=models,
+        savings=savings,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
     )
 
@@ -71,34 +103,53 @@ class Tally:
     completion_tokens: int = 0
 
     def cost(self, price: Price | None) -> float | None:
-        return cost_or_none(price, requests=self.requests, input_tokens=self.prompt_tokens,
-                            output_tokens=self.completion_tokens)
+        return cost_or_none(
+            price,
+            requests=self.requests,
+            input_tokens=self.prompt_tokens,
+            output_tokens=self.completion_tokens,
+        )
 
     def __add__(self, other: Tally) -> Tally:
-        return Tally(self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens)
+        return Tally(
+            self.requests + other.requests,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
 
     def __sub__(self, other: Tally) -> Tally:
-        return Tally(self.requests - other.requests, self.prompt_tokens - other.prompt_tokens,
-                     self.completion_tokens - other.completion_tokens)
+        return Tally(
+            self.requests - other.requests,
+            self.prompt_tokens - other.prompt_tokens,
+            self.completion_tokens - other.completion_tokens,
+        )
 
 
-def tally(distinct: pl.DataFrame, results: pl.DataFrame,
-          cache_hits: pl.Series | None = None) -> dict[str, Tally]:
+def tally(
+    distinct: pl.DataFrame, results: pl.DataFrame, cache_hits: pl.Series | None = None
+) -> dict[str, Tally]:
     """Requests and tokens as if each row were sent (``every_row``), each distinct request
     once (``each_distinct``), and for those answered by the cache tiers (``cache``: the keys
     in ``cache_hits``; ``similar``); a request without an answer counts no tokens."""
     hits = cache_hits if cache_hits is not None else pl.Series([], dtype=pl.String)
-    per_key = distinct.select("key", "rows").join(
-        results.select("key", "status", "prompt_tokens", "completion_tokens"),
-        on="key", how="left",
-    ).with_columns(pl.col("prompt_tokens", "completion_tokens").fill_null(0),
-                   once=pl.lit(1, pl.Int64))
+    per_key = (
+        distinct.select("key", "rows")
+        .join(
+            results.select("key", "status", "prompt_tokens", "completion_tokens"),
+            on="key",
+            how="left",
+        )
+        .with_columns(
+            pl.col("prompt_tokens", "completion_tokens").fill_null(0), once=pl.lit(1, pl.Int64)
+        )
+    )
 
     def sums(frame: pl.DataFrame, weight: pl.Expr) -> Tally:
-        row = frame.select(weight.sum().alias("requests"),
-                           (weight * pl.col("prompt_tokens")).sum().alias("prompt"),
-                           (weight * pl.col("completion_tokens")).sum().alias("completion")).row(0)
+        row = frame.select(
+            weight.sum().alias("requests"),
+            (weight * pl.col("prompt_tokens")).sum().alias("prompt"),
+            (weight * pl.col("completion_tokens")).sum().alias("completion"),
+        ).row(0)
         return Tally(*(int(value or 0) for value in row))
 
     once = pl.col("once")
@@ -110,8 +161,15 @@ def tally(distinct: pl.DataFrame, results: pl.DataFrame,
     }
 
 
-def lever_savings(job: Job, tallies: dict[str, Tally], *, cached: bool, counters: Counters,
-                  on_completions: float | None, on_embeddings: float | None) -> dict[str, Saving]:
+def lever_savings(
+    job: Job,
+    tallies: dict[str, Tally],
+    *,
+    cached: bool,
+    counters: Counters,
+    on_completions: float | None,
+    on_embeddings: float | None,
+) -> dict[str, Saving]:
     """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`),
     given what the job spent on completions and on embeddings."""
     every_row, each = tallies["every_row"], tallies["each_distinct"]
@@ -121,11 +179,13 @@ def lever_savings(job: Job, tallies: dict[str, Tally], *, cached: bool, counters
         savings["cache"] = _saving(cache, job.price)
     if job.packing.rows_per_request > 1:
         sent = each - cache - similar
-        savings["packing"] = Saving(sent.requests - counters.sent,
-                                    subtract_costs(sent.cost(job.price), on_completions))
+        savings["packing"] = Saving(
+            sent.requests - counters.sent, subtract_costs(sent.cost(job.price), on_completions)
+        )
     if job.semantic is not None:
-        savings["semantic_cache"] = Saving(similar.requests,
-                                           subtract_costs(similar.cost(job.price), on_embeddings))
+        savings["semantic_cache"] = Saving(
+            similar.requests, subtract_costs(similar.cost(job.price), on_embeddings)
+        )
     return savings
 
 

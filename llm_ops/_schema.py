@@ -19,12 +19,20 @@ from pydantic import BaseModel, ValidationError
 from .exceptions import ConfigError
 
 _SCALARS: dict[str, pl.DataType] = {
-    "string": pl.String(), "integer": pl.Int64(), "number": pl.Float64(),
-    "boolean": pl.Boolean(), "null": pl.Null(),
+    "string": pl.String(),
+    "integer": pl.Int64(),
+    "number": pl.Float64(),
+    "boolean": pl.Boolean(),
+    "null": pl.Null(),
 }
 _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "null": (type(None),), "object": (dict,), "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
 }
 
 
@@ -43,8 +51,10 @@ class OutputSchema:
 
     def response_format(self) -> dict[str, Any]:
         """The ``response_format`` request parameter (part of the request key)."""
-        return {"type": "json_schema",
-                "json_schema": {"name": self.name, "schema": self.json_schema}}
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": self.name, "schema": self.json_schema},
+        }
 
     def validate(self, text: str) -> str:
         """The answer as normalised JSON; :class:`InvalidOutput` when it does not conform."""
@@ -73,12 +83,18 @@ def output_schema(schema: type[BaseModel] | Mapping[str, Any]) -> OutputSchema:
         json_schema = dict(schema)
         name, model = str(json_schema.get("title", "answer")), None
     else:
-        raise ConfigError(f"schema must be a pydantic model class or a JSON schema dict, got "
-                          f"{type(schema).__name__}")
+        raise ConfigError(
+            f"schema must be a pydantic model class or a JSON schema dict, got "
+            f"{type(schema).__name__}"
+        )
     if _resolve(json_schema, json_schema).get("type") != "object":
         raise ConfigError("schema must describe a JSON object (its fields become the struct's)")
-    return OutputSchema(name=_safe_name(name), json_schema=json_schema,
-                        dtype=_dtype(json_schema, json_schema, "answer"), model=model)
+    return OutputSchema(
+        name=_safe_name(name),
+        json_schema=json_schema,
+        dtype=_dtype(json_schema, json_schema, "answer"),
+        model=model,
+    )
 
 
 def _safe_name(name: str) -> str:
@@ -114,16 +130,22 @@ def _variants(node: Mapping[str, Any], root: Mapping[str, Any]) -> list[Mapping[
 def _dtype(node: Mapping[str, Any], root: Mapping[str, Any], where: str) -> pl.DataType:
     variants = _variants(node, root)
     if len(variants) != 1:
-        raise ConfigError(f"schema field {where} may hold several types; structured output "
-                          "columns need one type per field (nullable is fine)")
+        raise ConfigError(
+            f"schema field {where} may hold several types; structured output "
+            "columns need one type per field (nullable is fine)"
+        )
     node = variants[0]
     kind = node.get("type", "string" if "enum" in node else None)
     if kind == "object":
         properties = node.get("properties") or {}
         if not properties:
             raise ConfigError(f"schema object {where} has no properties")
-        return pl.Struct([pl.Field(name, _dtype(sub, root, f"{where}.{name}"))
-                          for name, sub in properties.items()])
+        return pl.Struct(
+            [
+                pl.Field(name, _dtype(sub, root, f"{where}.{name}"))
+                for name, sub in properties.items()
+            ]
+        )
     if kind == "array":
         return pl.List(_dtype(node.get("items", {"type": "string"}), root, f"{where}[]"))
     if kind in _SCALARS:

@@ -43,19 +43,26 @@ class SemanticCache:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
-            raise ConfigError(f"SemanticCache needs an embedding model name such as "
-                              f"'text-embedding-3-small', got {self.model!r}")
+            raise ConfigError(
+                f"SemanticCache needs an embedding model name such as "
+                f"'text-embedding-3-small', got {self.model!r}"
+            )
         threshold = self.threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not (
-                0 < threshold <= 1):
-            raise ConfigError(f"SemanticCache threshold is a cosine similarity in (0, 1], "
-                              f"e.g. 0.95, got {threshold!r}")
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, int | float)
+            or not (0 < threshold <= 1)
+        ):
+            raise ConfigError(
+                f"SemanticCache threshold is a cosine similarity in (0, 1], "
+                f"e.g. 0.95, got {threshold!r}"
+            )
         for name in ("dimensions", "batch_size"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ConfigError(f"SemanticCache {name} must be a positive integer, got "
-                                  f"{value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(f"SemanticCache {name} must be a positive integer, got {value!r}")
 
     @property
     def params(self) -> dict[str, Any]:
@@ -71,11 +78,13 @@ class SemanticCache:
         return search(queries, self, cache)
 
 
-def scope_of(*, endpoint: str, model: str, params: Mapping[str, Any], system: str | None,
-             template: str) -> str:
+def scope_of(
+    *, endpoint: str, model: str, params: Mapping[str, Any], system: str | None, template: str
+) -> str:
     """A tagged hash of a request with its user prompt replaced by the prompt's *template*:
     answers may only be reused between requests of one scope, which differ only in the column
     values rendered into the prompt."""
-    request = build_request(endpoint=endpoint, model=model,
-                            messages=messages_for(system, template), params=params)
+    request = build_request(
+        endpoint=endpoint, model=model, messages=messages_for(system, template), params=params
+    )
     return "scope-v1:" + hashlib.sha256(canonical_json(request).encode()).hexdigest()

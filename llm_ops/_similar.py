@@ -42,8 +42,9 @@ _MISS_BLOCK = 2_048  # score blocks of at most _MISS_BLOCK x _CANDIDATE_BLOCK fl
 _CANDIDATE_BLOCK = 16_384
 
 
-_FOLLOWERS = pl.DataFrame(schema={"key": pl.String, "similar_to": pl.String,
-                                  "similarity": pl.Float64})
+_FOLLOWERS = pl.DataFrame(
+    schema={"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
+)
 
 
 @dataclass
@@ -67,16 +68,24 @@ async def find_similar(misses: pl.DataFrame, job: Job, backend: Backend) -> Simi
     """
     assert job.semantic is not None
     spec = job.spec
-    scopes = {system: scope_of(endpoint=spec.endpoint, model=spec.model, params=spec.params,
-                               system=system, template=spec.prompt.source)
-              for system in misses["system"].unique().to_list()}
+    scopes = {
+        system: scope_of(
+            endpoint=spec.endpoint,
+            model=spec.model,
+            params=spec.params,
+            system=system,
+            template=spec.prompt.source,
+        )
+        for system in misses["system"].unique().to_list()
+    }
     found, following = [pl.DataFrame(schema=RESULTS)], [_FOLLOWERS.clear()]
     counters, stopped = Counters(), None
     rows = rows_after = int(misses["rows"].sum())
     for part in misses.iter_slices(_SLICE):
         rows_after -= int(part["rows"].sum())
         results, followers, used, stopped = await _find_in_slice(
-            part, job, backend, scopes, progress=(rows, rows_after))
+            part, job, backend, scopes, progress=(rows, rows_after)
+        )
         found.append(results)
         following.append(followers)
         counters.add(Counters(embedding_requests=used.sent, embedding_tokens=used.prompt_tokens))
@@ -84,13 +93,18 @@ async def find_similar(misses: pl.DataFrame, job: Job, backend: Backend) -> Simi
             break
     results, followers = pl.concat(found), pl.concat(following)
     followers = misses.join(followers, on="key")
-    remaining = misses.join(pl.concat([results.select("key"), followers.select("key")]),
-                            on="key", how="anti")
+    remaining = misses.join(
+        pl.concat([results.select("key"), followers.select("key")]), on="key", how="anti"
+    )
     return Similar(results, remaining, followers, counters, stopped)
 
 
 async def _find_in_slice(
-    misses: pl.DataFrame, job: Job, backend: Backend, scopes: dict[str | None, str], *,
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    scopes: dict[str | None, str],
+    *,
     progress: tuple[int, int],
 ) -> tuple[pl.DataFrame, pl.DataFrame, Counters, BaseException | None]:
     semantic = job.semantic
@@ -98,15 +112,24 @@ async def _find_in_slice(
     embedding = EmbeddingSpec(job.spec.endpoint, semantic.model, semantic.dimensions)
     values = misses.select(job.spec.prompt.values_in(pl.col("prompt")).alias("values"))
     row_keys, texts = distinct_texts(values, "values", embedding)
-    embedded = await embed_distinct(texts, embedding, backend, batch_size=semantic.batch_size,
-                                    progress=job.progress, rows=progress[0],
-                                    rows_after=progress[1])
-    with_vectors = (
-        misses.with_columns(embedding_key=row_keys["key"],
-                            scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String))
-        .join(embedded.vectors.filter(pl.col("embedding").is_not_null())
-              .select(pl.col("key").alias("embedding_key"), "embedding"),
-              on="embedding_key", maintain_order="left")
+    embedded = await embed_distinct(
+        texts,
+        embedding,
+        backend,
+        batch_size=semantic.batch_size,
+        progress=job.progress,
+        rows=progress[0],
+        rows_after=progress[1],
+    )
+    with_vectors = misses.with_columns(
+        embedding_key=row_keys["key"],
+        scope=pl.col("system").replace_strict(scopes, return_dtype=pl.String),
+    ).join(
+        embedded.vectors.filter(pl.col("embedding").is_not_null()).select(
+            pl.col("key").alias("embedding_key"), "embedding"
+        ),
+        on="embedding_key",
+        maintain_order="left",
     )
     cache = backend.cache
     assert cache is not None  # make_job refuses the semantic cache without one
@@ -115,17 +138,21 @@ async def _find_in_slice(
     reused = lookup_answers(cache, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)
     unmatched = with_vectors.join(results.select("key"), on="key", how="anti")
-    await asyncio.to_thread(cache.index_for_similarity,
-                            unmatched.select("key", "scope", "embedding_key").to_dicts())
-    return (results, _followers(unmatched, semantic.threshold), embedded.counters,
-            embedded.stopped)
+    await asyncio.to_thread(
+        cache.index_for_similarity, unmatched.select("key", "scope", "embedding_key").to_dicts()
+    )
+    return (results, _followers(unmatched, semantic.threshold), embedded.counters, embedded.stopped)
 
 
 def _similar_results(matched: pl.DataFrame, reused: pl.DataFrame) -> pl.DataFrame:
     """Result rows for the matched misses, carrying the reused answers and their provenance."""
-    return _as_similar(matched.join(
-        reused.select("key", "text", "json", "prompt_tokens", "completion_tokens"),
-        left_on="similar_to", right_on="key"))
+    return _as_similar(
+        matched.join(
+            reused.select("key", "text", "json", "prompt_tokens", "completion_tokens"),
+            left_on="similar_to",
+            right_on="key",
+        )
+    )
 
 
 def _as_similar(answers: pl.DataFrame) -> pl.DataFrame:
@@ -152,11 +179,13 @@ def _followers(misses: pl.DataFrame, threshold: float) -> pl.DataFrame:
     scopes = misses["scope"].cast(pl.Categorical).to_physical().to_numpy()
     near: list[list[tuple[float, int]]] = [[] for _ in range(misses.height)]
     for start in range(0, misses.height, _MISS_BLOCK):
-        scores = vectors[start:start + _MISS_BLOCK] @ vectors.T
+        scores = vectors[start : start + _MISS_BLOCK] @ vectors.T
         rows = np.arange(start, start + len(scores))[:, None]
-        earlier_alike = ((np.arange(misses.height)[None, :] < rows)
-                         & (scopes[start:start + len(scores), None] == scopes[None, :])
-                         & (scores >= threshold))
+        earlier_alike = (
+            (np.arange(misses.height)[None, :] < rows)
+            & (scopes[start : start + len(scores), None] == scopes[None, :])
+            & (scores >= threshold)
+        )
         for i, j in zip(*np.nonzero(earlier_alike), strict=True):
             near[start + i].append((float(scores[i, j]), int(j)))
     leader = np.zeros(misses.height, dtype=bool)
@@ -169,26 +198,39 @@ def _followers(misses: pl.DataFrame, threshold: float) -> pl.DataFrame:
             follows[i] = (best[1], best[0])
     keys = misses["key"]
     return pl.DataFrame(
-        {"key": [keys[i] for i in follows], "similar_to": [keys[j] for j, _ in follows.values()],
-         "similarity": [min(score, 1.0) for _, score in follows.values()]},
+        {
+            "key": [keys[i] for i in follows],
+            "similar_to": [keys[j] for j, _ in follows.values()],
+            "similarity": [min(score, 1.0) for _, score in follows.values()],
+        },
         schema=_FOLLOWERS.schema,
     )
 
 
-def follow_leaders(followers: pl.DataFrame,
-                   outcomes: list[Outcome]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def follow_leaders(
+    followers: pl.DataFrame, outcomes: list[Outcome]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Followers whose leader was answered take its answer (status ``similar``); the others
     are returned to be sent themselves (key, system, prompt, rows), never given a failure."""
     answers = pl.DataFrame(
-        [(o.key, o.text, o.json, o.prompt_tokens, o.completion_tokens)
-         for o in outcomes if o.status == "ok"],
-        schema={"similar_to": pl.String, "text": pl.String, "json": pl.String,
-                "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64},
+        [
+            (o.key, o.text, o.json, o.prompt_tokens, o.completion_tokens)
+            for o in outcomes
+            if o.status == "ok"
+        ],
+        schema={
+            "similar_to": pl.String,
+            "text": pl.String,
+            "json": pl.String,
+            "prompt_tokens": pl.Int64,
+            "completion_tokens": pl.Int64,
+        },
         orient="row",
     )
     settled = _as_similar(followers.join(answers, on="similar_to"))
     resend = followers.join(settled.select("key"), on="key", how="anti").select(
-        "key", "system", "prompt", "rows")
+        "key", "system", "prompt", "rows"
+    )
     return settled, resend
 
 
@@ -208,9 +250,12 @@ def search(misses: pl.DataFrame, semantic: SemanticCache, cache: Cache) -> pl.Da
     query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
     best = np.full(len(queries), -np.inf, dtype=np.float32)
     best_key = np.full(len(queries), None, dtype=object)
-    for batch in cache.similar_candidates(list(codes), embedding_model=semantic.model,
-                                              dimensions=dimensions,
-                                              batch_rows=_CANDIDATE_BLOCK):
+    for batch in cache.similar_candidates(
+        list(codes),
+        embedding_model=semantic.model,
+        dimensions=dimensions,
+        batch_rows=_CANDIDATE_BLOCK,
+    ):
         keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
         scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])
         flat = batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
@@ -226,8 +271,10 @@ def search(misses: pl.DataFrame, semantic: SemanticCache, cache: Cache) -> pl.Da
             best_key[block] = np.where(better, keys[top], best_key[block])
     found = np.isfinite(best)
     return pl.DataFrame(
-        {"key": misses["key"].filter(pl.Series(found)),
-         "similar_to": best_key[found].tolist(),
-         "similarity": np.minimum(best[found], 1.0).astype(np.float64)},
+        {
+            "key": misses["key"].filter(pl.Series(found)),
+            "similar_to": best_key[found].tolist(),
+            "similarity": np.minimum(best[found], 1.0).astype(np.float64),
+        },
         schema=schema,
     )

@@ -50,14 +50,15 @@ def positive_int(name: str, value: object, *, most: int | None = None) -> int:
 
 def is_number(value: object) -> bool:
     """A finite int or float (not a bool)."""
-    return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value))
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
 def seconds(name: str, value: object) -> float:
     if not is_number(value) or not 0 < value <= MAX_SECONDS:  # type: ignore[operator]
-        raise ConfigError(f"{name} must be a positive number of seconds (at most "
-                          f"{MAX_SECONDS:,.0f}), got {value!r}")
+        raise ConfigError(
+            f"{name} must be a positive number of seconds (at most "
+            f"{MAX_SECONDS:,.0f}), got {value!r}"
+        )
     return float(value)  # type: ignore[arg-type]
 
 
@@ -97,8 +98,9 @@ class Endpoint:
             return False
 
     @classmethod
-    def resolve(cls, base_url: str | None = None, api_key: str | None = None, *,
-                need_key: bool = True) -> Endpoint:
+    def resolve(
+        cls, base_url: str | None = None, api_key: str | None = None, *, need_key: bool = True
+    ) -> Endpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
         Credentials in the URL are refused; a loopback endpoint needs no key."""
         url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
@@ -108,17 +110,25 @@ class Endpoint:
             parts = urlsplit(url.strip())
             parts.port  # noqa: B018  (raises for a bad port)
         except ValueError as exc:
-            raise ConfigError(f"base_url is not a valid URL ({exc}); write it like "
-                              "'http://127.0.0.1:8765/v1'") from None
+            raise ConfigError(
+                f"base_url is not a valid URL ({exc}); write it like 'http://127.0.0.1:8765/v1'"
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError("base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', "
-                              f"got {_shown(url)!r}")
+            raise ConfigError(
+                "base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', "
+                f"got {_shown(url)!r}"
+            )
         if parts.username is not None or parts.password is not None:
-            raise ConfigError("base_url must not hold credentials (user:password@host): they "
-                              "would be sent and kept in the clear. Pass the key as api_key= "
-                              "or OPENAI_API_KEY.")
-        endpoint = cls(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
-                       api_key="", query=dict(parse_qsl(parts.query, keep_blank_values=True)))
+            raise ConfigError(
+                "base_url must not hold credentials (user:password@host): they "
+                "would be sent and kept in the clear. Pass the key as api_key= "
+                "or OPENAI_API_KEY."
+            )
+        endpoint = cls(
+            urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
+            api_key="",
+            query=dict(parse_qsl(parts.query, keep_blank_values=True)),
+        )
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if key:
             _check_api_key(key)
@@ -127,7 +137,8 @@ class Endpoint:
         else:
             raise MissingApiKeyError(
                 f"no API key for {endpoint.identity}: pass api_key=... or set OPENAI_API_KEY "
-                "(a local endpoint on 127.0.0.1 needs none)")
+                "(a local endpoint on 127.0.0.1 needs none)"
+            )
         return dataclasses.replace(endpoint, api_key=key)
 
 
@@ -135,9 +146,11 @@ def _check_api_key(key: object) -> None:
     if not isinstance(key, str):
         raise ConfigError(f"api_key must be a string, got {type(key).__name__}")
     if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
-        raise ConfigError("api_key holds a space, a line break or a non-ASCII character, which "
-                          "an HTTP header cannot carry; check for a stray newline or quote "
-                          "(the key is not shown)")
+        raise ConfigError(
+            "api_key holds a space, a line break or a non-ASCII character, which "
+            "an HTTP header cannot carry; check for a stray newline or quote "
+            "(the key is not shown)"
+        )
 
 
 @dataclass(frozen=True)
@@ -175,46 +188,74 @@ class RequestSpec:
 
     @classmethod
     def build(
-        cls, *, endpoint: str, model: str, prompt: Template, system: Template | None = None,
-        max_tokens: int | None = None, temperature: float | None = None,
-        top_p: float | None = None, seed: int | None = None,
-        stop: str | Sequence[str] | None = None, schema: OutputSchema | None = None,
+        cls,
+        *,
+        endpoint: str,
+        model: str,
+        prompt: Template,
+        system: Template | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        schema: OutputSchema | None = None,
     ) -> RequestSpec:
         """Check the output-affecting parameters and keep those that are set."""
         if max_tokens is not None:
             positive_int("max_tokens", max_tokens)
         for name, value, high in (("temperature", temperature, 2.0), ("top_p", top_p, 1.0)):
             if value is not None and (not is_number(value) or not 0 <= value <= high):
-                raise ConfigError(f"{name} must be a number between 0 and {high:g}, got "
-                                  f"{value!r}")
+                raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         stops = [stop] if isinstance(stop, str) else stop
-        if stop is not None and (not isinstance(stops, list | tuple) or not stops or not all(
-                isinstance(s, str) and s for s in stops)):
-            raise ConfigError(f"stop must be a string or a list of non-empty strings, got "
-                              f"{stop!r}")
-        params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                  "seed": seed, "stop": stop if isinstance(stop, str | None) else list(stop),
-                  "response_format": schema.response_format() if schema else None}
-        return cls(endpoint=endpoint, model=model, prompt=prompt, system=system,
-                   params={k: v for k, v in params.items() if v is not None}, schema=schema)
+        if stop is not None and (
+            not isinstance(stops, list | tuple)
+            or not stops
+            or not all(isinstance(s, str) and s for s in stops)
+        ):
+            raise ConfigError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
+        params = {
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "seed": seed,
+            "stop": stop if isinstance(stop, str | None) else list(stop),
+            "response_format": schema.response_format() if schema else None,
+        }
+        return cls(
+            endpoint=endpoint,
+            model=model,
+            prompt=prompt,
+            system=system,
+            params={k: v for k, v in params.items() if v is not None},
+            schema=schema,
+        )
 
     def with_model(self, model: str) -> RequestSpec:
         return dataclasses.replace(self, model=model)
 
     def request(self, system: str | None, prompt: str) -> dict[str, Any]:
         """The request of one row (its canonical JSON is what is hashed)."""
-        return build_request(endpoint=self.endpoint, model=self.model,
-                             messages=messages_for(system, prompt), params=self.params)
+        return build_request(
+            endpoint=self.endpoint,
+            model=self.model,
+            messages=messages_for(system, prompt),
+            params=self.params,
+        )
 
     def key(self, system: str | None, prompt: str) -> str:
         return request_key(self.request(system, prompt))
 
     def key_sql(self) -> tuple[str, list[str]]:
         """The DuckDB expression computing keys over columns ``system`` and ``prompt``."""
-        return key_sql(endpoint=self.endpoint, model=self.model, params=self.params,
-                       with_system=self.system is not None)
+        return key_sql(
+            endpoint=self.endpoint,
+            model=self.model,
+            params=self.params,
+            with_system=self.system is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -235,8 +276,9 @@ class EmbeddingSpec:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
 
     def request(self, text: str) -> dict[str, Any]:
-        return build_embedding_request(endpoint=self.endpoint, model=self.model, text=text,
-                                       params=self.params)
+        return build_embedding_request(
+            endpoint=self.endpoint, model=self.model, text=text, params=self.params
+        )
 
     def key(self, system: str | None, text: str) -> str:
         return request_key(self.request(text))

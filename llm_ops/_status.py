@@ -33,8 +33,9 @@ from typing import Final, Literal, get_args
 
 import polars as pl
 
-Status = Literal["ok", "cached", "similar", "skipped", "rejected", "filtered", "failed",
-                 "truncated", "invalid"]
+Status = Literal[
+    "ok", "cached", "similar", "skipped", "rejected", "filtered", "failed", "truncated", "invalid"
+]
 STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 STATUS_DTYPE: Final = pl.Enum(STATUSES)
 """The Polars type of every ``<output>_status`` column."""
@@ -48,17 +49,26 @@ CACHEABLE: Final[frozenset[Status]] = frozenset({"ok", "truncated"})
 ESCALATE: Final[tuple[Status, ...]] = ("rejected", "filtered", "failed", "invalid", "truncated")
 """Statuses that always send a row on to the next model of a cascade."""
 
-RESULTS: Final = pl.Schema({
-    "key": pl.String, "text": pl.String, "json": pl.String, "status": pl.String,
-    "error": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
-    "similar_to": pl.String, "similarity": pl.Float64,
-})
+RESULTS: Final = pl.Schema(
+    {
+        "key": pl.String,
+        "text": pl.String,
+        "json": pl.String,
+        "status": pl.String,
+        "error": pl.String,
+        "prompt_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "similar_to": pl.String,
+        "similarity": pl.Float64,
+    }
+)
 """One row per settled distinct request: its answer (or why not), tokens and, for a
 ``similar`` answer, which request it came from. What join-back gives the rows."""
 
 ROW_KEYS: Final = pl.Schema({"key": pl.String, "skip_reason": pl.String})
 """One row per input row, in order: its request key (null when it is not sent) and why not."""
 
-REQUESTS: Final = pl.Schema({"key": pl.String, "system": pl.String, "prompt": pl.String,
-                             "rows": pl.Int64})
+REQUESTS: Final = pl.Schema(
+    {"key": pl.String, "system": pl.String, "prompt": pl.String, "rows": pl.Int64}
+)
 """One row per distinct request: its key, rendered texts and how many input rows share it."""

@@ -67,8 +67,9 @@ class Template:
         """
         if not self.columns:
             return rendered
-        pattern = "".join(pl.escape_regex(literal) + ("(.*?)" if column else "")
-                          for literal, column in self.parts)
+        pattern = "".join(
+            pl.escape_regex(literal) + ("(.*?)" if column else "") for literal, column in self.parts
+        )
         groups = rendered.str.extract_groups(f"(?s)^{pattern}$")
         count = sum(1 for _, column in self.parts if column is not None)
         return pl.concat_str([groups.struct[i] for i in range(count)], separator="\n")
@@ -77,12 +78,16 @@ class Template:
 def parse_template(source: str, *, what: str = "prompt") -> Template:
     """Parse ``source``, raising :class:`TemplateError` if it is not a plain-column template."""
     if not isinstance(source, str):
-        raise TemplateError(f"{what} must be a string template like 'Summarize: {{text}}', "
-                            f"got {type(source).__name__}")
+        raise TemplateError(
+            f"{what} must be a string template like 'Summarize: {{text}}', "
+            f"got {type(source).__name__}"
+        )
     if not source.strip():
-        raise TemplateError(f"{what} template is empty; write what to ask, e.g. "
-                            "'Summarize: {text}' (a template without {column} references is "
-                            "fine: every row then gets the one answer)")
+        raise TemplateError(
+            f"{what} template is empty; write what to ask, e.g. "
+            "'Summarize: {text}' (a template without {column} references is "
+            "fine: every row then gets the one answer)"
+        )
     try:
         parsed = list(string.Formatter().parse(source))
     except ValueError as exc:

@@ -20,11 +20,14 @@ from ._progress import ProgressCallback, TerminalDisplay, Tracker
 from ._spec import EmbeddingSpec
 
 
-def distinct_texts(frame: pl.DataFrame, column: str,
-                   spec: EmbeddingSpec) -> tuple[pl.DataFrame, pl.DataFrame]:
+def distinct_texts(
+    frame: pl.DataFrame, column: str, spec: EmbeddingSpec
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per-row embedding keys (null for null text) and the distinct texts (key, prompt, rows)."""
-    texts = frame.select(pl.col(column).cast(pl.String).alias("prompt"),
-                         pl.lit(None, dtype=pl.String).alias("system"))
+    texts = frame.select(
+        pl.col(column).cast(pl.String).alias("prompt"),
+        pl.lit(None, dtype=pl.String).alias("system"),
+    )
     expression, parameters = spec.key_sql()
     row_keys, grouped = group_and_key(texts, expression, parameters, spec.key, with_system=False)
     return row_keys, grouped.select("key", "prompt", "rows")
@@ -34,8 +37,12 @@ def _batches(misses: pl.DataFrame, spec: EmbeddingSpec, size: int) -> Iterator[R
     for number, chunk in enumerate(misses.iter_slices(size)):
         texts = chunk["prompt"].to_list()
         yield Batch(
-            key=f"batch-{number}", messages=[], request_json="", rows=int(chunk["rows"].sum()),
-            keys=tuple(chunk["key"].to_list()), inputs=tuple(texts),
+            key=f"batch-{number}",
+            messages=[],
+            request_json="",
+            rows=int(chunk["rows"].sum()),
+            keys=tuple(chunk["key"].to_list()),
+            inputs=tuple(texts),
             requests_json=tuple(canonical_json(spec.request(t)) for t in texts),
             input_rows=tuple(chunk["rows"].to_list()),
         )
@@ -51,9 +58,16 @@ class Embedded:
     stopped: BaseException | None
 
 
-async def embed_distinct(distinct: pl.DataFrame, spec: EmbeddingSpec, backend: Backend, *,
-                         batch_size: int, progress: ProgressCallback | None = None,
-                         rows: int | None = None, rows_after: int = 0) -> Embedded:
+async def embed_distinct(
+    distinct: pl.DataFrame,
+    spec: EmbeddingSpec,
+    backend: Backend,
+    *,
+    batch_size: int,
+    progress: ProgressCallback | None = None,
+    rows: int | None = None,
+    rows_after: int = 0,
+) -> Embedded:
     """Vectors for ``distinct`` (key, prompt, rows): from the cache, else from the endpoint,
     ``batch_size`` texts per request, written through to ``llm_embeddings``.
 
@@ -69,9 +83,13 @@ async def embed_distinct(distinct: pl.DataFrame, spec: EmbeddingSpec, backend: B
 
     dispatcher = EmbeddingDispatcher(backend.engine, model=spec.model, params=spec.params)
     total = rows if rows is not None else int(distinct["rows"].sum())
-    tracker = Tracker(rows=total, rows_settled=total - int(misses["rows"].sum()) - rows_after,
-                      requests=-(-misses.height // batch_size), dispatcher=dispatcher,
-                      phase="embedding")
+    tracker = Tracker(
+        rows=total,
+        rows_settled=total - int(misses["rows"].sum()) - rows_after,
+        requests=-(-misses.height // batch_size),
+        dispatcher=dispatcher,
+        phase="embedding",
+    )
     answered: list[tuple[str, list[float] | None, str, str | None]] = []
     sink = None if backend.cache is None else CacheSink(backend.cache)
 
@@ -81,14 +99,23 @@ async def embed_distinct(distinct: pl.DataFrame, spec: EmbeddingSpec, backend: B
             tracker.rows_done += batch.rows
             vectors = result.vectors or [None] * len(batch.keys)  # type: ignore[list-item]
             share = result.prompt_tokens // max(1, len(batch.keys))
-            for key, vector, request_json in zip(batch.keys, vectors, batch.requests_json,
-                                                 strict=True):
+            for key, vector, request_json in zip(
+                batch.keys, vectors, batch.requests_json, strict=True
+            ):
                 answered.append((key, vector, result.status, result.error))
                 if vector is not None and sink is not None:
-                    sink.vector({
-                        "key": key, "model": spec.model, "endpoint": spec.endpoint,
-                        "request": request_json, "dimensions": len(vector), "embedding": vector,
-                        "prompt_tokens": share, "latency_ms": result.latency_ms})
+                    sink.vector(
+                        {
+                            "key": key,
+                            "model": spec.model,
+                            "endpoint": spec.endpoint,
+                            "request": request_json,
+                            "dimensions": len(vector),
+                            "embedding": vector,
+                            "prompt_tokens": share,
+                            "latency_ms": result.latency_ms,
+                        }
+                    )
 
     progress = progress if rows is not None else None
     helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
@@ -108,10 +135,19 @@ async def embed_distinct(distinct: pl.DataFrame, spec: EmbeddingSpec, backend: B
         if sink is not None:
             await sink.close()
 
-    fresh = pl.DataFrame(answered, schema={"key": pl.String, "embedding": pl.List(pl.Float32),
-                                           "status": pl.String, "error": pl.String},
-                         orient="row")
-    vectors = pl.concat([hits.with_columns(status=pl.lit("cached"),
-                                           error=pl.lit(None, pl.String)), fresh])
-    return Embedded(vectors=vectors, cache_hits=hits.height, counters=dispatcher.counters,
-                    stopped=stopped)
+    fresh = pl.DataFrame(
+        answered,
+        schema={
+            "key": pl.String,
+            "embedding": pl.List(pl.Float32),
+            "status": pl.String,
+            "error": pl.String,
+        },
+        orient="row",
+    )
+    vectors = pl.concat(
+        [hits.with_columns(status=pl.lit("cached"), error=pl.lit(None, pl.String)), fresh]
+    )
+    return Embedded(
+        vectors=vectors, cache_hits=hits.height, counters=dispatcher.counters, stopped=stopped
+    )

@@ -35,8 +35,17 @@ from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
 # Options a flag can carry (a number or a text), under their own names; the rest have flags of
 # their own below (prices, the semantic cache), come from the environment (api_key) or do not
 # apply to files.
-_SKIPPED = {"api_key", "on_error", "progress", "schema", "repair", "pricing", "escalate",
-            "semantic_cache", "model"}
+_SKIPPED = {
+    "api_key",
+    "on_error",
+    "progress",
+    "schema",
+    "repair",
+    "pricing",
+    "escalate",
+    "semantic_cache",
+    "model",
+}
 
 
 def _scalar(hint: object) -> type | None:
@@ -65,9 +74,13 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
     """The arguments of a job on files; returns the option names given as flags."""
     parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
     parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
-    parser.add_argument("--model", required=True, action="append",
-                        help="model name; give it again for a cascade, cheapest first "
-                             "(--model small --model large)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="model name; give it again for a cascade, cheapest first "
+        "(--model small --model large)",
+    )
     helps = _option_help()
     named = []
     for name, hint in get_type_hints(Options).items():
@@ -80,24 +93,39 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
         else:
             parser.add_argument(flag, type=kind, help=helps.get(name))
         named.append(name)
-    parser.add_argument("--price-input", type=float, metavar="USD",
-                        help="$ per 1M input tokens (default: llm_ops.PRICES for the model)")
-    parser.add_argument("--price-output", type=float, metavar="USD",
-                        help="$ per 1M output tokens")
+    parser.add_argument(
+        "--price-input",
+        type=float,
+        metavar="USD",
+        help="$ per 1M input tokens (default: llm_ops.PRICES for the model)",
+    )
+    parser.add_argument("--price-output", type=float, metavar="USD", help="$ per 1M output tokens")
     parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
-    parser.add_argument("--chunk-size", type=int, default=5_000,
-                        help="distinct requests sent per chunk")
-    parser.add_argument("--batch-rows", type=int, default=100_000,
-                        help="rows read and written per batch")
-    parser.add_argument("--escalate", metavar="SQL",
-                        help="with a cascade: rows for the next model besides failed ones, a SQL "
-                             "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"")
-    parser.add_argument("--semantic-cache", metavar="EMBEDDING_MODEL",
-                        help="reuse answers of similar cached requests, compared with this "
-                             "embedding model (rows get status 'similar')")
-    parser.add_argument("--similarity", type=float, default=0.95, metavar="COSINE",
-                        help="with --semantic-cache: the similarity from which an answer is "
-                             "reused (default 0.95)")
+    parser.add_argument(
+        "--chunk-size", type=int, default=5_000, help="distinct requests sent per chunk"
+    )
+    parser.add_argument(
+        "--batch-rows", type=int, default=100_000, help="rows read and written per batch"
+    )
+    parser.add_argument(
+        "--escalate",
+        metavar="SQL",
+        help="with a cascade: rows for the next model besides failed ones, a SQL "
+        "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"",
+    )
+    parser.add_argument(
+        "--semantic-cache",
+        metavar="EMBEDDING_MODEL",
+        help="reuse answers of similar cached requests, compared with this "
+        "embedding model (rows get status 'similar')",
+    )
+    parser.add_argument(
+        "--similarity",
+        type=float,
+        default=0.95,
+        metavar="COSINE",
+        help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
+    )
     return named
 
 
@@ -105,64 +133,93 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-ops",
         description="Run and estimate LLM jobs on files, serve the local endpoint, manage the "
-                    "cache. Errors print one line and exit non-zero; --debug shows tracebacks.",
+        "cache. Errors print one line and exit non-zero; --debug shows tracebacks.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run a prompt over every row of a file",
-                              description="Run a prompt over every row of a Parquet or CSV "
-                                          "file and write the rows with their answers.")
+    run = commands.add_parser(
+        "run",
+        help="run a prompt over every row of a file",
+        description="Run a prompt over every row of a Parquet or CSV "
+        "file and write the rows with their answers.",
+    )
     run.set_defaults(option_flags=_add_job_arguments(run))
     run.add_argument("--out", required=True, help="output file (.parquet)")
-    run.add_argument("--strict", action="store_true",
-                     help="exit with status 1 when any row failed")
+    run.add_argument("--strict", action="store_true", help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
 
     estimate = commands.add_parser(
-        "estimate", help="count what a job would send, without sending anything",
+        "estimate",
+        help="count what a job would send, without sending anything",
         description="Plan a job without sending anything: rows, distinct requests, cache hits, "
-                    "requests and tokens to send.")
+        "requests and tokens to send.",
+    )
     estimate.set_defaults(option_flags=_add_job_arguments(estimate))
 
     serve_parser = commands.add_parser(
-        "serve", help="serve the local OpenAI-compatible simulator",
+        "serve",
+        help="serve the local OpenAI-compatible simulator",
         description="Serve the local simulator (for development, demos and tests, not a model) "
-                    "on 127.0.0.1.")
+        "on 127.0.0.1.",
+    )
     serve_parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve_parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
     serve_parser.add_argument("--rpm", type=int, help="requests per minute before 429s")
     serve_parser.add_argument("--tpm", type=int, help="tokens per minute before 429s")
-    serve_parser.add_argument("--fault-rate", type=float, default=0.0,
-                              help=f"share of attempts failing as one of {', '.join(FAULT_KINDS)}")
-    serve_parser.add_argument("--hang-rate", type=float, default=0.0,
-                              help="share of attempts that never answer")
+    serve_parser.add_argument(
+        "--fault-rate",
+        type=float,
+        default=0.0,
+        help=f"share of attempts failing as one of {', '.join(FAULT_KINDS)}",
+    )
+    serve_parser.add_argument(
+        "--hang-rate", type=float, default=0.0, help="share of attempts that never answer"
+    )
 
-    cache = commands.add_parser("cache", help="inspect, export and prune the cache",
-                                description="Inspect, export and prune the cache database.")
-    cache.add_argument("--cache", help=f"cache file; default {CACHE_ENV}, then "
-                                       f"{default_cache_path()}")
+    cache = commands.add_parser(
+        "cache",
+        help="inspect, export and prune the cache",
+        description="Inspect, export and prune the cache database.",
+    )
+    cache.add_argument(
+        "--cache", help=f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
+    )
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("stats", help="answers, tokens and runs per model",
-                       description="Answers, tokens and runs per model.")
-    export = actions.add_parser("export", help="write cached answers to Parquet",
-                                description="Write cached answers to a Parquet file.")
+    actions.add_parser(
+        "stats",
+        help="answers, tokens and runs per model",
+        description="Answers, tokens and runs per model.",
+    )
+    export = actions.add_parser(
+        "export",
+        help="write cached answers to Parquet",
+        description="Write cached answers to a Parquet file.",
+    )
     export.add_argument("out", help="Parquet file to write")
     export.add_argument("--model", help="only this model")
-    prune = actions.add_parser("prune", help="delete cached answers",
-                               description="Delete cached answers matching every filter given.")
+    prune = actions.add_parser(
+        "prune",
+        help="delete cached answers",
+        description="Delete cached answers matching every filter given.",
+    )
     prune.add_argument("--model", help="only this model")
     prune.add_argument("--older-than", type=float, metavar="DAYS", help="created before")
     prune.add_argument("--status", choices=["ok", "truncated"], help="only this status")
     prune.add_argument("--dry-run", action="store_true", help="count, do not delete")
     snapshot = actions.add_parser(
-        "snapshot", help="copy the cache into a new file to query while jobs write",
+        "snapshot",
+        help="copy the cache into a new file to query while jobs write",
         description="Copy the cache (and answers still in its journal) into a new DuckDB file, "
-                    "which you can keep open for as long as you like, in any tool, while jobs "
-                    "go on writing the original.")
+        "which you can keep open for as long as you like, in any tool, while jobs "
+        "go on writing the original.",
+    )
     snapshot.add_argument("out", help="DuckDB file to create")
-    actions.add_parser("vacuum", help="rewrite the file to reclaim space",
-                       description="Rewrite the cache file to reclaim the space of deleted rows.")
+    actions.add_parser(
+        "vacuum",
+        help="rewrite the file to reclaim space",
+        description="Rewrite the cache file to reclaim the space of deleted rows.",
+    )
     return parser
 
 
@@ -185,16 +242,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The job's options from the flags, by their names (see :class:`llm_ops.Options`)."""
-    options = {name: getattr(args, name) for name in args.option_flags
-               if getattr(args, name) is not None}
+    options = {
+        name: getattr(args, name) for name in args.option_flags if getattr(args, name) is not None
+    }
     prices = (args.price_input, args.price_output, args.price_request)
     if any(value is not None for value in prices):
-        options["pricing"] = Price(input_per_million=args.price_input or 0.0,
-                                   output_per_million=args.price_output or 0.0,
-                                   per_request=args.price_request or 0.0)
+        options["pricing"] = Price(
+            input_per_million=args.price_input or 0.0,
+            output_per_million=args.price_output or 0.0,
+            per_request=args.price_request or 0.0,
+        )
     if args.semantic_cache:
-        options["semantic_cache"] = SemanticCache(args.semantic_cache,
-                                                  threshold=args.similarity)
+        options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
     if args.escalate:
         options["escalate"] = args.escalate
     return options
@@ -220,8 +279,16 @@ def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iter
         converted = _csv_as_parquet(files, Path(scratch))
         source = args.input if converted == files else str(Path(scratch) / "input-*.parquet")
         model = args.model if len(args.model) > 1 else args.model[0]
-        yield Table(client, source, out, prompt=args.prompt, model=model,
-                    batch_rows=args.batch_rows, chunk_size=args.chunk_size, **call)
+        yield Table(
+            client,
+            source,
+            out,
+            prompt=args.prompt,
+            model=model,
+            batch_rows=args.batch_rows,
+            chunk_size=args.chunk_size,
+            **call,
+        )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -234,8 +301,11 @@ def _run(args: argparse.Namespace) -> int:
     print(report)
     print(f"wrote {out}")
     if report.failed_rows:
-        print(f"{report.failed_rows:,} row(s) failed; see the {status} and {error} columns. A "
-              "rerun sends only those.", file=sys.stderr)
+        print(
+            f"{report.failed_rows:,} row(s) failed; see the {status} and {error} columns. A "
+            "rerun sends only those.",
+            file=sys.stderr,
+        )
         return 1 if args.strict else 0
     return 0
 
@@ -244,15 +314,22 @@ def _estimate(args: argparse.Namespace) -> int:
     options = _options(args)
     # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
     options["api_key"] = os.environ.get("OPENAI_API_KEY") or "unused"
-    with (tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch,
-          _table(args, Path(scratch) / "unused.parquet", options) as table):
+    with (
+        tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch,
+        _table(args, Path(scratch) / "unused.parquet", options) as table,
+    ):
         print(table.estimate())
     return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    config = SimulatorConfig(latency=args.latency, rpm=args.rpm, tpm=args.tpm,
-                             fault_rate=args.fault_rate, hang_rate=args.hang_rate)
+    config = SimulatorConfig(
+        latency=args.latency,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        fault_rate=args.fault_rate,
+        hang_rate=args.hang_rate,
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config, port=args.port))
     return 0
@@ -263,8 +340,10 @@ def _cache_command(args: argparse.Namespace) -> int:
     assert path is not None
     cache = Cache(path)
     if args.action != "snapshot" and not path.exists():
-        raise ConfigError(f"there is no cache at {path} yet; run a job first, or pass the path "
-                          f"of an existing cache (--cache or {CACHE_ENV})")
+        raise ConfigError(
+            f"there is no cache at {path} yet; run a job first, or pass the path "
+            f"of an existing cache (--cache or {CACHE_ENV})"
+        )
     if args.action == "stats":
         per_model, runs = cache.stats()
         print(f"cache {path} ({path.stat().st_size / 1e6:.1f} MB), {runs:,} run(s) recorded")
@@ -276,8 +355,12 @@ def _cache_command(args: argparse.Namespace) -> int:
         pq.write_table(answers, args.out)
         print(f"exported {answers.num_rows:,} answer(s) to {args.out}")
     elif args.action == "prune":
-        count = cache.prune(model=args.model, older_than_days=args.older_than,
-                            status=args.status, dry_run=args.dry_run)
+        count = cache.prune(
+            model=args.model,
+            older_than_days=args.older_than,
+            status=args.status,
+            dry_run=args.dry_run,
+        )
         print(f"{'would delete' if args.dry_run else 'deleted'} {count:,} answer(s)")
     elif args.action == "snapshot":
         out = cache.snapshot(args.out)

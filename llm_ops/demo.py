@@ -34,8 +34,11 @@ def _start_endpoint() -> LocalEndpoint:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m llm_ops.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m llm_ops.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--input", type=Path, default=Path("data/womens_clothing_reviews.parquet"))
     parser.add_argument("--out", type=Path, default=Path("output/reviews_summarized.parquet"))
     parser.add_argument("--cache", type=Path, default=Path("output/cache.duckdb"))
@@ -45,8 +48,14 @@ def main(argv: list[str] | None = None) -> None:
     reviews = pl.read_parquet(args.input, n_rows=args.rows)
     with _start_endpoint() as endpoint:
         enriched, report = reviews.pipe(
-            llm_complete, prompt=PROMPT, model="sim", output="summary",
-            base_url=endpoint.base_url, cache=args.cache, concurrency=64, return_report=True,
+            llm_complete,
+            prompt=PROMPT,
+            model="sim",
+            output="summary",
+            base_url=endpoint.base_url,
+            cache=args.cache,
+            concurrency=64,
+            return_report=True,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     enriched.write_parquet(args.out)

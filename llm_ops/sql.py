@@ -94,57 +94,94 @@ def register(
     for name in (complete, key):
         with contextlib.suppress(duckdb.InvalidInputException):
             con.remove_function(name)
-    con.create_function(complete, _completer(client, strict), _ARGUMENTS, _RESULT,
-                        type=PythonUDFType.ARROW, null_handling=FunctionNullHandling.SPECIAL,
-                        side_effects=True)
-    con.create_function(key, _keyer(client), _ARGUMENTS, VARCHAR, type=PythonUDFType.ARROW,
-                        null_handling=FunctionNullHandling.SPECIAL)
+    con.create_function(
+        complete,
+        _completer(client, strict),
+        _ARGUMENTS,
+        _RESULT,
+        type=PythonUDFType.ARROW,
+        null_handling=FunctionNullHandling.SPECIAL,
+        side_effects=True,
+    )
+    con.create_function(
+        key,
+        _keyer(client),
+        _ARGUMENTS,
+        VARCHAR,
+        type=PythonUDFType.ARROW,
+        null_handling=FunctionNullHandling.SPECIAL,
+    )
     default_model = "NULL" if model is None else "'" + model.replace("'", "''") + "'"
-    signature = (f"prompt, model := {default_model}, system := NULL, max_tokens := NULL, "
-                 "temperature := NULL")
+    signature = (
+        f"prompt, model := {default_model}, system := NULL, max_tokens := NULL, temperature := NULL"
+    )
     arguments = "prompt, model, system, max_tokens, temperature"
-    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_complete_result({signature}) AS "
-                f"{complete}({arguments})")
-    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_complete({signature}) AS "
-                f"({complete}({arguments})).answer")
-    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_request_key({signature}) AS "
-                f"{key}({arguments})")
+    con.execute(
+        f"CREATE OR REPLACE TEMP MACRO llm_complete_result({signature}) AS {complete}({arguments})"
+    )
+    con.execute(
+        f"CREATE OR REPLACE TEMP MACRO llm_complete({signature}) AS "
+        f"({complete}({arguments})).answer"
+    )
+    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_request_key({signature}) AS {key}({arguments})")
 
 
-def _job(client: Client, model: str, *, system: bool, max_tokens: int | None,
-         temperature: float | None) -> Job:
+def _job(
+    client: Client, model: str, *, system: bool, max_tokens: int | None, temperature: float | None
+) -> Job:
     return make_job(
-        prompt="{prompt}", model=model, endpoint=client.endpoint.identity,
+        prompt="{prompt}",
+        model=model,
+        endpoint=client.endpoint.identity,
         cached=client.cache is not None,
-        options={"output": "answer", "system": "{system}" if system else None,
-                 "max_tokens": max_tokens, "temperature": temperature, "progress": False},
+        options={
+            "output": "answer",
+            "system": "{system}" if system else None,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "progress": False,
+        },
     )
 
 
 def _groups(columns: tuple[pa.Array, ...]) -> Any:
     """The vector's rows grouped by everything that needs its own job."""
     names = ["prompt", "model", "system", "max_tokens", "temperature"]
-    frame = pl.DataFrame(
-        {name: pl.Series(name, column) for name, column in zip(names, columns, strict=True)}
-    ).with_row_index("row").with_columns(pl.col("system").is_not_null().alias("has_system"))
-    return frame.group_by(["model", "has_system", "max_tokens", "temperature"],
-                          maintain_order=True)
+    frame = (
+        pl.DataFrame(
+            {name: pl.Series(name, column) for name, column in zip(names, columns, strict=True)}
+        )
+        .with_row_index("row")
+        .with_columns(pl.col("system").is_not_null().alias("has_system"))
+    )
+    return frame.group_by(["model", "has_system", "max_tokens", "temperature"], maintain_order=True)
 
 
 def _each_job(client: Client, columns: tuple[pa.Array, ...]) -> Iterator[tuple[Job, Any]]:
     for (model, has_system, max_tokens, temperature), group in _groups(columns):
         if model is None:
-            raise ConfigError("llm_complete needs a model: write llm_complete(prompt, "
-                              "model := 'gpt-4o-mini'), or pass model= to register()")
-        job = _job(client, str(model), system=bool(has_system),
-                   max_tokens=None if max_tokens is None else int(max_tokens),
-                   temperature=temperature)
+            raise ConfigError(
+                "llm_complete needs a model: write llm_complete(prompt, "
+                "model := 'gpt-4o-mini'), or pass model= to register()"
+            )
+        job = _job(
+            client,
+            str(model),
+            system=bool(has_system),
+            max_tokens=None if max_tokens is None else int(max_tokens),
+            temperature=temperature,
+        )
         yield job, group
 
 
 def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
-    def complete(prompt: pa.Array, model: pa.Array, system: pa.Array, max_tokens: pa.Array,
-                 temperature: pa.Array) -> pa.StructArray:
+    def complete(
+        prompt: pa.Array,
+        model: pa.Array,
+        system: pa.Array,
+        max_tokens: pa.Array,
+        temperature: pa.Array,
+    ) -> pa.StructArray:
         columns = (prompt, model, system, max_tokens, temperature)
         size = len(prompt)
         answers: list[str | None] = [None] * size
@@ -153,18 +190,25 @@ def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
         for job, group in _each_job(client, columns):
             result, _ = client.run(_answer(client, group.select("prompt", "system"), job))
             for row, answer, status, error in zip(
-                group["row"], result["answer"], result["answer_status"].cast(pl.String),
-                result["answer_error"], strict=True,
+                group["row"],
+                result["answer"],
+                result["answer_status"].cast(pl.String),
+                result["answer_error"],
+                strict=True,
             ):
                 answers[row], statuses[row], errors[row] = answer, status, error
         if strict:
             failed = [i for i, status in enumerate(statuses) if status in FAILED]
             if failed:
-                raise RowsFailedError(failed, [errors[i] or "" for i in failed],
-                                      [statuses[i] or "" for i in failed])
+                raise RowsFailedError(
+                    failed, [errors[i] or "" for i in failed], [statuses[i] or "" for i in failed]
+                )
         return pa.StructArray.from_arrays(
-            [pa.array(answers, pa.string()), pa.array(statuses, pa.string()),
-             pa.array(errors, pa.string())],
+            [
+                pa.array(answers, pa.string()),
+                pa.array(statuses, pa.string()),
+                pa.array(errors, pa.string()),
+            ],
             names=["answer", "status", "error"],
         )
 
@@ -172,8 +216,13 @@ def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
 
 
 def _keyer(client: Client) -> Callable[..., pa.Array]:
-    def key(prompt: pa.Array, model: pa.Array, system: pa.Array, max_tokens: pa.Array,
-            temperature: pa.Array) -> pa.Array:
+    def key(
+        prompt: pa.Array,
+        model: pa.Array,
+        system: pa.Array,
+        max_tokens: pa.Array,
+        temperature: pa.Array,
+    ) -> pa.Array:
         columns = (prompt, model, system, max_tokens, temperature)
         keys: list[str | None] = [None] * len(prompt)
         for job, group in _each_job(client, columns):
@@ -185,7 +234,6 @@ def _keyer(client: Client) -> Callable[..., pa.Array]:
     return key
 
 
-async def _answer(client: Client, texts: pl.DataFrame,
-                  job: Job) -> tuple[pl.DataFrame, RunReport]:
+async def _answer(client: Client, texts: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:
     backend: Backend = await client._backend()
     return await run_frame(texts, job, backend, record=False)

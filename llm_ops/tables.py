@@ -65,9 +65,17 @@ __all__ = ["Counters", "Table", "TablePlan", "Written", "input_files"]
 _CHUNK_GLOB = "chunk-*.parquet"
 # What a chunk's results file keeps: the outcome of every request, and the answers the cache
 # does not hold under the request's own key (failures' raw text, answers of similar requests).
-_OUTCOME_SCHEMA = {"key": pl.String, "status": pl.String, "error": pl.String, "text": pl.String,
-                   "json": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
-                   "similar_to": pl.String, "similarity": pl.Float64}
+_OUTCOME_SCHEMA = {
+    "key": pl.String,
+    "status": pl.String,
+    "error": pl.String,
+    "text": pl.String,
+    "json": pl.String,
+    "prompt_tokens": pl.Int64,
+    "completion_tokens": pl.Int64,
+    "similar_to": pl.String,
+    "similarity": pl.Float64,
+}
 
 
 def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
@@ -76,8 +84,10 @@ def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
     files = sorted(Path(p) for p in glob.glob(text)) if glob.has_magic(text) else [Path(text)]
     files = [f for f in files if f.is_file()]
     if not files:
-        raise ConfigError(f"no input file matches {text!r}; check the path (globs like "
-                          "'data/*.parquet' are allowed)")
+        raise ConfigError(
+            f"no input file matches {text!r}; check the path (globs like "
+            "'data/*.parquet' are allowed)"
+        )
     return files
 
 
@@ -134,25 +144,40 @@ class Table:
     Everything that can be checked is checked when the table is made, before anything is sent.
     """
 
-    def __init__(self, client: Client, source: str | os.PathLike[str],
-                 out: str | os.PathLike[str], /, *, prompt: str, model: ModelOption,
-                 batch_rows: int = 100_000, chunk_size: int = 5_000,
-                 **options: Unpack[CallOptions]) -> None:
+    def __init__(
+        self,
+        client: Client,
+        source: str | os.PathLike[str],
+        out: str | os.PathLike[str],
+        /,
+        *,
+        prompt: str,
+        model: ModelOption,
+        batch_rows: int = 100_000,
+        chunk_size: int = 5_000,
+        **options: Unpack[CallOptions],
+    ) -> None:
         if client.cache is None:
-            raise ConfigError("table jobs need a cache (answers are joined back from it); "
-                              "pass a cache path instead of cache=False")
+            raise ConfigError(
+                "table jobs need a cache (answers are joined back from it); "
+                "pass a cache path instead of cache=False"
+            )
         self.client = client
         self.cache: Cache = client.cache
         self.files = input_files(source)
         self.output = Path(out)
         if any(f.resolve() == self.output.resolve() for f in self.files):
-            raise ConfigError(f"output {os.fspath(out)!r} is also an input; write somewhere "
-                              "else")
+            raise ConfigError(f"output {os.fspath(out)!r} is also an input; write somewhere else")
         self.batch_rows = positive_int("batch_rows", batch_rows)
         self.chunk_size = positive_int("chunk_size", chunk_size)
         schema = pl.scan_parquet(self.files).collect_schema()
-        self.job: Job = make_job(prompt=prompt, model=model, endpoint=client.endpoint.identity,
-                                 cached=True, options=options)
+        self.job: Job = make_job(
+            prompt=prompt,
+            model=model,
+            endpoint=client.endpoint.identity,
+            cached=True,
+            options=options,
+        )
         check_job(self.job, schema)
         self.work_dir = self.output.with_name(self.output.name + ".work")
 
@@ -176,8 +201,9 @@ class Table:
         for chunk in plan.chunks:
             counters.add(self.run_chunk(chunk, spent=counters))
         written = self.write()
-        return self.finish(plan, counters, written, started_at=started_at,
-                           wall_seconds=time.perf_counter() - clock)
+        return self.finish(
+            plan, counters, written, started_at=started_at, wall_seconds=time.perf_counter() - clock
+        )
 
     # -- the steps ----------------------------------------------------------------------------
 
@@ -193,36 +219,49 @@ class Table:
         with self._plan_db() as con:
             # Counted up batch by batch, so the table never holds more than the distinct
             # requests.
-            con.execute("CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
-                        "prompt VARCHAR, rows BIGINT)")
+            con.execute(
+                "CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
+                "prompt VARCHAR, rows BIGINT)"
+            )
             rows = 0
             for batch in _batches(self.files, self.batch_rows):
                 rows += batch.height
                 con.register("batch_requests", key_rows(batch, self.job.spec).distinct.to_arrow())
-                con.execute("INSERT INTO requests SELECT key, system, prompt, rows "
-                            "FROM batch_requests ON CONFLICT (key) DO UPDATE "
-                            "SET rows = requests.rows + excluded.rows")
+                con.execute(
+                    "INSERT INTO requests SELECT key, system, prompt, rows "
+                    "FROM batch_requests ON CONFLICT (key) DO UPDATE "
+                    "SET rows = requests.rows + excluded.rows"
+                )
                 con.unregister("batch_requests")
             with self.cache.attached(con, alias="cache"):
                 con.execute(
                     "CREATE TABLE misses AS SELECT r.* FROM requests r "
                     f"ANTI JOIN ({self.cache.answers_sql('cache', ['key'])}) c "
-                    "ON r.key = c.key ORDER BY r.key")
+                    "ON r.key = c.key ORDER BY r.key"
+                )
             distinct, keyed_rows = con.execute(
-                "SELECT count(*), coalesce(sum(rows), 0) FROM requests").fetchall()[0]
+                "SELECT count(*), coalesce(sum(rows), 0) FROM requests"
+            ).fetchall()[0]
             reader = con.sql("SELECT key, system, prompt, rows FROM misses").to_arrow_reader(
-                self.chunk_size)
+                self.chunk_size
+            )
             chunks = []
             for number, chunk in enumerate(reader):
                 path = self.work_dir / f"chunk-{number:05d}.parquet"
                 pq.write_table(pa.Table.from_batches([chunk]), path)
                 chunks.append(str(path))
             misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
-        return TablePlan(rows=rows, distinct=int(distinct), cache_hits=int(distinct) - misses,
-                         skipped=rows - int(keyed_rows), chunks=chunks)
+        return TablePlan(
+            rows=rows,
+            distinct=int(distinct),
+            cache_hits=int(distinct) - misses,
+            skipped=rows - int(keyed_rows),
+            chunks=chunks,
+        )
 
-    def run_chunk(self, chunk: str | os.PathLike[str], *,
-                  spent: Counters | None = None) -> Counters:
+    def run_chunk(
+        self, chunk: str | os.PathLike[str], *, spent: Counters | None = None
+    ) -> Counters:
         """Send the requests of one chunk file that the cache still lacks; returns what it
         took. Budgets count what ``spent`` (earlier chunks) took. Raises
         :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
@@ -230,21 +269,27 @@ class Table:
         misses = pl.read_parquet(Path(chunk))
         # Answered by an earlier attempt of this chunk: they count as answered in this run.
         earlier = lookup_answers(self.cache, misses).with_columns(
-            pl.col("status").replace({"cached": "ok"}))
+            pl.col("status").replace({"cached": "ok"})
+        )
         remaining = misses.join(earlier.select("key"), on="key", how="anti")
         job = self.job.after(spent_by(self.job, spent)) if spent else self.job
         outcomes, counters = self.client.run(
-            _answer(self.client, job, remaining, rows=int(misses["rows"].sum())))
+            _answer(self.client, job, remaining, rows=int(misses["rows"].sum()))
+        )
         earlier = earlier.select("key", "status", "error").cast(pl.String)
         pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
-            list(_OUTCOME_SCHEMA)).write_parquet(_results_path(chunk))
+            list(_OUTCOME_SCHEMA)
+        ).write_parquet(_results_path(chunk))
         return counters
 
     def write(self) -> Written:
         """Write the input plus the added columns, batch by batch."""
         outcome_files = sorted(self.work_dir.glob("chunk-*.results.parquet"))
-        fresh = (pl.read_parquet(outcome_files) if outcome_files
-                 else pl.DataFrame(schema=_OUTCOME_SCHEMA))
+        fresh = (
+            pl.read_parquet(outcome_files)
+            if outcome_files
+            else pl.DataFrame(schema=_OUTCOME_SCHEMA)
+        )
         self.output.parent.mkdir(parents=True, exist_ok=True)
         partial = self.output.with_name(self.output.name + ".partial")
         counts: dict[str, int] = {}
@@ -253,8 +298,9 @@ class Table:
             for batch in _batches(self.files, self.batch_rows):
                 keyed = key_rows(batch, self.job.spec)
                 wanted = keyed.distinct.select("key")
-                results = _batch_results(lookup_answers(self.cache, wanted),
-                                         wanted.join(fresh, on="key"))
+                results = _batch_results(
+                    lookup_answers(self.cache, wanted), wanted.join(fresh, on="key")
+                )
                 added = join_back(keyed.rows, results, self.job.columns, self.job.spec.schema)
                 for status, n in status_counts(added, self.job.columns).items():
                     counts[status] = counts.get(status, 0) + n
@@ -269,23 +315,44 @@ class Table:
             raise ConfigError(f"the input {', '.join(map(str, self.files))} has no rows")
         partial.replace(self.output)
         similar = fresh.filter(pl.col("status") == "similar").select(
-            "key", "prompt_tokens", "completion_tokens")
+            "key", "prompt_tokens", "completion_tokens"
+        )
         return Written(statuses=counts, tallies=self._tallies(similar))
 
-    def finish(self, plan: TablePlan, counters: Counters, written: Written, *,
-               started_at: datetime, wall_seconds: float) -> RunReport:
+    def finish(
+        self,
+        plan: TablePlan,
+        counters: Counters,
+        written: Written,
+        *,
+        started_at: datetime,
+        wall_seconds: float,
+    ) -> RunReport:
         """The report of the job, recorded in ``llm_runs``; the work directory is removed."""
         job = self.job
         report = make_report(
-            model=job.spec.model, endpoint=job.spec.endpoint, started_at=started_at,
-            wall_seconds=wall_seconds, rows=plan.rows, distinct=plan.distinct,
-            cache_hits=plan.cache_hits, counters=counters, statuses=written.statuses,
-            stopped=None, cost=completion_cost(job, counters),
+            model=job.spec.model,
+            endpoint=job.spec.endpoint,
+            started_at=started_at,
+            wall_seconds=wall_seconds,
+            rows=plan.rows,
+            distinct=plan.distinct,
+            cache_hits=plan.cache_hits,
+            counters=counters,
+            statuses=written.statuses,
+            stopped=None,
+            cost=completion_cost(job, counters),
             budget_stop=_budget_stop(job, counters),
         )
         answered = sum(n for status, n in written.statuses.items() if status in ANSWERED)
-        report = with_usage(report, job, answered_rows=answered, cached=True,
-                            tallies=written.tallies, counters=counters)
+        report = with_usage(
+            report,
+            job,
+            answered_rows=answered,
+            cached=True,
+            tallies=written.tallies,
+            counters=counters,
+        )
         self.cache.record_run(report.as_dict())
         shutil.rmtree(self.work_dir, ignore_errors=True)
         return report
@@ -308,7 +375,8 @@ class Table:
         try:
             for batch in _batches(self.files, self.batch_rows):
                 added, report, stopped = self.client.run(
-                    _cascade(self.client, batch, self.job.after(spent)))
+                    _cascade(self.client, batch, self.job.after(spent))
+                )
                 reports.append(report)
                 spent = add_spending(spent, report.spending())
                 if stopped is not None:
@@ -321,8 +389,12 @@ class Table:
                 writer.close()
         if not reports:
             raise ConfigError(f"the input {', '.join(map(str, self.files))} has no rows")
-        total = sum_reports(reports, started_at=started_at, model=" > ".join(self.job.models),
-                            wall_seconds=time.perf_counter() - clock)
+        total = sum_reports(
+            reports,
+            started_at=started_at,
+            model=" > ".join(self.job.models),
+            wall_seconds=time.perf_counter() - clock,
+        )
         self.cache.record_run(total.as_dict())
         if stopped is not None:
             raise stopped
@@ -341,12 +413,21 @@ class Table:
             rows += batch.height
             keyed += int(keyed_batch.distinct["rows"].sum())
             distinct.append(keyed_batch.distinct)
-        requests = (pl.concat(distinct).group_by("key", maintain_order=True)
-                    .agg(pl.col("system", "prompt").first(), pl.col("rows").sum()))
+        requests = (
+            pl.concat(distinct)
+            .group_by("key", maintain_order=True)
+            .agg(pl.col("system", "prompt").first(), pl.col("rows").sum())
+        )
         hits = lookup_answers(plan_cache, requests)
         misses = requests.join(hits.select("key"), on="key", how="anti")
-        return price_plan(job, [misses], rows=rows, keyed_rows=keyed,
-                          distinct=requests.height, cache_hits=hits.height)
+        return price_plan(
+            job,
+            [misses],
+            rows=rows,
+            keyed_rows=keyed,
+            distinct=requests.height,
+            cache_hits=hits.height,
+        )
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -373,16 +454,21 @@ class Table:
                 "sum(c) FILTER (is_similar) FROM t"
             ).fetchall()[0]
         values = [int(v or 0) for v in row]
-        return {"every_row": Tally(*values[0:3]), "each_distinct": Tally(*values[3:6]),
-                "cache": Tally(*values[6:9]), "similar": Tally(*values[9:12])}
+        return {
+            "every_row": Tally(*values[0:3]),
+            "each_distinct": Tally(*values[3:6]),
+            "cache": Tally(*values[6:9]),
+            "similar": Tally(*values[9:12]),
+        }
 
 
 def _results_path(chunk: str | os.PathLike[str]) -> Path:
     return Path(chunk).with_suffix(".results.parquet")
 
 
-async def _answer(client: Client, job: Job, misses: pl.DataFrame, *,
-                  rows: int) -> tuple[pl.DataFrame, Counters]:
+async def _answer(
+    client: Client, job: Job, misses: pl.DataFrame, *, rows: int
+) -> tuple[pl.DataFrame, Counters]:
     """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and
     the counters."""
     done = await answer_misses(misses, job, await client._backend(), rows=rows)
@@ -390,17 +476,21 @@ async def _answer(client: Client, job: Job, misses: pl.DataFrame, *,
         raise done.stopped
     # Answers are read back from the cache; only what the cache does not keep is kept here.
     fresh = pl.DataFrame(
-        {"key": [o.key for o in done.outcomes], "status": [o.status for o in done.outcomes],
-         "error": [o.error for o in done.outcomes],
-         "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes]},
+        {
+            "key": [o.key for o in done.outcomes],
+            "status": [o.status for o in done.outcomes],
+            "error": [o.error for o in done.outcomes],
+            "text": [None if o.status in CACHEABLE else o.text for o in done.outcomes],
+        },
         schema={name: _OUTCOME_SCHEMA[name] for name in ("key", "status", "error", "text")},
     )
     similar = done.settled.select(list(_OUTCOME_SCHEMA))
     return pl.concat([similar, fresh], how="diagonal_relaxed"), done.counters
 
 
-async def _cascade(client: Client, batch: pl.DataFrame,
-                   job: Job) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
+async def _cascade(
+    client: Client, batch: pl.DataFrame, job: Job
+) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
     return await run_cascade(batch, job, await client._backend())
 
 
@@ -411,9 +501,13 @@ def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
     run_first = ("status", "error")
     return merged.select(
         "key",
-        *(pl.coalesce(f"{name}_run", name).alias(name) if name in run_first
-          else pl.coalesce(name, f"{name}_run").alias(name)
-          for name in RESULTS if name != "key"),
+        *(
+            pl.coalesce(f"{name}_run", name).alias(name)
+            if name in run_first
+            else pl.coalesce(name, f"{name}_run").alias(name)
+            for name in RESULTS
+            if name != "key"
+        ),
     ).cast(RESULTS)
 
 
@@ -422,6 +516,8 @@ def _budget_stop(job: Job, spent: Counters) -> str | None:
     if not spent.over_budget:
         return None
     limits = job.spending
-    return (f"{spent.over_budget:,} request(s) not sent: a budget was reached "
-            f"(max_cost={limits.max_cost}, max_requests={limits.max_requests}, "
-            f"max_tokens_total={limits.max_tokens_total})")
+    return (
+        f"{spent.over_budget:,} request(s) not sent: a budget was reached "
+        f"(max_cost={limits.max_cost}, max_requests={limits.max_requests}, "
+        f"max_tokens_total={limits.max_tokens_total})"
+    )

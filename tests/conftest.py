@@ -42,9 +42,7 @@ def cache(tmp_path: Path) -> Path:
 @pytest.fixture
 def complete(endpoint: LocalEndpoint, cache: Path) -> Callable[..., Any]:
     """``llm_complete`` pointed at the simulator and a fresh cache file, model ``sim``."""
-    return functools.partial(
-        llm_complete, model="sim", base_url=endpoint.base_url, cache=cache
-    )
+    return functools.partial(llm_complete, model="sim", base_url=endpoint.base_url, cache=cache)
 
 
 @pytest.fixture(autouse=True)
@@ -63,10 +61,28 @@ class LlamaServer:
         import subprocess
 
         self.process = subprocess.Popen(
-            [str(LLAMA / "llama-server"), "-m", str(LLAMA / "tiny-llama.gguf"), "--alias", alias,
-             "--host", "127.0.0.1", "--port", "0", "--ctx-size", "2048", "--parallel", "4",
-             "--threads", "2", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                str(LLAMA / "llama-server"),
+                "-m",
+                str(LLAMA / "tiny-llama.gguf"),
+                "--alias",
+                alias,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--ctx-size",
+                "2048",
+                "--parallel",
+                "4",
+                "--threads",
+                "2",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert self.process.stdout is not None
         for line in self.process.stdout:
             if "listening on http://" in line:

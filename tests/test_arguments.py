@@ -21,8 +21,10 @@ def test_unknown_column_names_it_and_lists_the_available_ones(complete):
         DF.pipe(complete, prompt="{txt}")
 
 
-@pytest.mark.parametrize("template", ["{text", "text}", "{}", "{0}", "{text.upper}",
-                                      "{text[0]}", "{text!r}", "{text:>10}"])
+@pytest.mark.parametrize(
+    "template",
+    ["{text", "text}", "{}", "{0}", "{text.upper}", "{text[0]}", "{text!r}", "{text:>10}"],
+)
 def test_malformed_or_non_plain_templates_are_rejected(complete, template):
     with pytest.raises(TemplateError):
         DF.pipe(complete, prompt=template)
@@ -45,9 +47,17 @@ def test_bad_concurrency(complete, concurrency):
         DF.pipe(complete, prompt="{text}", concurrency=concurrency)
 
 
-@pytest.mark.parametrize(("name", "value"), [("temperature", 3), ("top_p", -0.1),
-                                             ("max_tokens", 0), ("timeout", 0),
-                                             ("on_error", "ignore"), ("max_attempts", 0)])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("temperature", 3),
+        ("top_p", -0.1),
+        ("max_tokens", 0),
+        ("timeout", 0),
+        ("on_error", "ignore"),
+        ("max_attempts", 0),
+    ],
+)
 def test_bad_parameters(complete, name, value):
     with pytest.raises(ConfigError, match=name):
         DF.pipe(complete, prompt="{text}", **{name: value})
@@ -60,8 +70,13 @@ def test_output_column_collision(complete):
 
 def test_missing_api_key_for_a_remote_endpoint():
     with pytest.raises(MissingApiKeyError, match="OPENAI_API_KEY"):
-        DF.pipe(llm_complete, prompt="{text}", model="m", base_url="https://example.invalid/v1",
-                cache=False)
+        DF.pipe(
+            llm_complete,
+            prompt="{text}",
+            model="m",
+            base_url="https://example.invalid/v1",
+            cache=False,
+        )
 
 
 def test_not_a_dataframe(complete):
@@ -69,12 +84,24 @@ def test_not_a_dataframe(complete):
         complete({"text": ["x"]}, prompt="{text}")
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("concurrency", 10**9), ("max_attempts", 10**6), ("stop", 123), ("stop", ["ok", 5]),
-    ("stop", []), ("seed", "x"), ("seed", True), ("timeout", float("nan")),
-    ("timeout", float("inf")), ("flush_seconds", float("inf")), ("rpm", float("nan")),
-    ("temperature", float("nan")), ("max_cost", float("inf")),
-])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("concurrency", 10**9),
+        ("max_attempts", 10**6),
+        ("stop", 123),
+        ("stop", ["ok", 5]),
+        ("stop", []),
+        ("seed", "x"),
+        ("seed", True),
+        ("timeout", float("nan")),
+        ("timeout", float("inf")),
+        ("flush_seconds", float("inf")),
+        ("rpm", float("nan")),
+        ("temperature", float("nan")),
+        ("max_cost", float("inf")),
+    ],
+)
 def test_out_of_range_or_mistyped_values(complete, name, value):
     with pytest.raises(ConfigError, match=name):
         DF.pipe(complete, prompt="{text}", **{name: value})

@@ -9,21 +9,41 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = (
-    "overhead", "latency-bound", "duplicates", "rerun", "rate limited", "faults", "memory",
+    "overhead",
+    "latency-bound",
+    "duplicates",
+    "rerun",
+    "rate limited",
+    "faults",
+    "memory",
 )
 
 
 def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--scale", "0.02",
-         "--reps", "1", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "run.py"),
+            "--quick",
+            "--scale",
+            "0.02",
+            "--reps",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for name in SCENARIOS:
-        section = re.search(rf"^## \d\. {re.escape(name)}\n\n.*?\n\n\| ", done.stdout,
-                            re.MULTILINE | re.DOTALL)
+        section = re.search(
+            rf"^## \d\. {re.escape(name)}\n\n.*?\n\n\| ", done.stdout, re.MULTILINE | re.DOTALL
+        )
         assert section, f"no {name!r} section with a table in:\n{done.stdout}"
     assert "Most rows lost by llm_ops in any repetition: 0." in done.stdout
     written = out.read_text()
@@ -34,7 +54,11 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
 def test_levers_benchmark_prints_its_three_tables() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "levers.py"), "--rows", "400"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for title in ("Semantic cache", "Cascade", "Similarity search"):

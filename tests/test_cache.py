@@ -18,17 +18,22 @@ def _query(path, sql):
 def test_migrations_are_numbered_and_recorded(complete, cache):
     DF.pipe(complete, prompt="{text}")
     assert _query(cache, "SELECT version, name FROM llm_ops_migrations ORDER BY 1") == [
-        (1, "create llm_cache"), (2, "create llm_runs"), (3, "create llm_embeddings"),
+        (1, "create llm_cache"),
+        (2, "create llm_runs"),
+        (3, "create llm_embeddings"),
         (4, "add cost to llm_runs"),
         (5, "add savings per lever and usage per model to llm_runs"),
-        (6, "create llm_semantic_index")]
+        (6, "create llm_semantic_index"),
+    ]
 
 
 def test_every_run_is_recorded(complete, cache):
     DF.pipe(complete, prompt="{text}")
     DF.pipe(complete, prompt="{text}")
     assert _query(cache, "SELECT cache_hits, requests_sent FROM llm_runs ORDER BY started_at") == [
-        (0, 2), (2, 0)]
+        (0, 2),
+        (2, 0),
+    ]
 
 
 def test_cache_false_writes_no_file_and_always_sends(complete, cache, endpoint):

@@ -28,8 +28,7 @@ def _ask(complete, *texts, **options):
 
 
 def test_only_flagged_rows_go_to_the_next_model(complete, endpoint):
-    out = _ask(complete, "easy", f"hard {UNSURE}", "plain", schema=Label,
-               escalate=LOW_CONFIDENCE)
+    out = _ask(complete, "easy", f"hard {UNSURE}", "plain", schema=Label, escalate=LOW_CONFIDENCE)
     assert out["completion_model"].to_list() == ["sim-small", "sim", "sim-small"]
     assert endpoint.stats()["by_model"] == {"sim-small": 3, "sim": 1}
 
@@ -47,8 +46,9 @@ def test_failed_rows_go_on_without_a_rule(complete):
 
 
 def test_a_rule_over_text_answers(complete):
-    out = _ask(complete, "ok", f"hmm {UNSURE}",
-               escalate=pl.col("completion").str.starts_with("unsure:"))
+    out = _ask(
+        complete, "ok", f"hmm {UNSURE}", escalate=pl.col("completion").str.starts_with("unsure:")
+    )
     assert out["completion_model"].to_list() == ["sim-small", "sim"]
 
 
@@ -72,16 +72,18 @@ def test_a_rerun_is_answered_by_the_cache(complete, endpoint):
 
 
 def test_report_shows_rows_and_cost_per_model(complete):
-    _, report = _ask(complete, "a", "b", f"c {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE,
-                     return_report=True)
+    _, report = _ask(
+        complete, "a", "b", f"c {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE, return_report=True
+    )
     assert {m: u.rows for m, u in report.models.items()} == {"sim-small": 2, "sim": 1}
     assert report.models["sim-small"].requests == 3
     assert report.cost == pytest.approx(report.models["sim-small"].cost + report.models["sim"].cost)
 
 
 def test_cascade_saving_is_the_big_models_price_less_the_small_models_cost(complete):
-    _, report = _ask(complete, "a", "b", f"c {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE,
-                     return_report=True)
+    _, report = _ask(
+        complete, "a", "b", f"c {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE, return_report=True
+    )
     saving = report.savings["cascade"]
     assert saving.requests == 2
     assert 0 < saving.cost < report.cost_saved + report.cost
@@ -90,14 +92,14 @@ def test_cascade_saving_is_the_big_models_price_less_the_small_models_cost(compl
 def test_runs_table_records_the_models(complete, cache):
     _ask(complete, "a", f"b {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE)
     with duckdb.connect(str(cache), read_only=True) as con:
-        rows = con.sql("SELECT model, models['sim'].rows, savings['cascade'].requests "
-                       "FROM llm_runs").fetchall()
+        rows = con.sql(
+            "SELECT model, models['sim'].rows, savings['cascade'].requests FROM llm_runs"
+        ).fetchall()
     assert rows == [("sim-small > sim", 1, 1)]
 
 
 def test_a_budget_spans_the_models(complete):
-    out = _ask(complete, "a", f"b {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE,
-               max_requests=2)
+    out = _ask(complete, "a", f"b {UNSURE}", schema=Label, escalate=LOW_CONFIDENCE, max_requests=2)
     assert out["completion_status"].to_list() == ["ok", "skipped"]
     assert "max_requests" in out["completion_error"][1]
 

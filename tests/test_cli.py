@@ -12,8 +12,17 @@ import pytest
 
 from llm_ops.cli import main
 
-COMMANDS = [["run"], ["estimate"], ["serve"], ["cache"], ["cache", "stats"], ["cache", "export"],
-            ["cache", "prune"], ["cache", "snapshot"], ["cache", "vacuum"]]
+COMMANDS = [
+    ["run"],
+    ["estimate"],
+    ["serve"],
+    ["cache"],
+    ["cache", "stats"],
+    ["cache", "export"],
+    ["cache", "prune"],
+    ["cache", "snapshot"],
+    ["cache", "vacuum"],
+]
 
 
 @pytest.fixture
@@ -25,8 +34,17 @@ def table(tmp_path):
 
 @pytest.fixture
 def job(table, endpoint, cache):
-    return [str(table), "--prompt", "Rate: {text}", "--model", "sim", "--base-url",
-            endpoint.base_url, "--cache", str(cache)]
+    return [
+        str(table),
+        "--prompt",
+        "Rate: {text}",
+        "--model",
+        "sim",
+        "--base-url",
+        endpoint.base_url,
+        "--cache",
+        str(cache),
+    ]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -47,9 +65,25 @@ def test_run_writes_the_rows_with_their_answers(job, tmp_path, endpoint, capsys)
 
 def test_csv_input(tmp_path, endpoint, cache):
     (tmp_path / "in.csv").write_text("text\nhello\nworld\n")
-    assert main(["run", str(tmp_path / "in.csv"), "--prompt", "{text}", "--model", "sim",
-                 "--base-url", endpoint.base_url, "--cache", str(cache), "--out",
-                 str(tmp_path / "out.parquet")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(tmp_path / "in.csv"),
+                "--prompt",
+                "{text}",
+                "--model",
+                "sim",
+                "--base-url",
+                endpoint.base_url,
+                "--cache",
+                str(cache),
+                "--out",
+                str(tmp_path / "out.parquet"),
+            ]
+        )
+        == 0
+    )
     assert pl.read_parquet(tmp_path / "out.parquet")["completion_status"].to_list() == ["ok"] * 2
 
 
@@ -62,8 +96,21 @@ def test_estimate_counts_what_a_run_then_sends(job, tmp_path, endpoint, capsys):
 
 
 def test_a_wrong_path_is_one_line_and_non_zero(capsys, tmp_path):
-    assert main(["run", str(tmp_path / "nope.parquet"), "--prompt", "{x}", "--model", "m",
-                 "--out", str(tmp_path / "o.parquet")]) == 1
+    assert (
+        main(
+            [
+                "run",
+                str(tmp_path / "nope.parquet"),
+                "--prompt",
+                "{x}",
+                "--model",
+                "m",
+                "--out",
+                str(tmp_path / "o.parquet"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.startswith("llm-ops: error: no input file matches") and err.count("\n") == 1
 
@@ -103,15 +150,34 @@ def test_debug_shows_the_traceback(tmp_path):
 
 def test_the_installed_command(tmp_path):
     command = Path(sys.executable).with_name("llm-ops")
-    result = subprocess.run([str(command), "cache", "--cache", str(tmp_path / "none.duckdb"),
-                             "stats"], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(command), "cache", "--cache", str(tmp_path / "none.duckdb"), "stats"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.startswith("llm-ops: error: there is no cache at")
 
 
 def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
-    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--chunk-size", "1",
-                 "--price-request", "0.01", "--max-cost", "0.01"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                *job,
+                "--out",
+                str(tmp_path / "out.parquet"),
+                "--chunk-size",
+                "1",
+                "--price-request",
+                "0.01",
+                "--max-cost",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     out = pl.read_parquet(tmp_path / "out.parquet")
     assert endpoint.stats()["requests"] == 1
     answered = out.filter(pl.col("completion_status") == "ok")
@@ -132,5 +198,9 @@ def test_run_a_cascade(job, tmp_path):
     out, first = tmp_path / "out.parquet", [("sim-small" if a == "sim" else a) for a in job]
     cascade = ["--model", "sim", "--escalate", "completion LIKE '%bad%'"]
     assert main(["run", *first, *cascade, "--out", str(out), "--no-progress"]) == 0
-    assert pl.read_parquet(out)["completion_model"].to_list() == ["sim-small", "sim",
-                                                                  "sim-small", None]
+    assert pl.read_parquet(out)["completion_model"].to_list() == [
+        "sim-small",
+        "sim",
+        "sim-small",
+        None,
+    ]

@@ -82,8 +82,9 @@ def test_truncated_answers_keep_the_partial_text(complete):
     df = pl.DataFrame({"text": ["one two three four five"]})
     out = df.pipe(complete, prompt="{text}", max_tokens=3)
     assert out["completion_status"].to_list() == ["truncated"]
-    assert out["completion"][0] == expected_reply("one two three four five", model="sim",
-                                                  max_tokens=3)
+    assert out["completion"][0] == expected_reply(
+        "one two three four five", model="sim", max_tokens=3
+    )
 
 
 def test_lazyframe_in_lazyframe_out(complete):
@@ -123,8 +124,15 @@ def test_sync_call_works_inside_a_running_event_loop(complete):
 
 
 def test_async_variant(endpoint, cache):
-    out = asyncio.run(llm_complete_async(pl.DataFrame({"text": ["x"]}), prompt="{text}",
-                                         model="sim", base_url=endpoint.base_url, cache=cache))
+    out = asyncio.run(
+        llm_complete_async(
+            pl.DataFrame({"text": ["x"]}),
+            prompt="{text}",
+            model="sim",
+            base_url=endpoint.base_url,
+            cache=cache,
+        )
+    )
     assert out["completion_status"].to_list() == ["ok"]
 
 
@@ -132,7 +140,11 @@ def test_report_counts(complete):
     df = pl.DataFrame({"text": ["a", "a", None, "b"]})
     _, report = df.pipe(complete, prompt="{text}", return_report=True)
     assert (report.rows, report.distinct_requests, report.cache_hits, report.requests_sent) == (
-        4, 2, 0, 2)
+        4,
+        2,
+        0,
+        2,
+    )
     assert report.statuses["ok"] == 3 and report.statuses["skipped"] == 1
     assert report.completion_tokens > 0
 
@@ -185,8 +197,11 @@ def test_an_answer_that_never_finishes_fails_and_is_not_cached(complete, cache, 
 def test_a_filtered_answer_has_its_own_status_and_is_not_cached(complete, endpoint, cache):
     df = pl.DataFrame({"text": ["hi [[sim:finish_reason=content_filter]]"]})
     out = df.pipe(complete, prompt="{text}")
-    assert out.row(0)[1:] == (None, "filtered", "the endpoint's content filter stopped the "
-                                                "answer (finish_reason 'content_filter')")
+    assert out.row(0)[1:] == (
+        None,
+        "filtered",
+        "the endpoint's content filter stopped the answer (finish_reason 'content_filter')",
+    )
     assert endpoint.stats()["requests"] == 1  # not retried
     assert _cached(cache) == 0
 
@@ -215,7 +230,10 @@ def test_text_that_is_not_utf8_is_refused_naming_the_column(complete, endpoint):
     data = pa.py_buffer(b"okbad\xff")
     offsets = pa.py_buffer(pa.array([0, 2, 6], pa.int32()).buffers()[1])
     table = pa.table({"text": pa.StringArray.from_buffers(2, offsets, data)})
-    with pytest.raises(ConfigError, match=r"column 'text' .* not valid UTF-8 in 1 row\(s\) "
-                                          r"\(first: row 1\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"column 'text' .* not valid UTF-8 in 1 row\(s\) "
+        r"\(first: row 1\)",
+    ):
         complete(table, prompt="{text}")
     assert endpoint.stats()["requests"] == 0

@@ -12,8 +12,14 @@ DUPLICATED = pl.DataFrame({"text": [f"item {i % 20}" for i in range(60)] + [None
 
 def test_the_estimate_counts_what_a_run_then_sends(complete, endpoint, cache):
     for k in (1, 8):
-        plan = estimate(DUPLICATED, prompt="{text}", model="sim", base_url=endpoint.base_url,
-                        cache=cache, rows_per_request=k)
+        plan = estimate(
+            DUPLICATED,
+            prompt="{text}",
+            model="sim",
+            base_url=endpoint.base_url,
+            cache=cache,
+            rows_per_request=k,
+        )
         endpoint.reset()
         DUPLICATED.pipe(complete, prompt="{text}", rows_per_request=k, cache=False)
         assert plan.requests == endpoint.stats()["requests"] == (20 if k == 1 else 3)
@@ -21,8 +27,15 @@ def test_the_estimate_counts_what_a_run_then_sends(complete, endpoint, cache):
 
 def test_the_estimate_counts_cache_hits_and_packing_savings(complete, endpoint, cache):
     DUPLICATED.head(10).pipe(complete, prompt="{text}", max_tokens=10)  # same requests
-    plan = estimate(DUPLICATED, prompt="{text}", model="sim", base_url=endpoint.base_url,
-                    cache=cache, rows_per_request=4, max_tokens=10)
+    plan = estimate(
+        DUPLICATED,
+        prompt="{text}",
+        model="sim",
+        base_url=endpoint.base_url,
+        cache=cache,
+        rows_per_request=4,
+        max_tokens=10,
+    )
     assert (plan.distinct_requests, plan.cache_hits, plan.requests_without_packing) == (20, 10, 10)
     assert plan.requests == 3 and plan.output_tokens_max == 100
     assert 0 < plan.cost_min < plan.cost_max
@@ -30,19 +43,23 @@ def test_the_estimate_counts_cache_hits_and_packing_savings(complete, endpoint, 
 
 def test_per_request_and_per_token_prices_give_the_documented_figures(complete):
     frame = pl.DataFrame({"text": ["a", "b", "c", "d"]})
-    _, flat = frame.pipe(complete, prompt="{text}", pricing=Price(per_request=0.5),
-                         return_report=True, cache=False)
+    _, flat = frame.pipe(
+        complete, prompt="{text}", pricing=Price(per_request=0.5), return_report=True, cache=False
+    )
     assert flat.cost == 2.0
     per_token = Price(input_per_million=2.0, output_per_million=8.0)
-    _, report = frame.pipe(complete, prompt="{text}", pricing=per_token, return_report=True,
-                           cache=False)
+    _, report = frame.pipe(
+        complete, prompt="{text}", pricing=per_token, return_report=True, cache=False
+    )
     assert report.cost == pytest.approx(
-        (2.0 * report.prompt_tokens + 8.0 * report.completion_tokens) / 1e6)
+        (2.0 * report.prompt_tokens + 8.0 * report.completion_tokens) / 1e6
+    )
 
 
 def test_an_unknown_model_has_an_unknown_cost_not_zero(complete):
-    _, report = pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", model="mystery",
-                                                   return_report=True)
+    _, report = pl.DataFrame({"text": ["a"]}).pipe(
+        complete, prompt="{text}", model="mystery", return_report=True
+    )
     assert report.cost is None and "cost                  unknown" in str(report)
 
 
@@ -57,8 +74,14 @@ def test_savings_are_what_the_job_would_have_cost_without_cache_and_dedupe(compl
 
 def test_a_budget_stops_sending_and_skips_the_rest(complete, endpoint):
     frame = pl.DataFrame({"text": [f"row {i}" for i in range(50)]})
-    out, report = frame.pipe(complete, prompt="{text}", pricing=Price(per_request=0.01),
-                             max_cost=0.1, concurrency=4, return_report=True)
+    out, report = frame.pipe(
+        complete,
+        prompt="{text}",
+        pricing=Price(per_request=0.01),
+        max_cost=0.1,
+        concurrency=4,
+        return_report=True,
+    )
     assert endpoint.stats()["requests"] == 10
     assert report.statuses["ok"] == 10 and report.statuses["skipped"] == 40
     assert report.budget_stop == "max_cost=$0.1 would be exceeded"
@@ -72,22 +95,33 @@ def test_request_and_token_budgets(complete, endpoint):
     frame = pl.DataFrame({"text": [f"row {i}" for i in range(30)]})
     frame.pipe(complete, prompt="{text}", max_requests=7, concurrency=3)
     assert endpoint.stats()["requests"] == 7
-    _, report = frame.pipe(complete, prompt="{text}", max_tokens=10, max_tokens_total=100,
-                           return_report=True)
+    _, report = frame.pipe(
+        complete, prompt="{text}", max_tokens=10, max_tokens_total=100, return_report=True
+    )
     assert report.prompt_tokens + report.completion_tokens <= 100
 
 
 def test_max_cost_needs_a_price(complete):
     with pytest.raises(ConfigError, match="max_cost needs a price"):
-        pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", model="mystery",
-                                           max_cost=1.0)
+        pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", model="mystery", max_cost=1.0)
 
 
 def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
     df = pl.DataFrame({"text": ["a", "b", "a", None]})
-    kwargs = dict(prompt="Say {text}", model="sim", base_url=endpoint.base_url, cache=cache,
-                  api_key="sk-test-0123456789", concurrency=4, timeout=30.0, seed=7,
-                  top_p=0.5, stop=["\n"], max_tokens=20, progress=False)
+    kwargs = dict(
+        prompt="Say {text}",
+        model="sim",
+        base_url=endpoint.base_url,
+        cache=cache,
+        api_key="sk-test-0123456789",
+        concurrency=4,
+        timeout=30.0,
+        seed=7,
+        top_p=0.5,
+        stop=["\n"],
+        max_tokens=20,
+        progress=False,
+    )
     before = estimate(df, **kwargs)
     _, report = df.pipe(llm_complete, return_report=True, **kwargs)
     after = estimate(df, **kwargs)

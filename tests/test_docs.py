@@ -35,6 +35,13 @@ def test_readme_console_sessions_print_what_they_show(block, tmp_path):
     llm_ops = str(Path(sys.executable).with_name("llm-ops"))
     for session in re.split(r"^\$ ", block, flags=re.M)[1:]:
         command, _, expected = session.partition("\n")
-        result = subprocess.run(command.replace("llm-ops", llm_ops, 1), shell=True, cwd=ROOT,
-                                env=env, capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            command.replace("llm-ops", llm_ops, 1),
+            shell=True,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert result.stdout + result.stderr == expected

@@ -44,8 +44,13 @@ def test_an_unusable_cache_path_fails_before_sending(complete, endpoint, blocked
 
 def test_an_unusable_cache_path_fails_embeddings_before_sending(endpoint, blocked_dir):
     with pytest.raises(CacheError, match="a-file"):
-        ROWS.pipe(llm_embed, column="text", model="sim-embed", base_url=endpoint.base_url,
-                  cache=blocked_dir)
+        ROWS.pipe(
+            llm_embed,
+            column="text",
+            model="sim-embed",
+            base_url=endpoint.base_url,
+            cache=blocked_dir,
+        )
     assert endpoint.stats()["embedding_requests"] == 0
 
 
@@ -57,8 +62,12 @@ def test_a_file_that_is_not_a_cache_fails_before_sending(complete, endpoint, tmp
 
 
 def _hold(cache):
-    reader = subprocess.Popen([sys.executable, "-c", HOLD, str(cache)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(cache)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert reader.stdout is not None and reader.stdout.readline() == "holding\n"
     return reader
 
@@ -102,8 +111,8 @@ df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=
 
 def test_open_cache_reads_while_a_job_writes(endpoint, cache):
     pl.DataFrame({"text": ["first"]}).pipe(
-        llm_complete, prompt="{text}", model="sim",
-        base_url=endpoint.base_url, cache=cache)
+        llm_complete, prompt="{text}", model="sim", base_url=endpoint.base_url, cache=cache
+    )
     job = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
     counts = []
     while job.poll() is None:
@@ -132,16 +141,25 @@ def _wait_for_answers(endpoint, count):
 
 def _resent_after(endpoint, cache, sig) -> tuple[int, subprocess.Popen[str]]:
     """Answers the endpoint gave the job before ``sig`` that a rerun asks for again."""
-    job = subprocess.Popen([sys.executable, "-c", KILLED, endpoint.base_url, str(cache)],
-                           stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, "-c", KILLED, endpoint.base_url, str(cache)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for_answers(endpoint, 1500)
     job.send_signal(sig)
     job.communicate(timeout=60)
     answered = endpoint.stats()["answered"]
     endpoint.reset()
     df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(3000)]})
-    out = df.pipe(llm_complete, prompt="{text}", model="sim",
-                  base_url=endpoint.base_url, cache=cache, concurrency=16)
+    out = df.pipe(
+        llm_complete,
+        prompt="{text}",
+        model="sim",
+        base_url=endpoint.base_url,
+        cache=cache,
+        concurrency=16,
+    )
     assert set(out["completion_status"].unique()) == {"ok", "cached"}
     return endpoint.stats()["requests"] - (3000 - answered), job
 
@@ -157,7 +175,8 @@ def test_after_sigterm_a_rerun_resends_nothing_answered(endpoint, cache):
     assert resent == 0
     with open_cache(cache) as con:
         assert con.execute("SELECT outcome FROM llm_runs ORDER BY started_at").fetchall()[0] == (
-            "interrupted",)
+            "interrupted",
+        )
 
 
 def test_a_crashed_jobs_journal_is_merged_on_the_next_open(endpoint, cache):

@@ -13,8 +13,9 @@ from llm_ops.testing import embed
 
 @pytest.fixture
 def embed_rows(endpoint, cache):
-    return functools.partial(llm_embed, column="text", model="sim-embed",
-                             base_url=endpoint.base_url, cache=cache)
+    return functools.partial(
+        llm_embed, column="text", model="sim-embed", base_url=endpoint.base_url, cache=cache
+    )
 
 
 TEXTS = [f"review {i % 50}" for i in range(120)] + [None]
@@ -31,7 +32,9 @@ def test_one_request_per_batch_of_distinct_inputs(embed_rows, endpoint):
     stats = endpoint.stats()
     assert (stats["embedding_requests"], stats["embedding_inputs"]) == (3, 50)
     assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
-        ("ok", 120), ("skipped", 1)]
+        ("ok", 120),
+        ("skipped", 1),
+    ]
 
 
 def test_a_rerun_is_served_from_the_cache(embed_rows, endpoint):
@@ -47,7 +50,9 @@ def test_batches_over_the_endpoint_limit_are_split_until_they_fit(embed_rows, en
     endpoint.configure(max_embedding_inputs=10)
     out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=40)
     assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
-        ("ok", 120), ("skipped", 1)]
+        ("ok", 120),
+        ("skipped", 1),
+    ]
 
 
 def test_one_input_too_large_for_the_server_fails_alone(embed_rows, endpoint):

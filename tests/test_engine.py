@@ -25,8 +25,7 @@ def _rows(n, prefix="row"):
 
 def test_faults_and_hangs_leave_every_row_answered_or_failed(complete, endpoint):
     endpoint.configure(fault_rate=0.10, hang_rate=0.05, seed=7)
-    out = _rows(3000).pipe(complete, prompt="{text}", timeout=1.0, concurrency=64,
-                           max_attempts=6)
+    out = _rows(3000).pipe(complete, prompt="{text}", timeout=1.0, concurrency=64, max_attempts=6)
     assert out.height == 3000
     assert set(out["completion_status"].unique()) <= {"ok", "failed"}
     ok = out.filter(pl.col("completion_status") == "ok")
@@ -94,8 +93,10 @@ def test_terminal_display_redraws_one_line():
     assert stream.getvalue().endswith("\n")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02),
-                                               ("1.5", 1.5), ("soon", None)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("6m0s", 360.0), ("20ms", 0.02), ("1.5", 1.5), ("soon", None)],
+)
 def test_parse_reset_durations(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -122,8 +123,11 @@ df.pipe(llm_complete, prompt="{text}", model="sim", base_url=base_url, cache=cac
 
 
 def _start_job(endpoint, cache):
-    return subprocess.Popen([sys.executable, "-c", JOB, endpoint.base_url, str(cache)],
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", JOB, endpoint.base_url, str(cache)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_answers(endpoint, count):
@@ -168,8 +172,14 @@ def _free_port() -> int:
 def test_an_unreachable_endpoint_stops_the_job_after_one_requests_attempts(complete):
     seen: list[Progress] = []
     with pytest.raises(JobAbortedError, match=r"could not connect to http://127\.0\.0\.1"):
-        _rows(500).pipe(complete, prompt="{text}", base_url=f"http://127.0.0.1:{_free_port()}/v1",
-                        max_attempts=3, concurrency=64, progress=seen.append)
+        _rows(500).pipe(
+            complete,
+            prompt="{text}",
+            base_url=f"http://127.0.0.1:{_free_port()}/v1",
+            max_attempts=3,
+            concurrency=64,
+            progress=seen.append,
+        )
     assert seen[-1].sent == 3
 
 
@@ -184,8 +194,15 @@ def test_an_endpoint_that_goes_away_stops_the_job_keeping_its_answers(cache):
             endpoint.stop()
 
     with pytest.raises(JobAbortedError, match="could not connect"):
-        _rows(5000).pipe(llm_complete, prompt="{text}", model="sim", base_url=endpoint.base_url,
-                         cache=cache, concurrency=8, progress=stop_midway)
+        _rows(5000).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            base_url=endpoint.base_url,
+            cache=cache,
+            concurrency=8,
+            progress=stop_midway,
+        )
     with open_cache(cache) as con:
         assert con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0] >= 200
 

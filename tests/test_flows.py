@@ -25,9 +25,15 @@ def prefect():
 def config(tmp_path, endpoint, cache):
     source = tmp_path / "reviews.parquet"
     pl.DataFrame({"id": range(len(TEXTS)), "text": TEXTS}).write_parquet(source)
-    return EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"), prompt="{text}",
-                        base_url=endpoint.base_url, cache=str(cache), chunk_size=2,
-                        batch_rows=5)
+    return EnrichConfig(
+        input=str(source),
+        output=str(tmp_path / "out.parquet"),
+        prompt="{text}",
+        base_url=endpoint.base_url,
+        cache=str(cache),
+        chunk_size=2,
+        batch_rows=5,
+    )
 
 
 def _artifact_figures() -> dict[str, int]:
@@ -37,7 +43,9 @@ def _artifact_figures() -> dict[str, int]:
     with get_client(sync_client=True) as client:
         latest = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["enrich-report"])),
-            sort="CREATED_DESC", limit=1)[0]
+            sort="CREATED_DESC",
+            limit=1,
+        )[0]
     table = latest.data if isinstance(latest.data, list) else __import__("json").loads(latest.data)
     return {row["figure"]: row["value"] for row in table}
 
@@ -47,7 +55,8 @@ def test_flow_enriches_a_table_and_reports_what_the_endpoint_saw(prefect, config
     out = pl.read_parquet(config.output)
     assert out.columns == ["id", "text", "summary", "summary_status", "summary_error"]
     assert out["summary"].to_list() == [
-        expected_reply(t, model="sim") if t else None for t in TEXTS]
+        expected_reply(t, model="sim") if t else None for t in TEXTS
+    ]
     assert out["summary_status"].to_list() == ["skipped" if t is None else "ok" for t in TEXTS]
     figures, seen = _artifact_figures(), endpoint.stats()
     assert figures["requests sent"] == seen["requests"] == 3
@@ -79,12 +88,15 @@ def test_a_flow_that_died_midway_completes_on_rerun(prefect, config, endpoint, t
 
 
 def test_flow_runs_a_cascade(prefect, config, endpoint):
-    cascade = config.model_copy(update={"model": ["sim-small", "sim"],
-                                        "escalate": "summary LIKE '%love%'"})
+    cascade = config.model_copy(
+        update={"model": ["sim-small", "sim"], "escalate": "summary LIKE '%love%'"}
+    )
     enrich_table(cascade)
     models = pl.read_parquet(config.output)["summary_model"].to_list()
-    assert models == [{"great fit": "sim-small", "runs small": "sim-small", "love it": "sim",
-                       None: None}[t] for t in TEXTS]
+    assert models == [
+        {"great fit": "sim-small", "runs small": "sim-small", "love it": "sim", None: None}[t]
+        for t in TEXTS
+    ]
     assert _artifact_figures()["saved by cascade (requests, $)"].startswith("2, ")
 
 

@@ -10,8 +10,15 @@ import polars as pl
 from llm_ops import canonical_json, request_key
 from llm_ops._key import normalize_base_url
 
-TRICKY = ["plain", "é 日本 😀", 'quote " backslash \\ slash /', "\x00\x01\x0b\x1f\x7f",
-          "tab\tnewline\n", "\u2028", "\\u001F literal"]
+TRICKY = [
+    "plain",
+    "é 日本 😀",
+    'quote " backslash \\ slash /',
+    "\x00\x01\x0b\x1f\x7f",
+    "tab\tnewline\n",
+    "\u2028",
+    "\\u001F literal",
+]
 
 
 def _cached(cache):
@@ -21,12 +28,14 @@ def _cached(cache):
 
 def test_canonical_json_is_sorted_compact_utf8():
     assert canonical_json({"b": 1, "a": ["é", {"d": None, "c": 0.5}]}) == (
-        '{"a":["é",{"c":0.5,"d":null}],"b":1}')
+        '{"a":["é",{"c":0.5,"d":null}],"b":1}'
+    )
 
 
 def test_key_is_v1_sha256_of_the_canonical_request():
     assert request_key({"model": "m"}) == (
-        "v1:" + __import__("hashlib").sha256(b'{"model":"m"}').hexdigest())
+        "v1:" + __import__("hashlib").sha256(b'{"model":"m"}').hexdigest()
+    )
 
 
 def test_vectorised_keys_match_the_reference_for_tricky_text(complete, cache):
@@ -39,8 +48,12 @@ def test_vectorised_keys_match_the_reference_for_tricky_text(complete, cache):
 def test_request_holds_endpoint_model_messages_and_set_parameters(complete, cache, endpoint):
     pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", temperature=0.0)
     request = json.loads(_cached(cache)[0][1])
-    assert request == {"endpoint": normalize_base_url(endpoint.base_url), "model": "sim",
-                       "messages": [{"role": "user", "content": "x"}], "temperature": 0.0}
+    assert request == {
+        "endpoint": normalize_base_url(endpoint.base_url),
+        "model": "sim",
+        "messages": [{"role": "user", "content": "x"}],
+        "temperature": 0.0,
+    }
 
 
 def test_transport_settings_do_not_change_the_key(complete, endpoint):
@@ -59,5 +72,6 @@ def test_output_affecting_parameters_change_the_key(complete, endpoint):
 
 def test_base_url_normalisation():
     assert normalize_base_url("HTTPS://user:pw@API.Example.com:443/v1/") == (
-        "https://api.example.com/v1")
+        "https://api.example.com/v1"
+    )
     assert normalize_base_url("http://127.0.0.1:8765/v1") == "http://127.0.0.1:8765/v1"

@@ -39,14 +39,18 @@ def test_packed_answers_are_cached_per_row_for_single_row_jobs(complete, endpoin
 
 
 def test_a_token_budget_bounds_packs_too(complete, endpoint):
-    pl.DataFrame({"text": TEXTS}).pipe(complete, prompt="{text}", rows_per_request=32,
-                                       pack_tokens=20)
+    pl.DataFrame({"text": TEXTS}).pipe(
+        complete, prompt="{text}", rows_per_request=32, pack_tokens=20
+    )
     # 20 tokens are about 80 characters, so about five 14-character prompts per pack
     assert endpoint.stats()["requests"] >= sum(map(len, TEXTS)) // 80 > 64 // 32
 
 
 def test_packing_and_schemas_do_not_mix(complete):
     with pytest.raises(ConfigError, match="rows_per_request cannot be combined"):
-        pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", rows_per_request=4,
-                                           schema={"type": "object",
-                                                   "properties": {"a": {"type": "string"}}})
+        pl.DataFrame({"text": ["x"]}).pipe(
+            complete,
+            prompt="{text}",
+            rows_per_request=4,
+            schema={"type": "object", "properties": {"a": {"type": "string"}}},
+        )

@@ -10,12 +10,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(*command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, check=False
+    )
 
 
 def test_ruff():
     result = _run("ruff", "check", "llm_ops", "tests", "flows", "benchmarks")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format():
+    result = _run("ruff", "format", "--check", "llm_ops", "tests", "flows", "benchmarks")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -36,8 +36,11 @@ def test_a_near_duplicate_reuses_the_cached_answer(warm, endpoint):
 
 def test_the_reused_request_and_its_similarity_are_recorded(warm, endpoint):
     out = _ask(warm, "The red dress is LOVELY!", semantic_cache=SEMANTIC)
-    original = {"endpoint": endpoint.base_url, "model": "sim", "messages": [
-        {"role": "user", "content": "Summarize: the red dress is lovely"}]}
+    original = {
+        "endpoint": endpoint.base_url,
+        "model": "sim",
+        "messages": [{"role": "user", "content": "Summarize: the red dress is lovely"}],
+    }
     assert out["completion_similar_to"][0] == request_key(original)
     assert out["completion_similarity"][0] == pytest.approx(1.0)
 
@@ -79,13 +82,16 @@ def test_a_failed_embedding_leaves_the_row_to_be_sent(complete, endpoint):
 
 
 def test_report_and_runs_table_show_what_it_saved(warm, cache):
-    _, report = _ask(warm, "The red dress is LOVELY!", "a green hat", semantic_cache=SEMANTIC,
-                     return_report=True)
+    _, report = _ask(
+        warm, "The red dress is LOVELY!", "a green hat", semantic_cache=SEMANTIC, return_report=True
+    )
     assert report.savings["semantic_cache"].requests == 1
     assert report.models["sim-embed"].requests == 1
     with duckdb.connect(str(cache), read_only=True) as con:
-        saved = con.sql("SELECT savings['semantic_cache'].requests FROM llm_runs "
-                        "ORDER BY finished_at DESC LIMIT 1").fetchall()
+        saved = con.sql(
+            "SELECT savings['semantic_cache'].requests FROM llm_runs "
+            "ORDER BY finished_at DESC LIMIT 1"
+        ).fetchall()
     assert saved == [(1,)]
 
 
@@ -112,18 +118,33 @@ def test_embeddings_count_against_the_budget(warm, endpoint):
 
 
 def test_near_duplicates_within_one_job_are_sent_once(complete, endpoint):
-    out = _ask(complete, "The red dress is lovely", "the red dress is LOVELY!", "a green hat",
-               semantic_cache=SEMANTIC)
+    out = _ask(
+        complete,
+        "The red dress is lovely",
+        "the red dress is LOVELY!",
+        "a green hat",
+        semantic_cache=SEMANTIC,
+    )
     assert sorted(out["completion_status"].to_list()) == ["ok", "ok", "similar"]
     assert out["completion"][0] == out["completion"][1]
     assert endpoint.stats()["requests"] == 2
 
 
 def test_a_follower_whose_leader_got_no_answer_is_sent_itself():
-    followers = pl.DataFrame({"key": ["f1", "f2"], "system": [None, None], "prompt": ["1", "2"],
-                              "rows": [1, 1], "similar_to": ["l1", "l2"], "similarity": [1.0, 1.0]})
-    outcomes = [Outcome(key="l1", status="ok", text="answer"),
-                Outcome(key="l2", status="failed", error="HTTP 500")]
+    followers = pl.DataFrame(
+        {
+            "key": ["f1", "f2"],
+            "system": [None, None],
+            "prompt": ["1", "2"],
+            "rows": [1, 1],
+            "similar_to": ["l1", "l2"],
+            "similarity": [1.0, 1.0],
+        }
+    )
+    outcomes = [
+        Outcome(key="l1", status="ok", text="answer"),
+        Outcome(key="l2", status="failed", error="HTTP 500"),
+    ]
     settled, resend = follow_leaders(followers, outcomes)
     assert settled.select("key", "text", "status").rows() == [("f1", "answer", "similar")]
     assert resend["key"].to_list() == ["f2"]
@@ -131,8 +152,9 @@ def test_a_follower_whose_leader_got_no_answer_is_sent_itself():
 
 def test_a_failed_answer_is_never_passed_on_by_similarity(complete):
     # Same words, but only the first carries the directive that makes the endpoint refuse.
-    out = _ask(complete, "coat [[sim:status=400]]", "COAT [[SIM:STATUS=400]]",
-               semantic_cache=SEMANTIC)
+    out = _ask(
+        complete, "coat [[sim:status=400]]", "COAT [[SIM:STATUS=400]]", semantic_cache=SEMANTIC
+    )
     statuses = out["completion_status"].to_list()
     assert statuses[1] == "ok" and statuses[0] in ("rejected", "similar")
 

@@ -19,8 +19,10 @@ from llm_ops.testing import expected_reply
 def con(endpoint, cache):
     connection = duckdb.connect()
     register(connection, base_url=endpoint.base_url, cache=cache, model="sim")
-    connection.execute("CREATE TABLE reviews AS SELECT * FROM (VALUES (1, 'nice'), (2, 'bad'), "
-                       "(3, 'nice'), (4, NULL), (5, '[[sim:status=400]]')) t(id, text)")
+    connection.execute(
+        "CREATE TABLE reviews AS SELECT * FROM (VALUES (1, 'nice'), (2, 'bad'), "
+        "(3, 'nice'), (4, NULL), (5, '[[sim:status=400]]')) t(id, text)"
+    )
     yield connection
     connection.close()
 
@@ -31,15 +33,21 @@ def _answers(con, function="llm_complete"):
 
 def test_one_request_per_distinct_prompt_and_the_right_answer_per_row(con, endpoint):
     assert [a for (a,) in _answers(con)][:3] == [
-        expected_reply(f"Summarize: {t}", model="sim") for t in ("nice", "bad", "nice")]
+        expected_reply(f"Summarize: {t}", model="sim") for t in ("nice", "bad", "nice")
+    ]
     assert endpoint.stats()["requests"] == 3
 
 
 def test_a_second_query_is_served_from_the_cache(con, endpoint):
     _answers(con)
     endpoint.reset()
-    assert con.sql("SELECT (llm_complete_result('Summarize: ' || text)).status FROM reviews "
-                   "WHERE id < 4 ORDER BY id").fetchall() == [("cached",)] * 3
+    assert (
+        con.sql(
+            "SELECT (llm_complete_result('Summarize: ' || text)).status FROM reviews "
+            "WHERE id < 4 ORDER BY id"
+        ).fetchall()
+        == [("cached",)] * 3
+    )
     assert endpoint.stats()["requests"] == 0
 
 
@@ -58,12 +66,14 @@ def test_strict_mode_aborts_the_query(endpoint, cache):
 
 
 def test_sql_and_python_compute_the_same_key(con, complete, cache):
-    pl.DataFrame({"text": ["nice"]}).pipe(complete, prompt="Summarize: {text}",
-                                         system="Be brief.", temperature=0.5)
+    pl.DataFrame({"text": ["nice"]}).pipe(
+        complete, prompt="Summarize: {text}", system="Be brief.", temperature=0.5
+    )
     with open_cache(cache) as reader:
         (python_key,) = reader.sql("SELECT key FROM llm_cache").fetchall()[0]
-    (sql_key,) = con.sql("SELECT llm_request_key('Summarize: nice', system := 'Be brief.', "
-                         "temperature := 0.5)").fetchall()[0]
+    (sql_key,) = con.sql(
+        "SELECT llm_request_key('Summarize: nice', system := 'Be brief.', temperature := 0.5)"
+    ).fetchall()[0]
     assert sql_key == python_key
 
 
@@ -110,7 +120,8 @@ def test_one_query_over_many_vectors_stays_under_rpm(endpoint, cache):
     # A little under the endpoint's limit, so that only a limiter made afresh per vector (its
     # bucket full again while the endpoint's is empty) draws a 429.
     register(con, base_url=endpoint.base_url, cache=cache, model="sim", rpm=110, concurrency=4)
-    rows = con.sql("SELECT llm_complete('item ' || (i % 4) || ' of ' || (i // 2048)) "
-                   "FROM range(4096) t(i)").fetchall()
+    rows = con.sql(
+        "SELECT llm_complete('item ' || (i % 4) || ' of ' || (i // 2048)) FROM range(4096) t(i)"
+    ).fetchall()
     assert len(rows) == 4096 and endpoint.stats()["requests"] == 8  # 4 prompts in each vector
     assert "429" not in endpoint.stats()["by_status"]

@@ -23,19 +23,26 @@ class Review(BaseModel):
 
 
 def test_answers_become_a_typed_struct_column(complete):
-    out = pl.DataFrame({"text": ["soft warm coat"]}).pipe(complete, prompt="{text}",
-                                                          schema=Review)
-    assert out.schema["completion"] == pl.Struct({
-        "sentiment": pl.String, "stars": pl.Int64, "recommended": pl.Boolean,
-        "aspects": pl.List(pl.Struct({"name": pl.String, "score": pl.Float64})),
-        "note": pl.String})
+    out = pl.DataFrame({"text": ["soft warm coat"]}).pipe(complete, prompt="{text}", schema=Review)
+    assert out.schema["completion"] == pl.Struct(
+        {
+            "sentiment": pl.String,
+            "stars": pl.Int64,
+            "recommended": pl.Boolean,
+            "aspects": pl.List(pl.Struct({"name": pl.String, "score": pl.Float64})),
+            "note": pl.String,
+        }
+    )
     assert out["completion"][0]["sentiment"] == "soft warm coat"
     assert out.columns[-1] == "completion_raw"
 
 
 def test_a_json_schema_dict_works_too(complete):
-    schema = {"type": "object", "properties": {"label": {"enum": ["pos", "neg"]}},
-              "required": ["label"]}
+    schema = {
+        "type": "object",
+        "properties": {"label": {"enum": ["pos", "neg"]}},
+        "required": ["label"],
+    }
     out = pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", schema=schema)
     assert out["completion"].struct.field("label")[0] in ("pos", "neg")
 
@@ -43,7 +50,8 @@ def test_a_json_schema_dict_works_too(complete):
 @pytest.mark.parametrize("broken", ["json", "schema"])
 def test_invalid_answers_keep_their_raw_text_and_no_defaults(complete, broken):
     out = pl.DataFrame({"text": [f"[[sim:invalid={broken}]]"]}).pipe(
-        complete, prompt="{text}", schema=Review)
+        complete, prompt="{text}", schema=Review
+    )
     assert out["completion_status"].to_list() == ["invalid"]
     assert out["completion"][0] is None
     assert out["completion_raw"][0] in ("Sure! Here is the JSON you asked for.", "{}")
@@ -59,7 +67,8 @@ def test_invalid_answers_are_not_cached(complete, endpoint):
 
 def test_repair_resends_once_with_the_error(complete, endpoint):
     out, report = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]}).pipe(
-        complete, prompt="{text}", schema=Review, repair=True, return_report=True)
+        complete, prompt="{text}", schema=Review, repair=True, return_report=True
+    )
     assert out["completion_status"].to_list() == ["ok"]
     assert (report.requests_sent, report.retries) == (2, 1)
 
@@ -74,9 +83,14 @@ def test_cached_structured_answers_come_back_typed(complete):
 
 def test_schemas_that_cannot_become_columns_are_refused(complete):
     with pytest.raises(ConfigError, match="several types"):
-        pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", schema={
-            "type": "object", "properties": {"v": {"anyOf": [{"type": "string"},
-                                                               {"type": "integer"}]}}})
+        pl.DataFrame({"text": ["x"]}).pipe(
+            complete,
+            prompt="{text}",
+            schema={
+                "type": "object",
+                "properties": {"v": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+            },
+        )
 
 
 def test_repair_needs_a_schema(complete):

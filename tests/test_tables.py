@@ -16,9 +16,17 @@ def job_on(tmp_path, endpoint, cache):
     def make(texts, **config):
         source = tmp_path / "in.parquet"
         pl.DataFrame({"text": texts}).write_parquet(source)
-        return open_table(EnrichConfig(input=str(source), output=str(tmp_path / "out.parquet"),
-                                       prompt="{text}", base_url=endpoint.base_url,
-                                       cache=str(cache), **config))
+        return open_table(
+            EnrichConfig(
+                input=str(source),
+                output=str(tmp_path / "out.parquet"),
+                prompt="{text}",
+                base_url=endpoint.base_url,
+                cache=str(cache),
+                **config,
+            )
+        )
+
     return make
 
 
@@ -73,11 +81,17 @@ def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
 
 def test_a_cascade_runs_over_a_table_batch_by_batch(job_on, tmp_path, cache):
     texts = ["a", "b [[sim:unsure_for=sim-small]]", "c", "a", "d [[sim:fail_for=sim-small]]"]
-    report = job_on(texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'",
-                    batch_rows=2).run()
+    report = job_on(
+        texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'", batch_rows=2
+    ).run()
     written = pl.read_parquet(tmp_path / "out.parquet")
-    assert written["summary_model"].to_list() == ["sim-small", "sim", "sim-small", "sim-small",
-                                                  "sim"]
+    assert written["summary_model"].to_list() == [
+        "sim-small",
+        "sim",
+        "sim-small",
+        "sim-small",
+        "sim",
+    ]
     assert (report.rows, report.models["sim"].rows, report.cache_hits) == (5, 2, 1)
     with duckdb.connect(str(cache), read_only=True) as con:
         assert con.sql("SELECT model FROM llm_runs").fetchall() == [("sim-small > sim",)]

@@ -75,8 +75,15 @@ class LocalEndpoint:
         """Start the server process and wait until it accepts connections (once)."""
         if self._process is not None:
             return self
-        command = [sys.executable, "-m", "llm_ops.testing", "--port", str(self.port),
-                   "--config", json.dumps(asdict(self.config))]
+        command = [
+            sys.executable,
+            "-m",
+            "llm_ops.testing",
+            "--port",
+            str(self.port),
+            "--config",
+            json.dumps(asdict(self.config)),
+        ]
         self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         line: list[str] = []
         reader = threading.Thread(target=lambda: line.append(self._stdout().readline()))

@@ -176,7 +176,10 @@ def reply_for(
 
 
 def structured_reply(
-    messages: list[dict[str, Any]], schema: dict[str, Any], *, broken: str | None = None,
+    messages: list[dict[str, Any]],
+    schema: dict[str, Any],
+    *,
+    broken: str | None = None,
     unsure: bool = False,
 ) -> str:
     """The simulator's JSON answer for a ``json_schema`` response format.
@@ -193,8 +196,10 @@ def structured_reply(
     words = _user_text(messages).split()[:3]
     number = int(_digest(messages)[:8], 16)
     answer = _instance(schema, schema, " ".join(words) or "text", number)
-    if isinstance(answer, dict) and schema.get("properties", {}).get("confidence", {}).get(
-            "type") == "number":
+    if (
+        isinstance(answer, dict)
+        and schema.get("properties", {}).get("confidence", {}).get("type") == "number"
+    ):
         answer["confidence"] = 0.2 if unsure else 0.9
     return json.dumps(answer)
 
@@ -215,8 +220,10 @@ def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int
     if "enum" in node:
         return node["enum"][number % len(node["enum"])]
     if kind == "object":
-        return {name: _instance(sub, root, text, number)
-                for name, sub in (node.get("properties") or {}).items()}
+        return {
+            name: _instance(sub, root, text, number)
+            for name, sub in (node.get("properties") or {}).items()
+        }
     if kind == "array":
         return [_instance(node.get("items", {}), root, text, number + i) for i in range(2)]
     if kind == "integer":
@@ -239,7 +246,7 @@ def embed(text: str, dimensions: int = 256) -> list[float]:
     for word in re.findall(r"\w+", text.lower()):
         digest = hashlib.sha256(word.encode()).digest()
         for i in range(0, 32, 4):
-            position = int.from_bytes(digest[i:i + 4], "big")
+            position = int.from_bytes(digest[i : i + 4], "big")
             vector[position % dimensions] += 1.0 if position & 1 << 31 else -1.0
     norm = math.sqrt(sum(v * v for v in vector))
     if norm == 0:
@@ -346,8 +353,9 @@ class Simulator:
     async def embeddings(self, request: web.Request) -> web.Response:
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
-            return _error(401, "Incorrect API key provided.", "invalid_request_error",
-                          "invalid_api_key")
+            return _error(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
         try:
             body = json.loads(await request.read())
             inputs = body["input"]
@@ -356,26 +364,38 @@ class Simulator:
             if self.config.ignore_dimensions:
                 dimensions = 256
         except (ValueError, KeyError, TypeError):
-            return _error(400, "body must be JSON with 'model' and 'input'",
-                          "invalid_request_error")
+            return _error(
+                400, "body must be JSON with 'model' and 'input'", "invalid_request_error"
+            )
         self.embedding_requests += 1
         self.embedding_inputs += len(inputs)
         if len(inputs) > self.config.max_embedding_inputs:
-            return _error(400, f"at most {self.config.max_embedding_inputs} inputs per request",
-                          "invalid_request_error")
+            return _error(
+                400,
+                f"at most {self.config.max_embedding_inputs} inputs per request",
+                "invalid_request_error",
+            )
         longest = max((len(str(text)) for text in inputs), default=0)
         limit = self.config.max_embedding_chars
         if limit is not None and longest > limit:
-            return _error(500, f"input ({longest} tokens) is too large to process. increase the "
-                               "physical batch size", "server_error")
+            return _error(
+                500,
+                f"input ({longest} tokens) is too large to process. increase the "
+                "physical batch size",
+                "server_error",
+            )
         tokens = sum(len(str(text).split()) for text in inputs)
-        return web.json_response({
-            "object": "list",
-            "model": body.get("model"),
-            "data": [{"object": "embedding", "index": i, "embedding": embed(str(t), dimensions)}
-                     for i, t in enumerate(inputs)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        })
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body.get("model"),
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": embed(str(t), dimensions)}
+                    for i, t in enumerate(inputs)
+                ],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -396,9 +416,13 @@ class Simulator:
     def _pack_reply(self, messages: list[dict[str, Any]], items: list[str], model: str) -> str:
         """Each item answered as its own single-row request would be."""
         system = [m for m in messages[:1] if m.get("role") == "system"]
-        answers = [{"id": str(n), "answer": reply_for([*system, {"role": "user", "content": item}],
-                                                      model=model)[0]}
-                   for n, item in enumerate(items, 1)]
+        answers = [
+            {
+                "id": str(n),
+                "answer": reply_for([*system, {"role": "user", "content": item}], model=model)[0],
+            }
+            for n, item in enumerate(items, 1)
+        ]
         if self.config.pack_shuffle:
             self._random.shuffle(answers)
         if answers and self._random.random() < self.config.pack_drop_rate:
@@ -431,8 +455,9 @@ class Simulator:
         if self._tokens_bucket and waits[-1] == 0:
             self._tokens_bucket.level += tokens
         self.faults["rate_limited"] += 1
-        response = _error(429, f"Rate limit reached; try again in {wait:.3f}s.", "requests",
-                          "rate_limit_exceeded")
+        response = _error(
+            429, f"Rate limit reached; try again in {wait:.3f}s.", "requests", "rate_limit_exceeded"
+        )
         response.headers.update(self._rate_headers())
         response.headers["retry-after"] = str(max(1, math.ceil(wait)))
         response.headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
@@ -452,11 +477,17 @@ class Simulator:
         if kind == "429":
             return _error(429, "simulated overload", "server_error")
         if kind == "truncated_json":
-            return web.Response(body=b'{"id": "chatcmpl-sim", "choices": [{"ind', status=200,
-                                content_type="application/json")
+            return web.Response(
+                body=b'{"id": "chatcmpl-sim", "choices": [{"ind',
+                status=200,
+                content_type="application/json",
+            )
         if kind == "html":
-            return web.Response(text="<html><body><h1>502 Bad Gateway</h1></body></html>",
-                                status=200, content_type="text/html")
+            return web.Response(
+                text="<html><body><h1>502 Bad Gateway</h1></body></html>",
+                status=200,
+                content_type="text/html",
+            )
         # drop: promise a body, send part of it, close the connection
         response = web.StreamResponse(status=200, headers={"Content-Length": "4096"})
         response.content_type = "application/json"
@@ -469,19 +500,22 @@ class Simulator:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
-            return _error(401, "Incorrect API key provided.", "invalid_request_error",
-                          "invalid_api_key")
+            return _error(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
         quota = self.config.quota_requests
         if self.config.insufficient_quota or (quota is not None and self.answered_total >= quota):
-            return _error(429, "You exceeded your current quota.", "insufficient_quota",
-                          "insufficient_quota")
+            return _error(
+                429, "You exceeded your current quota.", "insufficient_quota", "insufficient_quota"
+            )
         try:
             body = json.loads(await request.read())
             model = body["model"]
             messages = body["messages"]
         except (ValueError, KeyError, TypeError):
-            return _error(400, "body must be JSON with 'model' and 'messages'",
-                          "invalid_request_error")
+            return _error(
+                400, "body must be JSON with 'model' and 'messages'", "invalid_request_error"
+            )
         self.by_model[model] += 1
         text = _user_text(messages)
         digest = _digest(messages)
@@ -499,8 +533,12 @@ class Simulator:
             reply = self._pack_reply(messages, packed, model)
             completion_tokens = len(reply.split())
         elif response_format.get("type") == "json_schema":
-            reply = structured_reply(messages, response_format["json_schema"]["schema"],
-                                     broken=directives.get("invalid"), unsure=unsure)
+            reply = structured_reply(
+                messages,
+                response_format["json_schema"]["schema"],
+                broken=directives.get("invalid"),
+                unsure=unsure,
+            )
             completion_tokens = len(reply.split())
         prompt_tokens = _estimate_tokens(messages)
         refused = self._admit(prompt_tokens + (body.get("max_tokens") or completion_tokens))
@@ -520,16 +558,20 @@ class Simulator:
             status = int(directives["status"])
             return _error(status, f"simulated error {status}", "invalid_request_error")
         if model in directives.get("fail_for", "").split(","):
-            return _error(400, f"simulated: {model} cannot answer this prompt",
-                          "invalid_request_error")
+            return _error(
+                400, f"simulated: {model} cannot answer this prompt", "invalid_request_error"
+            )
         times = directives.get("fail_times")
         early = times is None or self.prompts[digest] <= int(times)
         odd_answer = "finish_reason" in directives or "error_in_200" in directives
         if times is not None and early and not odd_answer:
             status = int(directives.get("fail_status", 500))
             return _error(status, f"simulated transient error {status}", "server_error")
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": reply},
-                                  "finish_reason": finish_reason}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": reply},
+            "finish_reason": finish_reason,
+        }
         if early and "finish_reason" in directives:
             choice["finish_reason"] = directives["finish_reason"]
             if directives["finish_reason"] == "none":
@@ -556,8 +598,10 @@ class Simulator:
         )
         if early and "error_in_200" in directives:
             body = json.loads(cast(bytes, response.body))
-            body["error"] = {"message": "simulated: the generation failed midway",
-                             "type": "server_error"}
+            body["error"] = {
+                "message": "simulated: the generation failed midway",
+                "type": "server_error",
+            }
             response = web.json_response(body)
         response.headers.update(self._rate_headers())
         return response
