@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import sys
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -107,17 +106,11 @@ class EnrichConfig(BaseModel):
             if name in Options.__optional_keys__ and value is not None
         }
         options["output"] = self.output_column
-        prices = (
-            self.price_input_per_million,
-            self.price_output_per_million,
-            self.price_per_request,
+        price = Price.given(
+            self.price_input_per_million, self.price_output_per_million, self.price_per_request
         )
-        if any(value is not None for value in prices):
-            options["pricing"] = Price(
-                input_per_million=self.price_input_per_million or 0.0,
-                output_per_million=self.price_output_per_million or 0.0,
-                per_request=self.price_per_request or 0.0,
-            )
+        if price is not None:
+            options["pricing"] = price
         if self.semantic_cache_model:
             options["semantic_cache"] = SemanticCache(
                 self.semantic_cache_model, threshold=self.similarity
@@ -220,7 +213,7 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     """Add ``config.output_column`` (+ ``_status``, ``_error``) to every row of a Parquet input."""
     config = config or EnrichConfig()
     logger = get_run_logger()
-    started_at, clock = datetime.now(UTC), time.perf_counter()
+    started_at = datetime.now(UTC)
     table = open_table(config)  # bad parameters fail the run here, before anything is written
     logger.info(
         "enriching %d file(s) matching %s with model %s",
@@ -257,9 +250,7 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
         )
 
     written = write_output(config)
-    report = table.finish(
-        plan, counters, written, started_at=started_at, wall_seconds=time.perf_counter() - clock
-    )
+    report = table.finish(plan, counters, written, started_at=started_at)
     return _finish(config, report)
 
 

@@ -9,12 +9,11 @@ from datetime import UTC, datetime
 import polars as pl
 
 from ._backend import Backend
-from ._join import NOT_SENT, raise_failed_rows, status_counts
+from ._join import raise_failed_rows, status_and_error, status_counts
 from ._options import Columns
 from ._progress import ProgressCallback
 from ._report import make_report
 from ._spec import EmbeddingSpec
-from ._status import STATUS_DTYPE
 from ._vectors import distinct_texts, embed_distinct
 from .exceptions import ConfigError
 
@@ -78,19 +77,8 @@ def _join_back(
         )
     # An Array column even when no row got a vector, so frames of reruns line up.
     width = int(widths[0]) if len(widths) == 1 else (dimensions or 0)
-    return joined.with_columns(skipped=skipped).select(
+    skip_reason = pl.when(skipped).then(pl.lit(f"column {column!r} is null; row not sent"))
+    return joined.with_columns(skip_reason=skip_reason).select(
         pl.col("embedding").list.to_array(width).alias(columns.output),
-        pl.when("skipped")
-        .then(pl.lit("skipped"))
-        .when(pl.col("status").is_null())
-        .then(pl.lit("failed"))
-        .otherwise(pl.col("status"))
-        .cast(STATUS_DTYPE)
-        .alias(columns.status),
-        pl.when("skipped")
-        .then(pl.lit(f"column {column!r} is null; row not sent"))
-        .when(pl.col("status").is_null())
-        .then(pl.lit(NOT_SENT))
-        .otherwise(pl.col("error"))
-        .alias(columns.error),
+        *status_and_error(columns),
     )

@@ -20,7 +20,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlencode
 
 import httpx2
@@ -32,8 +32,11 @@ from ._pricing import Budget, approx_tokens
 from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
 from ._spec import Endpoint, Limits
+from ._status import Status
 from .exceptions import JobAbortedError, JobInterruptedError
 
+Sent = Status | Literal["aborted"]
+"""What became of a request: a row status, or ``aborted`` when the job stopped first."""
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
 FINISHED = frozenset({"stop", "tool_calls", "function_call"})
@@ -127,7 +130,7 @@ class Outcome:
     """What became of one request."""
 
     key: str
-    status: str  # ok | truncated | invalid | rejected | failed
+    status: Sent
     text: str | None = None
     json: str | None = None  # normalised structured answer, when a schema was asked for
     vectors: list[list[float]] | None = None  # embeddings, one per input of a Batch
@@ -215,7 +218,7 @@ class _Retryable(Exception):
 
 
 class _Final(Exception):
-    def __init__(self, status: str, message: str, http_status: int | None = None):
+    def __init__(self, status: Sent, message: str, http_status: int | None = None):
         super().__init__(message)
         self.status = status
         self.http_status = http_status

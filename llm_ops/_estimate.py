@@ -12,6 +12,7 @@ from ._options import Job
 from ._pipeline import requests_for
 from ._plan import plan_frame
 from ._pricing import add_costs, approx_tokens, cost_or_none
+from ._report import dollars
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,6 @@ class Estimate:
     cost_max: float | None
 
     def __str__(self) -> str:
-        def money(value: float | None) -> str:
-            return "unknown" if value is None else f"${value:,.4f}"
-
         output = (
             "unbounded (set max_tokens)"
             if self.output_tokens_max is None
@@ -59,7 +57,7 @@ class Estimate:
                 f"requests to send     {self.requests:>12,}{packing}",
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
                 f"output tokens (max)  {output:>12}",
-                f"cost                 {money(self.cost_min)} to {money(self.cost_max)}",
+                f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
             ]
         )
 

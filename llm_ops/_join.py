@@ -44,21 +44,7 @@ def join_back(
         output = pl.when(answered).then(pl.col("text"))
     else:
         output = pl.when(answered).then(pl.col("json")).str.json_decode(schema.dtype)
-    added = [
-        output.alias(columns.output),
-        pl.when(pl.col("skip_reason").is_not_null())
-        .then(pl.lit("skipped"))
-        .when(pl.col("status").is_null())
-        .then(pl.lit("failed"))
-        .otherwise(pl.col("status"))
-        .cast(STATUS_DTYPE)
-        .alias(columns.status),
-        pl.coalesce(
-            pl.col("skip_reason"),
-            pl.col("error"),
-            pl.when(pl.col("status").is_null()).then(pl.lit(NOT_SENT)),
-        ).alias(columns.error),
-    ]
+    added = [output.alias(columns.output), *status_and_error(columns)]
     if columns.structured:
         added.append(pl.col("text").alias(columns.raw))
     if columns.semantic:
@@ -67,6 +53,26 @@ def join_back(
             pl.col("similarity").alias(columns.similarity),
         ]
     return joined.select(added)
+
+
+def status_and_error(columns: Columns) -> list[pl.Expr]:
+    """The status and error columns from a joined frame's ``skip_reason`` (why a row was not
+    sent), ``status`` and ``error`` (of its request; null when it was never dispatched)."""
+    never_dispatched = pl.col("status").is_null()
+    return [
+        pl.when(pl.col("skip_reason").is_not_null())
+        .then(pl.lit("skipped"))
+        .when(never_dispatched)
+        .then(pl.lit("failed"))
+        .otherwise(pl.col("status"))
+        .cast(STATUS_DTYPE)
+        .alias(columns.status),
+        pl.coalesce(
+            pl.col("skip_reason"),
+            pl.col("error"),
+            pl.when(never_dispatched).then(pl.lit(NOT_SENT)),
+        ).alias(columns.error),
+    ]
 
 
 def status_counts(added: pl.DataFrame, columns: Columns) -> dict[str, int]:

@@ -9,10 +9,12 @@ worker ever waits for the file.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from ._cache import Cache
+from ._engine import STOPS, Dispatcher, Outcome, Request
+from ._progress import ProgressCallback, TerminalDisplay, Tracker
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
 CLOSE_WAIT = 2.0  # at the end; what still cannot be merged stays in the journal
@@ -62,3 +64,35 @@ class CacheSink:
                 await self._merge
         finally:
             await asyncio.to_thread(self.writer.close, wait=CLOSE_WAIT)
+
+
+async def dispatch_durably(
+    dispatcher: Dispatcher,
+    requests: Iterable[Request],
+    on_outcome: Callable[[Request, Outcome], Awaitable[None]],
+    *,
+    sink: CacheSink | None,
+    tracker: Tracker,
+    progress: ProgressCallback | None,
+) -> BaseException | None:
+    """Run ``dispatcher`` over ``requests`` while ``sink`` merges answers into the cache and
+    ``progress`` gets snapshots; returns why it stopped early (one of
+    :data:`~llm_ops._engine.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
+    every answer received is made durable before this returns."""
+    helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
+    if progress is not None:
+        helpers.append(asyncio.create_task(tracker.publish(progress)))
+    stopped: BaseException | None = None
+    try:
+        await dispatcher.run(requests, on_outcome)
+    except STOPS as exc:
+        stopped = exc  # the caller reports; what was paid for is kept below
+    finally:
+        for helper in helpers:
+            helper.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        if isinstance(progress, TerminalDisplay):
+            progress.close()
+        if sink is not None:
+            await sink.close()
+    return stopped

@@ -22,14 +22,14 @@ from datetime import UTC, datetime
 import polars as pl
 
 from ._backend import Backend
-from ._engine import STOPS, Counters, Dispatcher, Outcome, Request, make_pack
+from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job
-from ._persist import CacheSink
+from ._persist import CacheSink, dispatch_durably
 from ._plan import plan_frame
 from ._pricing import CHARS_PER_TOKEN
-from ._progress import TerminalDisplay, Tracker
+from ._progress import Tracker
 from ._report import RunReport, make_report
 from ._savings import completion_cost, spent_by, tally, with_usage
 from ._similar import find_similar, follow_leaders
@@ -182,23 +182,14 @@ async def dispatch(
             tracker.rows_done += member.rows
             sink.add(member, answer)
 
-    helpers = [] if sink.cache is None else [asyncio.create_task(sink.cache.merge_periodically())]
-    if job.progress is not None:
-        helpers.append(asyncio.create_task(tracker.publish(job.progress)))
-    stopped: BaseException | None = None
-    try:
-        await dispatcher.run(requests_for(misses, job), on_outcome)
-    except STOPS as exc:
-        # Refused or interrupted (Ctrl-C, SIGTERM): keep what was paid for; the caller reports.
-        stopped = exc
-    finally:
-        for helper in helpers:
-            helper.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
-        if isinstance(job.progress, TerminalDisplay):
-            job.progress.close()
-        if sink.cache is not None:
-            await sink.cache.close()
+    stopped = await dispatch_durably(
+        dispatcher,
+        requests_for(misses, job),
+        on_outcome,
+        sink=sink.cache,
+        tracker=tracker,
+        progress=job.progress,
+    )
     budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
     return Dispatched(
         outcomes=sink.outcomes,

@@ -32,6 +32,20 @@ class Price:
     cached_input_per_million: float | None = None
     per_request: float = 0.0
 
+    @classmethod
+    def given(
+        cls,
+        input_per_million: float | None = None,
+        output_per_million: float | None = None,
+        per_request: float | None = None,
+    ) -> Price | None:
+        """A price from the parts given (the rest free), or ``None`` when none is: what a
+        command line's or a flow's price flags mean."""
+        parts = (input_per_million, output_per_million, per_request)
+        if all(part is None for part in parts):
+            return None
+        return cls(input_per_million or 0.0, output_per_million or 0.0, None, per_request or 0.0)
+
     def cost(
         self, *, requests: int, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
     ) -> float:

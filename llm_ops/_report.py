@@ -143,19 +143,19 @@ class RunReport:
             f"  cache hits         {self.cache_hits:>10,}",
             f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
             f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}",
-            f"  cost               {_dollars(self.cost):>10}  (saved {_dollars(self.cost_saved)})",
+            f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
             f"  rows by status     {statuses}",
         ]
         for lever, saving in self.savings.items():
             lines.append(
-                f"  saved by {lever:<14} {saving.requests:>5,} requests  {_dollars(saving.cost)}"
+                f"  saved by {lever:<14} {saving.requests:>5,} requests  {dollars(saving.cost)}"
             )
         if len(self.models) > 1:
             for model, usage in self.models.items():
                 lines.append(
                     f"  model {model:<12} {usage.rows:>10,} rows · "
-                    f"{usage.requests:,} requests · {_dollars(usage.cost)}"
+                    f"{usage.requests:,} requests · {dollars(usage.cost)}"
                 )
         if self.budget_stop:
             lines.append(f"  budget stop        {self.budget_stop}")
@@ -268,7 +268,7 @@ def _sum_usage(a: ModelUsage, b: ModelUsage) -> ModelUsage:
     )
 
 
-def _dollars(amount: float | None) -> str:
+def dollars(amount: float | None) -> str:
     if amount is None:
         return "unknown"
     return f"${amount:,.4f}" if round(amount, 4) else "$0.0000"  # never "$-0.0000"

@@ -5,18 +5,17 @@ Shared by :func:`llm_ops.llm_embed` and the semantic cache.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import polars as pl
 
 from ._backend import Backend
-from ._engine import STOPS, Batch, Counters, EmbeddingDispatcher, Outcome, Request
+from ._engine import Batch, Counters, EmbeddingDispatcher, Outcome, Request
 from ._key import canonical_json
-from ._persist import CacheSink
+from ._persist import CacheSink, dispatch_durably
 from ._plan import group_and_key
-from ._progress import ProgressCallback, TerminalDisplay, Tracker
+from ._progress import ProgressCallback, Tracker
 from ._spec import EmbeddingSpec
 
 
@@ -117,23 +116,14 @@ async def embed_distinct(
                         }
                     )
 
-    progress = progress if rows is not None else None
-    helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
-    if progress is not None:
-        helpers.append(asyncio.create_task(tracker.publish(progress)))
-    stopped: BaseException | None = None
-    try:
-        await dispatcher.run(_batches(misses, spec, batch_size), on_outcome)
-    except STOPS as exc:
-        stopped = exc
-    finally:
-        for helper in helpers:
-            helper.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
-        if isinstance(progress, TerminalDisplay):
-            progress.close()
-        if sink is not None:
-            await sink.close()
+    stopped = await dispatch_durably(
+        dispatcher,
+        _batches(misses, spec, batch_size),
+        on_outcome,
+        sink=sink,
+        tracker=tracker,
+        progress=progress if rows is not None else None,
+    )
 
     fresh = pl.DataFrame(
         answered,

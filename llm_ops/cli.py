@@ -245,13 +245,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     options = {
         name: getattr(args, name) for name in args.option_flags if getattr(args, name) is not None
     }
-    prices = (args.price_input, args.price_output, args.price_request)
-    if any(value is not None for value in prices):
-        options["pricing"] = Price(
-            input_per_million=args.price_input or 0.0,
-            output_per_million=args.price_output or 0.0,
-            per_request=args.price_request or 0.0,
-        )
+    price = Price.given(args.price_input, args.price_output, args.price_request)
+    if price is not None:
+        options["pricing"] = price
     if args.semantic_cache:
         options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
     if args.escalate:

@@ -195,15 +195,12 @@ class Table:
         batch); returns the report, recorded in ``llm_runs``."""
         if self.cascade:
             return self.run_cascade()
-        started_at, clock = datetime.now(UTC), time.perf_counter()
+        started_at = datetime.now(UTC)
         plan = self.plan()
         counters = Counters()
         for chunk in plan.chunks:
             counters.add(self.run_chunk(chunk, spent=counters))
-        written = self.write()
-        return self.finish(
-            plan, counters, written, started_at=started_at, wall_seconds=time.perf_counter() - clock
-        )
+        return self.finish(plan, counters, self.write(), started_at=started_at)
 
     # -- the steps ----------------------------------------------------------------------------
 
@@ -326,10 +323,11 @@ class Table:
         written: Written,
         *,
         started_at: datetime,
-        wall_seconds: float,
     ) -> RunReport:
-        """The report of the job, recorded in ``llm_runs``; the work directory is removed."""
+        """The report of the job since ``started_at``, recorded in ``llm_runs``; the work
+        directory is removed."""
         job = self.job
+        wall_seconds = (datetime.now(UTC) - started_at).total_seconds()
         report = make_report(
             model=job.spec.model,
             endpoint=job.spec.endpoint,
