@@ -1,7 +1,7 @@
 """Persist: a dispatch's answers written through to the cache as they arrive.
 
 Rows go to the cache's journal at once (see :mod:`llm_ops._cache`), so a crash loses at most
-the answers in flight plus :data:`~llm_ops._cache.JOURNAL_BATCH`; they are merged into the
+the answers in flight plus :data:`~llm_ops._journal.JOURNAL_BATCH`; they are merged into the
 DuckDB file in the background, ``flush_every`` rows or ``flush_seconds`` at a time, and no
 worker ever waits for the file.
 """

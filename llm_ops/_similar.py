@@ -22,24 +22,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import polars as pl
 
 from ._backend import Backend
-from ._cache import Cache
 from ._engine import Counters, Outcome
 from ._options import Job
 from ._plan import lookup_answers
-from ._semantic import SemanticCache, scope_of
+from ._semantic import MISS_BLOCK, normalised, scope_of, search
 from ._spec import EmbeddingSpec
 from ._status import RESULTS
 from ._vectors import distinct_texts, embed_distinct
 
 _SLICE = 8_192  # misses embedded and searched together
-_MISS_BLOCK = 2_048  # score blocks of at most _MISS_BLOCK x _CANDIDATE_BLOCK floats (128 MB)
-_CANDIDATE_BLOCK = 16_384
 
 
 _FOLLOWERS = pl.DataFrame(
@@ -175,11 +171,11 @@ def _followers(misses: pl.DataFrame, threshold: float) -> pl.DataFrame:
     if misses.height < 2:
         return _FOLLOWERS.clear()
     dimensions = len(misses["embedding"][0])
-    vectors = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
+    vectors = normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
     scopes = misses["scope"].cast(pl.Categorical).to_physical().to_numpy()
     near: list[list[tuple[float, int]]] = [[] for _ in range(misses.height)]
-    for start in range(0, misses.height, _MISS_BLOCK):
-        scores = vectors[start : start + _MISS_BLOCK] @ vectors.T
+    for start in range(0, misses.height, MISS_BLOCK):
+        scores = vectors[start : start + MISS_BLOCK] @ vectors.T
         rows = np.arange(start, start + len(scores))[:, None]
         earlier_alike = (
             (np.arange(misses.height)[None, :] < rows)
@@ -232,49 +228,3 @@ def follow_leaders(
         "key", "system", "prompt", "rows"
     )
     return settled, resend
-
-
-def _normalised(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms == 0, 1.0, norms)
-
-
-def search(misses: pl.DataFrame, semantic: SemanticCache, cache: Cache) -> pl.DataFrame:
-    """The most similar candidate of each miss in its scope: key, similar_to, similarity."""
-    schema = {"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
-    if misses.is_empty():
-        return pl.DataFrame(schema=schema)
-    dimensions = len(misses["embedding"][0])
-    queries = _normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
-    codes = {scope: code for code, scope in enumerate(misses["scope"].unique().to_list())}
-    query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
-    best = np.full(len(queries), -np.inf, dtype=np.float32)
-    best_key = np.full(len(queries), None, dtype=object)
-    for batch in cache.similar_candidates(
-        list(codes),
-        embedding_model=semantic.model,
-        dimensions=dimensions,
-        batch_rows=_CANDIDATE_BLOCK,
-    ):
-        keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
-        scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])
-        flat = batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
-        candidates = _normalised(flat.reshape(len(keys), dimensions).astype(np.float32))
-        for start in range(0, len(queries), _MISS_BLOCK):
-            block = slice(start, start + _MISS_BLOCK)
-            scores = queries[block] @ candidates.T
-            scores[query_scopes[block, None] != scopes[None, :]] = -np.inf
-            top = scores.argmax(axis=1)
-            top_score = scores[np.arange(len(top)), top]
-            better = top_score > best[block]
-            best[block] = np.where(better, top_score, best[block])
-            best_key[block] = np.where(better, keys[top], best_key[block])
-    found = np.isfinite(best)
-    return pl.DataFrame(
-        {
-            "key": misses["key"].filter(pl.Series(found)),
-            "similar_to": best_key[found].tolist(),
-            "similarity": np.minimum(best[found], 1.0).astype(np.float64),
-        },
-        schema=schema,
-    )

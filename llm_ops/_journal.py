@@ -1,0 +1,176 @@
+"""The journal: where a job's rows wait, safe from a crash, until the cache file is free.
+
+Each :class:`JournalWriter` appends one job's rows to its own JSON-lines files in the folder
+next to the cache (``cache.duckdb.journal/``), in batches of at most :data:`JOURNAL_BATCH`, and
+holds an exclusive ``flock`` on its ``<writer>.lock`` file while it lives. Its files are merged
+into the DuckDB file by :meth:`~llm_ops.Cache.merge_files` (the cache owns the SQL); files of a
+writer whose lock is free belong to a finished or dead process and may be merged by anyone
+(:meth:`~llm_ops.Cache.merge_orphans`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import CacheError
+
+if TYPE_CHECKING:
+    from ._cache import Cache
+
+JOURNAL_BATCH = 32
+"""Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
+killed job loses at most C + 32 answers it had received."""
+_log = logging.getLogger("llm_ops")
+
+
+@contextmanager
+def held(path: Path, *, blocking: bool) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` for the block; yields whether it was taken."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    raise TypeError(f"cannot journal a {type(value).__name__}")
+
+
+class JournalWriter:
+    """Appends one job's rows to its own journal files and merges them into the database.
+
+    :meth:`add` is called from the job's event loop; :meth:`merge` may run in a worker
+    thread. Rows reach the journal file once :data:`JOURNAL_BATCH` (or ``merge_every``, if
+    fewer) are buffered, or on :meth:`write`, so a crash loses at most that many. Closed
+    ("sealed") files are merged in the order written; a merge that cannot get the file leaves
+    them for the next one.
+    """
+
+    def __init__(self, cache: Cache, *, merge_every: int):
+        self.cache = cache
+        self.merge_every = merge_every
+        self.batch = min(JOURNAL_BATCH, merge_every)
+        host = socket.gethostname().replace(".", "_")  # dots separate the parts of file names
+        self.id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self._lock = threading.Lock()
+        self._merging = threading.Lock()
+        self._buffer: dict[str, list[str]] = {}
+        self._files: dict[str, Any] = {}  # table -> open file of the current segment
+        self._segment = 0
+        self._sealed: list[Path] = []
+        self.unmerged = 0  # rows added since the last successful merge began
+        cache.journal.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = os.open(
+            cache.journal / f"{self.id}.lock", os.O_RDWR | os.O_CREAT, 0o644
+        )
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+
+    def answer(self, row: Mapping[str, Any]) -> None:
+        """An ``llm_cache`` row: an answer to keep."""
+        self.add("llm_cache", row)
+
+    def vector(self, row: Mapping[str, Any]) -> None:
+        """An ``llm_embeddings`` row."""
+        self.add("llm_embeddings", row)
+
+    def add(self, table: str, row: Mapping[str, Any]) -> None:
+        line = json.dumps(row, ensure_ascii=False, default=_json_default)
+        with self._lock:
+            buffer = self._buffer.setdefault(table, [])
+            buffer.append(line)
+            self.unmerged += 1
+            if len(buffer) >= self.batch:
+                self._write(table)
+
+    def write(self) -> None:
+        """Append everything buffered to the journal files."""
+        with self._lock:
+            for table in list(self._buffer):
+                self._write(table)
+
+    def _write(self, table: str) -> None:
+        lines = self._buffer.get(table)
+        if not lines:
+            return
+        try:
+            file = self._files.get(table)
+            if file is None:
+                path = self.cache.journal / f"{self.id}.{self._segment:06d}.{table}.jsonl"
+                file = self._files[table] = open(path, "a", encoding="utf-8")  # noqa: SIM115
+            file.write("\n".join(lines) + "\n")
+            file.flush()  # into the OS: it survives the death of this process
+        except OSError as exc:
+            raise CacheError(
+                f"cannot write the journal of the cache {self.cache.path}: {exc.strerror or exc}"
+            ) from exc
+        lines.clear()
+
+    def _seal(self) -> list[Path]:
+        with self._lock:
+            for table in list(self._buffer):
+                self._write(table)
+            for file in self._files.values():
+                file.close()
+                self._sealed.append(Path(file.name))
+            self._files.clear()
+            self._segment += 1
+            self.unmerged = 0
+            return list(self._sealed)
+
+    def merge(self, *, wait: float) -> bool:
+        """Seal the current files and merge every sealed one; ``True`` when all are merged."""
+        with self._merging:
+            files = self._seal()
+            if not files:
+                return True
+            if not self.cache.merge_files(files, wait=wait):
+                return False
+            with self._lock:
+                self._sealed = [f for f in self._sealed if f not in files]
+            return True
+
+    def close(self, *, wait: float) -> None:
+        """Merge what is left, waiting up to ``wait`` seconds for the file; what cannot be
+        merged stays in the journal, is read by lookups, and is merged by the next open."""
+        merged = False
+        try:
+            merged = self.merge(wait=wait)
+        finally:
+            if self._lock_fd is not None:
+                if merged:
+                    (self.cache.journal / f"{self.id}.lock").unlink(missing_ok=True)
+                os.close(self._lock_fd)  # from now on, anyone may merge what is left
+                self._lock_fd = None
+        if not merged:
+            pending = self.cache.pending()
+            _log.warning(
+                "llm-ops: %d journal file(s) of %s could not be merged yet (%s); the answers "
+                "are safe in %s and are merged when the cache is next opened",
+                pending,
+                self.cache.path,
+                self.cache.last_merge_error or "file held elsewhere",
+                self.cache.journal,
+            )
