@@ -106,6 +106,7 @@ class EnrichConfig(BaseModel):
             if name in Options.__optional_keys__ and value is not None
         }
         options["output"] = self.output_column
+        options["progress"] = False  # the flow reports through its artifacts and logs
         price = Price.given(
             self.price_input_per_million, self.price_output_per_million, self.price_per_request
         )

@@ -52,6 +52,8 @@ def graceful_sigterm() -> Iterator[None]:
         yield  # signal handlers can only be set from the main thread
         return
     previous = signal.getsignal(signal.SIGTERM)
+    if previous is None:  # set outside Python: the default is the nearest we can restore
+        previous = signal.SIG_DFL
     if previous == signal.SIG_IGN:
         yield
         return
