@@ -338,7 +338,6 @@ class Cache:
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
         self.lock_timeout = lock_timeout
-        self.last_merge_error: str | None = None
 
     def __repr__(self) -> str:
         return f"Cache({str(self.path)!r})"
@@ -550,7 +549,7 @@ class Cache:
     def writer(self) -> JournalWriter:
         """A writer for one job: rows go to the journal at once and into the file in batches
         of ``flush_every``."""
-        return JournalWriter(self, merge_every=self.flush_every)
+        return JournalWriter(self.journal, merge=self.merge_files, merge_every=self.flush_every)
 
     def _write(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` through a writer of their own (journal, then a brief merge)."""
@@ -569,9 +568,9 @@ class Cache:
         """Make answers findable by the semantic cache: key, scope, embedding_key."""
         self._write("llm_semantic_index", rows)
 
-    def merge_files(self, files: Sequence[Path], *, wait: float) -> bool:
-        """Insert journal ``files`` into their tables and delete them; ``False`` (nothing
-        deleted) when the file stays locked for ``wait`` seconds or cannot be written."""
+    def merge_files(self, files: Sequence[Path], wait: float) -> str | None:
+        """Insert journal ``files`` into their tables and delete them; why not (nothing is
+        deleted then) when the file stays locked for ``wait`` seconds or cannot be written."""
         by_table: dict[str, list[Path]] = {}
         for file in files:
             by_table.setdefault(file.name.rsplit(".", 2)[-2], []).append(file)
@@ -590,11 +589,10 @@ class Cache:
                     )
                 con.execute("COMMIT")
         except CacheError as exc:
-            self.last_merge_error = str(exc)
-            return False
+            return str(exc)
         for file in files:
             file.unlink(missing_ok=True)
-        return True
+        return None
 
     def merge_orphans(self, *, wait: float) -> int:
         """Merge the journal files of writers that are gone (crashed, or ended while the file
@@ -609,7 +607,7 @@ class Cache:
                 if not free:
                     continue  # a live job: it merges its own files
                 files = sorted(self.journal.glob(f"{writer_id}.*.jsonl"))
-                if self.merge_files(files, wait=wait):
+                if self.merge_files(files, wait) is None:
                     merged += len(files)
                     lock.unlink(missing_ok=True)
         return merged
@@ -713,10 +711,6 @@ class Cache:
                 f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows ON CONFLICT DO NOTHING"
             )
             con.unregister("new_rows")
-
-    def pending(self) -> int:
-        """Journal files waiting to be merged into the database file."""
-        return len(list(self.journal.glob("*.jsonl"))) if self.journal.is_dir() else 0
 
 
 def _answer_filter(

@@ -18,15 +18,16 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .exceptions import CacheError
 
-if TYPE_CHECKING:
-    from ._cache import Cache
+Merge = Callable[[Sequence[Path], float], str | None]
+"""Merge journal files into the database, waiting up to so many seconds for it; returns why
+it could not (the files then stay), or ``None`` once they are merged and deleted."""
 
 JOURNAL_BATCH = 32
 """Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
@@ -69,8 +70,9 @@ class JournalWriter:
     them for the next one.
     """
 
-    def __init__(self, cache: Cache, *, merge_every: int):
-        self.cache = cache
+    def __init__(self, directory: Path, *, merge: Merge, merge_every: int):
+        self.directory = directory
+        self._merge_files = merge
         self.merge_every = merge_every
         self.batch = min(JOURNAL_BATCH, merge_every)
         host = socket.gethostname().replace(".", "_")  # dots separate the parts of file names
@@ -82,10 +84,11 @@ class JournalWriter:
         self._segment = 0
         self._sealed: list[Path] = []
         self.unmerged = 0  # rows added since the last successful merge began
-        cache.journal.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = os.open(
-            cache.journal / f"{self.id}.lock", os.O_RDWR | os.O_CREAT, 0o644
+            directory / f"{self.id}.lock", os.O_RDWR | os.O_CREAT, 0o644
         )
+        self.last_error: str | None = None
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
 
     def answer(self, row: Mapping[str, Any]) -> None:
@@ -118,13 +121,13 @@ class JournalWriter:
         try:
             file = self._files.get(table)
             if file is None:
-                path = self.cache.journal / f"{self.id}.{self._segment:06d}.{table}.jsonl"
+                path = self.directory / f"{self.id}.{self._segment:06d}.{table}.jsonl"
                 file = self._files[table] = open(path, "a", encoding="utf-8")  # noqa: SIM115
             file.write("\n".join(lines) + "\n")
             file.flush()  # into the OS: it survives the death of this process
         except OSError as exc:
             raise CacheError(
-                f"cannot write the journal of the cache {self.cache.path}: {exc.strerror or exc}"
+                f"cannot write the cache's journal {self.directory}: {exc.strerror or exc}"
             ) from exc
         lines.clear()
 
@@ -146,7 +149,8 @@ class JournalWriter:
             files = self._seal()
             if not files:
                 return True
-            if not self.cache.merge_files(files, wait=wait):
+            self.last_error = self._merge_files(files, wait)
+            if self.last_error is not None:
                 return False
             with self._lock:
                 self._sealed = [f for f in self._sealed if f not in files]
@@ -161,16 +165,13 @@ class JournalWriter:
         finally:
             if self._lock_fd is not None:
                 if merged:
-                    (self.cache.journal / f"{self.id}.lock").unlink(missing_ok=True)
+                    (self.directory / f"{self.id}.lock").unlink(missing_ok=True)
                 os.close(self._lock_fd)  # from now on, anyone may merge what is left
                 self._lock_fd = None
         if not merged:
-            pending = self.cache.pending()
             _log.warning(
-                "llm-ops: %d journal file(s) of %s could not be merged yet (%s); the answers "
-                "are safe in %s and are merged when the cache is next opened",
-                pending,
-                self.cache.path,
-                self.cache.last_merge_error or "file held elsewhere",
-                self.cache.journal,
+                "llm-ops: the cache could not take the journal's answers yet (%s); they are "
+                "safe in %s and are merged when the cache is next opened",
+                self.last_error,
+                self.directory,
             )
