@@ -24,7 +24,7 @@ import os
 import sys
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Literal, cast
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
@@ -47,7 +47,7 @@ from llm_ops import (
     RunReport,
     SemanticCache,
 )
-from llm_ops.tables import Counters, Table, TablePlan, Written
+from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
@@ -95,6 +95,15 @@ class EnrichConfig(BaseModel):
     )
     similarity: float = Field(
         0.95, gt=0, le=1, description="cosine similarity from which a similar answer is reused"
+    )
+    mode: Literal["live", "batch"] = Field(
+        "live", description="'batch': through the provider's Batch API, at half the price"
+    )
+    on_expired: Literal["resubmit", "live"] | None = Field(
+        None, description="with batch mode: what an expired batch's unanswered part does"
+    )
+    batch_poll_seconds: float | None = Field(
+        None, gt=0, description="with batch mode: first wait between polls (default 5 s)"
     )
 
     def options(self) -> dict[str, Any]:
@@ -242,6 +251,11 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
             0.0 if plan.chunks else 100.0, key="enrich-progress", description="share of chunks sent"
         ),
     )
+    submissions: set[str] = set()
+    if table.job.batching is not None:
+        parts = [part for chunk in plan.chunks for part in submit_batches(config, chunk)]
+        submissions = {part.job_id for part in parts}
+        _publish_batches(parts, "submitted")
     counters = Counters()
     for number, chunk in enumerate(plan.chunks, start=1):
         counters.add(send_chunk(config, chunk, number, counters))
@@ -252,7 +266,37 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
 
     written = write_output(config)
     report = table.finish(plan, counters, written, started_at=started_at)
+    if submissions:
+        ended = [part for part in table.client.batches() if part.job_id in submissions]
+        _publish_batches(ended, "at the end")
     return _finish(config, report)
+
+
+@task(
+    name="submit-batches",
+    cache_policy=NO_CACHE,
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=_retry_unless_aborted,
+)
+def submit_batches(config: EnrichConfig, chunk: str) -> list[BatchPart]:
+    """Submit a chunk's requests as provider batches and record them; a retry or a rerun
+    submits nothing that a recorded batch carries. ``send-chunk`` then waits for them."""
+    return open_table(config).submit(chunk)
+
+
+def _publish_batches(parts: list[BatchPart], when: str) -> None:
+    rows = [
+        {
+            "submission": p.job_id,
+            "part": p.part,
+            "batch": p.batch_id or "",
+            "state": p.state,
+            "requests": p.requests,
+        }
+        for p in parts
+    ]
+    create_table_artifact(rows, key="enrich-batches", description=f"provider batches, {when}")
 
 
 def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:

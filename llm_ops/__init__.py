@@ -7,6 +7,7 @@ Every row of a result gets one of these statuses:
 ('ok', 'cached', 'similar', 'skipped', 'rejected', 'filtered', 'failed', 'truncated', 'invalid')
 """
 
+from ._batch import BatchPart
 from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
@@ -39,6 +40,7 @@ __all__ = [
     "PRICES",
     "STATUSES",
     "STATUS_DTYPE",
+    "BatchPart",
     "Cache",
     "CacheError",
     "CacheLockedError",

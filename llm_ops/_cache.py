@@ -137,6 +137,34 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         )
         """,
     ),
+    (
+        7,
+        "create llm_batches and llm_batch_requests; add mode to llm_runs",
+        """
+        CREATE TABLE llm_batches (
+            key VARCHAR PRIMARY KEY,       -- job_id:part:state; a row per state a part reached
+            job_id VARCHAR NOT NULL,       -- one submission, carried by its batches' metadata
+            part INTEGER NOT NULL,         -- which file of the submission
+            state VARCHAR NOT NULL,        -- preparing | uploaded | submitted | the provider's
+                                           -- statuses (validating ... cancelled) | collected
+            endpoint VARCHAR NOT NULL,
+            model VARCHAR NOT NULL,
+            requests INTEGER NOT NULL,     -- lines in the part's file
+            input_file_id VARCHAR,
+            batch_id VARCHAR,
+            output_file_id VARCHAR,
+            error_file_id VARCHAR,
+            recorded_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp
+        );
+        CREATE TABLE llm_batch_requests (
+            key VARCHAR PRIMARY KEY,       -- job_id:part:request_key
+            job_id VARCHAR NOT NULL,
+            part INTEGER NOT NULL,
+            request_key VARCHAR NOT NULL   -- the llm_cache key, the line's custom_id
+        );
+        ALTER TABLE llm_runs ADD COLUMN mode VARCHAR  -- live | batch
+        """,
+    ),
 )
 
 
@@ -196,6 +224,25 @@ _COLUMNS: dict[str, dict[str, str]] = {
         "latency_ms": "DOUBLE",
     },
     "llm_semantic_index": {"key": "VARCHAR", "scope": "VARCHAR", "embedding_key": "VARCHAR"},
+    "llm_batches": {
+        "key": "VARCHAR",
+        "job_id": "VARCHAR",
+        "part": "INTEGER",
+        "state": "VARCHAR",
+        "endpoint": "VARCHAR",
+        "model": "VARCHAR",
+        "requests": "INTEGER",
+        "input_file_id": "VARCHAR",
+        "batch_id": "VARCHAR",
+        "output_file_id": "VARCHAR",
+        "error_file_id": "VARCHAR",
+    },
+    "llm_batch_requests": {
+        "key": "VARCHAR",
+        "job_id": "VARCHAR",
+        "part": "INTEGER",
+        "request_key": "VARCHAR",
+    },
     "llm_runs": {
         "run_id": "VARCHAR",
         "started_at": "TIMESTAMPTZ",
@@ -219,6 +266,7 @@ _COLUMNS: dict[str, dict[str, str]] = {
         "savings": "MAP(VARCHAR, STRUCT(requests BIGINT, cost DOUBLE))",
         "models": "MAP(VARCHAR, STRUCT(rows BIGINT, requests BIGINT, prompt_tokens BIGINT, "
         "completion_tokens BIGINT, cost DOUBLE))",
+        "mode": "VARCHAR",
     },
 }
 _KEYS = {
@@ -226,7 +274,24 @@ _KEYS = {
     "llm_embeddings": "key",
     "llm_semantic_index": "key",
     "llm_runs": "run_id",
+    "llm_batches": "key",
+    "llm_batch_requests": "key",
 }
+# The order in which a batch part goes through its states (the provider's and ours).
+_BATCH_STATES = (
+    "preparing",
+    "uploaded",
+    "submitted",
+    "validating",
+    "in_progress",
+    "finalizing",
+    "cancelling",
+    "completed",
+    "failed",
+    "expired",
+    "cancelled",
+    "collected",
+)
 
 
 def default_cache_path() -> Path:
@@ -567,6 +632,84 @@ class Cache:
     def index_for_similarity(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Make answers findable by the semantic cache: key, scope, embedding_key."""
         self._write("llm_semantic_index", rows)
+
+    # -- provider batches ---------------------------------------------------------------------
+
+    def record_batch(self, part: Mapping[str, Any], *, keys: Sequence[str] = ()) -> None:
+        """Record that a batch part reached ``part["state"]`` (with the provider's ids known
+        so far), and, the first time, which request keys it carries. Durable (in the journal)
+        when this returns, so it can come before the provider call it announces."""
+        row = {name: part.get(name) for name in _COLUMNS["llm_batches"] if name != "key"}
+        row["key"] = f"{part['job_id']}:{part['part']}:{part['state']}"
+        writer = self.writer()
+        writer.add("llm_batches", row)
+        for key in keys:
+            writer.add(
+                "llm_batch_requests",
+                {
+                    "key": f"{part['job_id']}:{part['part']}:{key}",
+                    "job_id": part["job_id"],
+                    "part": part["part"],
+                    "request_key": key,
+                },
+            )
+        writer.close(wait=0.5)
+
+    def batch_parts(
+        self, *, keys: Sequence[str] | None = None, job_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every batch part that carries one of ``keys`` (or belongs to ``job_id``, or all),
+        in its latest state, with the ids recorded along the way; oldest first."""
+        if not self.path.exists() and not self._journal_files("llm_batches"):
+            return []
+        events = self._table_sql("llm_batches", list(_COLUMNS["llm_batches"]))
+        requests = self._table_sql("llm_batch_requests", ["job_id", "part", "request_key"])
+        ranks = " ".join(f"WHEN '{state}' THEN {rank}" for rank, state in enumerate(_BATCH_STATES))
+        where = "TRUE"
+        if keys is not None:
+            where = (
+                f"(job_id, part) IN (SELECT job_id, part FROM ({requests}) r "
+                "SEMI JOIN wanted_keys w ON r.request_key = w.key)"
+            )
+        elif job_id is not None:
+            where = "job_id = $job_id"
+        query = (
+            f"SELECT job_id, part, arg_max(state, CASE state {ranks} END) AS state, "
+            "any_value(endpoint) AS endpoint, any_value(model) AS model, "
+            "max(requests) AS requests, max(input_file_id) AS input_file_id, "
+            "max(batch_id) AS batch_id, max(output_file_id) AS output_file_id, "
+            "max(error_file_id) AS error_file_id "
+            f"FROM ({events}) WHERE {where} GROUP BY job_id, part ORDER BY job_id, part"
+        )
+        with self.connect() as con:
+            con.register(
+                "wanted_keys",
+                pa.table({"key": list(keys or [])}, schema=pa.schema([("key", pa.string())])),
+            )
+            params = {"job_id": job_id} if keys is None and job_id is not None else None
+            parts: list[dict[str, Any]] = con.sql(query, params=params).to_arrow_table().to_pylist()
+        return parts
+
+    def batch_keys(self, job_id: str, part: int) -> list[str]:
+        """The request keys a batch part carries."""
+        requests = self._table_sql("llm_batch_requests", ["job_id", "part", "request_key"])
+        with self.connect() as con:
+            rows = con.sql(
+                f"SELECT DISTINCT request_key FROM ({requests}) "
+                "WHERE job_id = $job_id AND part = $part",
+                params={"job_id": job_id, "part": part},
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def _table_sql(self, table: str, columns: Sequence[str]) -> str:
+        """A query over ``table`` and what the journal holds for it."""
+        listed = ", ".join(columns)
+        files = self._journal_files(table)
+        if not self.path.exists():
+            return self._journal_sql(table, columns, files)
+        if not files:
+            return f"SELECT {listed} FROM {table}"
+        return f"SELECT {listed} FROM {table} UNION ALL {self._journal_sql(table, columns, files)}"
 
     def merge_files(self, files: Sequence[Path], wait: float) -> str | None:
         """Insert journal ``files`` into their tables and delete them; why not (nothing is

@@ -13,9 +13,10 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 import polars as pl
 
 from ._backend import Backend
+from ._batch import BatchPart, BatchRunner
 from ._cache import Cache, resolve_cache_path
 from ._embed import embed_frame
-from ._engine import Engine
+from ._engine import Engine, Outcome, Request
 from ._estimate import Estimate, estimate_frame
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._options import (
@@ -27,6 +28,8 @@ from ._options import (
     check_job,
     make_job,
 )
+from ._pipeline import AnswerSink, requests_for
+from ._plan import plan_frame
 from ._progress import resolve_progress
 from ._report import RunReport
 from ._run import run_frame
@@ -254,6 +257,112 @@ class Client:
         )
         check_job(job, schema_of(df))
         return estimate_frame(to_polars(df), job, self.cache)
+
+    # -- provider batches -------------------------------------------------------------------
+
+    def submit(
+        self, df: Frame, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
+    ) -> list[BatchPart]:
+        """Submit a job's distinct uncached requests as provider batches and return at once,
+        without waiting for them (``mode="batch"`` is implied).
+
+        The batches are recorded in the cache. Get the rows' answers later with
+        :meth:`complete` and the same arguments: it finds these batches, waits for them and
+        collects their answers instead of submitting anything again; or collect every
+        recorded batch into the cache with :meth:`collect_batches` (``llm-ops batches
+        collect``).
+        """
+        return self.run(self._submit(df, prompt, model, {**options, "mode": "batch"}))
+
+    async def _submit(
+        self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
+    ) -> list[BatchPart]:
+        job = make_job(
+            prompt=prompt,
+            model=model,
+            endpoint=self.endpoint.identity,
+            cached=self.cache is not None,
+            options=options,
+        )
+        check_job(job, schema_of(df))
+        backend = await self._backend()
+        plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
+        wanted = {request.key: request for request in requests_for(plan.misses, job)}
+
+        async def not_sent(request: Request, outcome: Outcome) -> None:
+            """A budget kept it from the batch; the rows say so when the job is collected."""
+
+        return await BatchRunner(job, backend).submit(wanted, not_sent)
+
+    def batches(self, *, job_id: str | None = None) -> list[BatchPart]:
+        """The batches recorded in the cache (of one submission, or all) as last seen; see
+        :meth:`refresh_batches` for the provider's current counts."""
+        if self.cache is None:
+            return []
+        return [BatchPart(**row) for row in self.cache.batch_parts(job_id=job_id)]
+
+    def refresh_batches(self, *, job_id: str | None = None) -> list[BatchPart]:
+        """:meth:`batches`, with each live batch's state and counts asked of the provider."""
+        parts = self.batches(job_id=job_id)
+
+        async def refresh() -> None:
+            runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
+            for part in parts:
+                await runner.refresh(part)
+
+        self.run(refresh())
+        return parts
+
+    def collect_batches(self, *, job_id: str | None = None) -> int:
+        """Wait for the recorded batches not yet collected (of one submission, or all) and
+        stream their answers into the cache; returns how many requests were collected."""
+        parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
+
+        async def collect() -> int:
+            backend = await self._backend()
+            collected = 0
+            for model in sorted({part.model for part in parts}):
+                same = [part for part in parts if part.model == model]
+                runner = self._batch_runner(model, same[0].endpoint, backend)
+                sink = AnswerSink(runner.job, backend)
+
+                async def keep(request: Request, outcome: Outcome, sink: AnswerSink = sink) -> None:
+                    sink.add(request, outcome)
+
+                try:
+                    await runner.resume(same, keep)
+                finally:
+                    if sink.cache is not None:
+                        await sink.cache.close()
+                collected += len(sink.outcomes)
+            return collected
+
+        return self.run(collect())
+
+    def cancel_batches(self, *, job_id: str) -> list[BatchPart]:
+        """Cancel a submission's live batches; collect them afterwards to keep what they
+        answered."""
+        parts = self.batches(job_id=job_id)
+
+        async def cancel() -> None:
+            runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
+            for part in parts:
+                await runner.cancel(part)
+
+        self.run(cancel())
+        return parts
+
+    def _batch_runner(self, model: str, endpoint: str, backend: Backend) -> BatchRunner:
+        """A runner for batches made by any job: only the model and endpoint matter to
+        collecting them (the requests are read back from the batches' input files)."""
+        job = make_job(
+            prompt="{unused}",
+            model=model,
+            endpoint=endpoint,
+            cached=True,
+            options={"mode": "batch", "progress": False},
+        )
+        return BatchRunner(job, backend)
 
     # -- the client's event loop --------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from ._cache import Cache
 from ._options import Job
 from ._pipeline import requests_for
 from ._plan import plan_frame
-from ._pricing import add_costs, approx_tokens, cost_or_none
+from ._pricing import Price, add_costs, approx_tokens, cost_or_none
 from ._report import dollars
 
 
@@ -21,7 +21,8 @@ class Estimate:
 
     Input tokens are estimated at four characters a token plus four per message (no tokenizer
     can be downloaded here); output tokens are bounded by ``max_tokens`` and unknown without it.
-    Costs are ``None`` when the model has no price. For a cascade the counts are the first
+    Costs are ``None`` when the model has no price; the batch costs are those of
+    ``mode="batch"`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade the counts are the first
     model's, and the cost range runs from every row answered by the first model to every row
     sent to every model.
     """
@@ -36,6 +37,8 @@ class Estimate:
     output_tokens_max: int | None
     cost_min: float | None
     cost_max: float | None
+    batch_cost_min: float | None = None
+    batch_cost_max: float | None = None
 
     def __str__(self) -> str:
         output = (
@@ -58,6 +61,8 @@ class Estimate:
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
                 f"output tokens (max)  {output:>12}",
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
+                f"cost (batch API)     {dollars(self.batch_cost_min)} to "
+                f"{dollars(self.batch_cost_max)}",
             ]
         )
 
@@ -96,22 +101,10 @@ def price_plan(
     input_tokens = approx_tokens(chars, messages)
     max_tokens = job.spec.params.get("max_tokens")
     output_max = None if max_tokens is None else max_tokens * singles
-    cost_min = cost_or_none(
-        job.price, requests=requests, input_tokens=input_tokens, output_tokens=0
-    )
-    cost_max: float | None = 0.0
-    for model in job.models:
-        most = (
-            None
-            if output_max is None
-            else cost_or_none(
-                job.spending.price(model),
-                requests=requests,
-                input_tokens=input_tokens,
-                output_tokens=output_max,
-            )
-        )
-        cost_max = add_costs(cost_max, most)
+    live = [job.spending.price(model) for model in job.models]
+    batch = [None if price is None else price.for_batch() for price in live]
+    cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max)
+    batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max)
     return Estimate(
         rows=rows,
         skipped_rows=rows - keyed_rows,
@@ -123,4 +116,25 @@ def price_plan(
         output_tokens_max=output_max,
         cost_min=cost_min,
         cost_max=cost_max,
+        batch_cost_min=batch_min,
+        batch_cost_max=batch_max,
     )
+
+
+def _cost_range(
+    prices: list[Price | None], requests: int, input_tokens: int, output_max: int | None
+) -> tuple[float | None, float | None]:
+    """From every request answered by the first model with no output, to every request sent
+    to every model with ``output_max`` tokens (unknown without a bound)."""
+    low = cost_or_none(prices[0], requests=requests, input_tokens=input_tokens, output_tokens=0)
+    high: float | None = 0.0
+    for price in prices:
+        most = (
+            None
+            if output_max is None
+            else cost_or_none(
+                price, requests=requests, input_tokens=input_tokens, output_tokens=output_max
+            )
+        )
+        high = add_costs(high, most)
+    return low, high

@@ -130,6 +130,20 @@ def llm_complete(
         reaches the threshold; near-duplicates within the job are sent once. Such rows get
         status ``similar``; ``<output>_similar_to`` (the reused request's cache key) and
         ``<output>_similarity`` are added. Off by default.
+    mode
+        ``"live"`` sends requests as they are planned; ``"batch"`` sends the distinct
+        uncached requests through the provider's Files and Batches API at its price (half the
+        live one by default, see :meth:`~llm_ops.Price.for_batch`) and waits for them (up to
+        24 h). The batches are recorded in the cache before and after each provider call, so
+        a rerun after a crash picks them up and never submits a request twice.
+    on_expired
+        With batch mode: what the part of an expired or cancelled batch that was not
+        answered does, ``"resubmit"`` (in a new batch) or ``"live"`` (sent now).
+    batch_max_requests, batch_max_bytes
+        With batch mode: requests and bytes per batch file (OpenAI: 50,000 and 200 MB).
+    batch_poll_seconds
+        With batch mode: the first wait between asking how the batches do; it grows to a
+        minute.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 

@@ -27,7 +27,7 @@ from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
-from ._spec import RequestSpec, is_number, positive_int
+from ._spec import RequestSpec, is_number, positive_int, seconds
 from ._template import check_columns, parse_template
 from .exceptions import ConfigError
 
@@ -80,6 +80,11 @@ class CallOptions(ResultOptions, total=False):
     max_tokens_total: int | None
     escalate: EscalateOption
     semantic_cache: SemanticCache | None
+    mode: Literal["live", "batch"]
+    on_expired: Literal["resubmit", "live"]
+    batch_max_requests: int
+    batch_max_bytes: int
+    batch_poll_seconds: float
 
 
 class Options(ClientOptions, CallOptions, total=False):
@@ -204,12 +209,14 @@ class Spending:
     def price(self, model: str) -> Price | None:
         return self.prices.get(model)
 
-    def budget(self, model: str, spent: tuple[float, int, int] = (0.0, 0, 0)) -> Budget | None:
-        """A fresh budget for one dispatch to ``model``, less what was ``spent`` already
+    def budget(
+        self, price: Price | None, spent: tuple[float, int, int] = (0.0, 0, 0)
+    ) -> Budget | None:
+        """A fresh budget for one dispatch at ``price``, less what was ``spent`` already
         (dollars, requests, tokens), or ``None`` without limits."""
         cost, requests, tokens = spent
         budget = Budget(
-            self.price(model),
+            price,
             None if self.max_cost is None else max(0.0, self.max_cost - cost),
             None if self.max_requests is None else max(0, self.max_requests - requests),
             None if self.max_tokens_total is None else max(0, self.max_tokens_total - tokens),
@@ -226,6 +233,24 @@ class Cascade:
 
 
 @dataclass(frozen=True)
+class Batching:
+    """Lever: the distinct uncached requests go through the provider's Files and Batches API
+    (``mode="batch"``), at its price (half the live one by default), answered within 24 h."""
+
+    max_requests: int = 50_000  # lines per batch file (OpenAI's limit)
+    max_bytes: int = 200_000_000  # bytes per batch file (OpenAI's limit)
+    poll_seconds: float = 5.0  # the first wait between polls; it grows to a minute
+    on_expired: Literal["resubmit", "live"] = "resubmit"  # what an expired batch's rest does
+
+    def __post_init__(self) -> None:
+        positive_int("batch_max_requests", self.max_requests)
+        positive_int("batch_max_bytes", self.max_bytes)
+        seconds("batch_poll_seconds", self.poll_seconds)
+        if self.on_expired not in ("resubmit", "live"):
+            raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")
+
+
+@dataclass(frozen=True)
 class Job:
     """One call, as typed parts; each stage takes the parts it uses."""
 
@@ -236,6 +261,7 @@ class Job:
     cascade: Cascade | None = None
     semantic: SemanticCache | None = None
     repair: bool = False
+    batching: Batching | None = None  # None: live requests
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
     spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
@@ -246,7 +272,13 @@ class Job:
 
     @property
     def price(self) -> Price | None:
-        """The price of the model in use."""
+        """The price of the model in use, through the Batch API in batch mode."""
+        price = self.spending.price(self.spec.model)
+        return price.for_batch() if price is not None and self.batching else price
+
+    @property
+    def live_price(self) -> Price | None:
+        """The price of the model in use for live requests."""
         return self.spending.price(self.spec.model)
 
     @property
@@ -267,7 +299,7 @@ class Job:
 
     def budget(self) -> Budget | None:
         """A fresh budget for one dispatch, or ``None`` without limits."""
-        return self.spending.budget(self.spec.model, self.spent)
+        return self.spending.budget(self.price, self.spent)
 
 
 def models_of(model: object) -> tuple[str, ...]:
@@ -356,6 +388,33 @@ def make_job(
         options.get("max_requests"),
         options.get("max_tokens_total"),
     )
+    mode = options.get("mode", "live")
+    if mode not in ("live", "batch"):
+        raise ConfigError(f"mode must be 'live' or 'batch', got {mode!r}")
+    batch_options = ("on_expired", "batch_max_requests", "batch_max_bytes", "batch_poll_seconds")
+    if mode == "live" and any(name in options for name in batch_options):
+        raise ConfigError(
+            f"{', '.join(n for n in batch_options if n in options)} only apply to mode='batch'"
+        )
+    batching = None
+    if mode == "batch":
+        if not cached:
+            raise ConfigError(
+                "mode='batch' records its batches in the cache database, so a "
+                "rerun never pays twice: pass a cache path instead of "
+                "cache=False"
+            )
+        if packing.rows_per_request > 1:
+            raise ConfigError(
+                "rows_per_request cannot be combined with mode='batch' yet; "
+                "the Batch API already prices per token at half the live rate"
+            )
+        batching = Batching(
+            max_requests=options.get("batch_max_requests", 50_000),
+            max_bytes=options.get("batch_max_bytes", 200_000_000),
+            poll_seconds=options.get("batch_poll_seconds", 5.0),
+            on_expired=options.get("on_expired", "resubmit"),
+        )
     escalate = options.get("escalate")
     rule = (
         escalation_rule(escalate, output, structured, len(models)) if escalate is not None else None
@@ -368,6 +427,7 @@ def make_job(
         cascade=Cascade(models, rule) if len(models) > 1 else None,
         semantic=semantic,
         repair=repair,
+        batching=batching,
         on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ._cache import Cache
-from ._engine import STOPS, Dispatcher, Outcome, Request
+from ._engine import STOPS, Outcome, Request
 from ._progress import ProgressCallback, TerminalDisplay, Tracker
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
@@ -66,8 +66,17 @@ class CacheSink:
             await asyncio.to_thread(self.writer.close, wait=CLOSE_WAIT)
 
 
+class Sender(Protocol):
+    """What sends a dispatch's requests: a live :class:`~llm_ops._engine.Dispatcher`, or a
+    :class:`~llm_ops._batch.BatchRunner`."""
+
+    async def run(
+        self, requests: Iterable[Request], on_outcome: Callable[[Request, Outcome], Awaitable[None]]
+    ) -> None: ...
+
+
 async def dispatch_durably(
-    dispatcher: Dispatcher,
+    dispatcher: Sender,
     requests: Iterable[Request],
     on_outcome: Callable[[Request, Outcome], Awaitable[None]],
     *,

@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import polars as pl
 
 from ._backend import Backend
+from ._batch import BatchRunner
 from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
@@ -165,16 +166,25 @@ async def dispatch(
     already final."""
     sink = AnswerSink(job, backend)
     spec = job.spec
-    dispatcher = Dispatcher(
-        backend.engine,
-        model=spec.model,
-        params=spec.params,
-        validate=spec.schema.validate if spec.schema else None,
-        repair=job.repair,
-        budget=job.budget(),
-    )
+    sender: Dispatcher | BatchRunner
+    if job.batching is not None:
+        sender = BatchRunner(job, backend)
+    else:
+        sender = Dispatcher(
+            backend.engine,
+            model=spec.model,
+            params=spec.params,
+            validate=spec.schema.validate if spec.schema else None,
+            repair=job.repair,
+            budget=job.budget(),
+        )
     tracker = Tracker(
-        rows=rows, rows_settled=rows_settled, requests=misses.height, dispatcher=dispatcher
+        rows=rows,
+        rows_settled=rows_settled,
+        requests=misses.height,
+        counters=sender.counters,
+        engine=backend.engine,
+        phase="sending" if job.batching is None else "batch",
     )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
@@ -183,20 +193,33 @@ async def dispatch(
             sink.add(member, answer)
 
     stopped = await dispatch_durably(
-        dispatcher,
+        sender,
         requests_for(misses, job),
         on_outcome,
         sink=sink.cache,
         tracker=tracker,
         progress=job.progress,
     )
-    budget_stop = dispatcher.budget.exhausted if dispatcher.budget else None
-    return Dispatched(
+    done = Dispatched(
         outcomes=sink.outcomes,
-        counters=dispatcher.counters,
+        counters=sender.counters,
         stopped=stopped,
-        budget_stop=budget_stop,
+        budget_stop=sender.budget.exhausted if sender.budget else None,
     )
+    if isinstance(sender, BatchRunner) and sender.remainder and stopped is None:
+        # on_expired="live": what the expired batches did not answer is sent now
+        keys = pl.Series([request.key for request in sender.remainder])
+        live = await dispatch(
+            misses.filter(pl.col("key").is_in(keys.implode())),
+            replace(job, batching=None),
+            backend,
+            rows=rows,
+            rows_settled=rows - int(misses["rows"].sum()),
+        )
+        done.outcomes += live.outcomes
+        done.counters.add(live.counters)
+        done.stopped = live.stopped
+    return done
 
 
 @dataclass

@@ -18,6 +18,9 @@ from .exceptions import ConfigError
 class Price:
     """What a model costs: dollars per million tokens, and/or dollars per request.
 
+    ``batch`` is the price through the provider's Batch API (``mode="batch"``); without one,
+    every part of the live price is halved, as OpenAI and most gateways bill batches.
+
     Examples
     --------
     >>> Price(input_per_million=0.15, output_per_million=0.60).cost(
@@ -25,12 +28,28 @@ class Price:
     0.9
     >>> Price(per_request=0.002).cost(requests=500, input_tokens=10**9, output_tokens=0)
     1.0
+    >>> batch = Price(0.15, 0.60).for_batch()
+    >>> batch.input_per_million, batch.output_per_million
+    (0.075, 0.3)
     """
 
     input_per_million: float = 0.0
     output_per_million: float = 0.0
     cached_input_per_million: float | None = None
     per_request: float = 0.0
+    batch: Price | None = None
+
+    def for_batch(self) -> Price:
+        """The price of the same work sent through the Batch API."""
+        if self.batch is not None:
+            return self.batch
+        cached = self.cached_input_per_million
+        return Price(
+            self.input_per_million / 2,
+            self.output_per_million / 2,
+            None if cached is None else cached / 2,
+            self.per_request / 2,
+        )
 
     @classmethod
     def given(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ._engine import Dispatcher
+from ._engine import Counters, Engine
 
 
 @dataclass(frozen=True)
@@ -81,18 +81,20 @@ class Tracker:
         rows: int,
         rows_settled: int,
         requests: int,
-        dispatcher: Dispatcher,
+        counters: Counters,
+        engine: Engine,
         phase: str = "sending",
     ):
         self.rows = rows
         self.phase = phase
         self.rows_done = rows_settled
         self.requests = requests
-        self.dispatcher = dispatcher
+        self.counters = counters
+        self.engine = engine
         self.started = time.monotonic()
 
     def snapshot(self) -> Progress:
-        counters = self.dispatcher.counters
+        counters = self.counters
         return Progress(
             rows=self.rows,
             rows_done=self.rows_done,
@@ -104,7 +106,7 @@ class Tracker:
             timeouts=counters.timeouts,
             prompt_tokens=counters.prompt_tokens,
             completion_tokens=counters.completion_tokens,
-            concurrency=self.dispatcher.engine.concurrency.current,
+            concurrency=self.engine.concurrency.current,
             elapsed=time.monotonic() - self.started,
             phase=self.phase,
         )

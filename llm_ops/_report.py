@@ -12,7 +12,7 @@ from ._pricing import add_costs
 from ._status import FAILED, STATUSES
 from .exceptions import JobAbortedError
 
-LEVERS = ("dedupe", "cache", "packing", "semantic_cache", "cascade")
+LEVERS = ("dedupe", "cache", "packing", "semantic_cache", "cascade", "batch")
 """The ways a job avoids paying for a request, as keys of :attr:`RunReport.savings`.
 
 dedupe
@@ -27,6 +27,9 @@ semantic_cache
 cascade
     rows a cheaper model answered well enough, which the last model of ``model=[...]`` did
     not have to answer; its cost is net of everything the earlier models cost
+batch
+    the requests sent through the provider's Batch API (``mode="batch"``), at its price rather
+    than the live one; no requests saved, only dollars
 """
 
 
@@ -90,6 +93,8 @@ class RunReport:
     models
         Per model (an embedding model too, with ``semantic_cache=``): rows answered,
         requests, tokens and cost.
+    mode
+        ``"live"``, or ``"batch"`` when the requests went through the provider's Batch API.
     """
 
     run_id: str
@@ -113,6 +118,7 @@ class RunReport:
     budget_stop: str | None = None
     savings: dict[str, Saving] = field(default_factory=dict)
     models: dict[str, ModelUsage] = field(default_factory=dict)
+    mode: str = "live"
 
     @property
     def failed_rows(self) -> int:
@@ -137,7 +143,8 @@ class RunReport:
     def __str__(self) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in self.statuses.items() if v) or "none"
         lines = [
-            f"llm-ops run {self.run_id} ({self.outcome}) · model {self.model} · {self.endpoint}",
+            f"llm-ops run {self.run_id} ({self.outcome}) · model {self.model} · {self.endpoint}"
+            + (" · batch" if self.mode == "batch" else ""),
             f"  rows               {self.rows:>10,}",
             f"  distinct requests  {self.distinct_requests:>10,}",
             f"  cache hits         {self.cache_hits:>10,}",
@@ -208,6 +215,7 @@ def sum_reports(
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
         savings=savings,
         models=models,
+        mode=reports[0].mode,
     )
 
 

@@ -90,7 +90,8 @@ def with_usage(
         cost=cost,
         models=models,
         savings=savings,
-        cost_saved=subtract_costs(tallies["every_row"].cost(job.price), cost),
+        cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), cost),
+        mode="live" if job.batching is None else "batch",
     )
 
 
@@ -186,6 +187,14 @@ def lever_savings(
         savings["semantic_cache"] = Saving(
             similar.requests, subtract_costs(similar.cost(job.price), on_embeddings)
         )
+    if job.batching is not None:
+        live = cost_or_none(
+            job.live_price,
+            requests=counters.answered,
+            input_tokens=counters.prompt_tokens,
+            output_tokens=counters.completion_tokens,
+        )
+        savings["batch"] = Saving(0, subtract_costs(live, on_completions))
     return savings
 
 

@@ -86,7 +86,8 @@ async def embed_distinct(
         rows=total,
         rows_settled=total - int(misses["rows"].sum()) - rows_after,
         requests=-(-misses.height // batch_size),
-        dispatcher=dispatcher,
+        counters=dispatcher.counters,
+        engine=backend.engine,
         phase="embedding",
     )
     answered: list[tuple[str, list[float] | None, str, str | None]] = []

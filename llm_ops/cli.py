@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import duckdb
 import polars as pl
@@ -48,12 +48,14 @@ _SKIPPED = {
 }
 
 
-def _scalar(hint: object) -> type | None:
-    """int, float or str for an option that holds one such value (or None), else None."""
+def _flag(hint: object) -> dict[str, Any] | None:
+    """How argparse reads an option that holds one number, text or choice (or None)."""
+    if get_origin(hint) is Literal:
+        return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
     for kind in (int, float, str):
         if kind in kinds:
-            return kind
+            return {"type": kind}
     return None
 
 
@@ -66,7 +68,7 @@ def _option_help() -> dict[str, str]:
         names, _, text = block.partition("\n")
         sentence = " ".join(text.split()).split(". ")[0].rstrip(".")
         for name in names.split(","):
-            found[name.strip()] = sentence.replace("%", "%%")
+            found[name.strip()] = sentence.replace("%", "%%").replace("``", "")
     return found
 
 
@@ -84,15 +86,18 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
     helps = _option_help()
     named = []
     for name, hint in get_type_hints(Options).items():
-        kind = _scalar(hint)
-        if name in _SKIPPED or kind is None:
+        how = _flag(hint)
+        if name in _SKIPPED or how is None:
             continue
         flag = "--" + name.replace("_", "-")
         if name == "stop":
             parser.add_argument(flag, action="append", help=helps.get(name))
         else:
-            parser.add_argument(flag, type=kind, help=helps.get(name))
+            parser.add_argument(flag, **how, help=helps.get(name))
         named.append(name)
+    parser.add_argument(
+        "--batch", action="store_const", const="batch", dest="mode", help="the same as --mode batch"
+    )
     parser.add_argument(
         "--price-input",
         type=float,
@@ -177,6 +182,24 @@ def _parser() -> argparse.ArgumentParser:
         "--hang-rate", type=float, default=0.0, help="share of attempts that never answer"
     )
 
+    batches = commands.add_parser(
+        "batches",
+        help="list, watch, collect and cancel provider batches",
+        description="The provider batches that jobs with --mode batch submitted, as recorded "
+        "in the cache: list them, ask the provider how they are doing, collect "
+        "their answers into the cache, or cancel them.",
+    )
+    batches.add_argument("action", choices=["list", "status", "collect", "cancel"])
+    batches.add_argument("--job", help="only this submission (its id, as listed)")
+    batches.add_argument(
+        "--base-url",
+        help="endpoint; default OPENAI_BASE_URL, then OpenAI "
+        "(the API key comes from OPENAI_API_KEY)",
+    )
+    batches.add_argument(
+        "--cache", help=f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
+    )
+
     cache = commands.add_parser(
         "cache",
         help="inspect, export and prune the cache",
@@ -226,7 +249,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``llm-ops`` command; returns the exit status."""
     args = _parser().parse_args(argv)
-    handlers = {"run": _run, "estimate": _estimate, "serve": _serve, "cache": _cache_command}
+    handlers = {
+        "run": _run,
+        "estimate": _estimate,
+        "serve": _serve,
+        "cache": _cache_command,
+        "batches": _batches,
+    }
     try:
         return handlers[args.command](args)
     except (LlmOpsError, OSError, duckdb.Error, pl.exceptions.PolarsError) as exc:
@@ -315,6 +344,47 @@ def _estimate(args: argparse.Namespace) -> int:
         _table(args, Path(scratch) / "unused.parquet", options) as table,
     ):
         print(table.estimate())
+    return 0
+
+
+def _batches(args: argparse.Namespace) -> int:
+    if args.action == "cancel" and not args.job:
+        raise ConfigError("cancel needs --job ID: the submission to cancel (see 'batches list')")
+    with Client(base_url=args.base_url, cache=args.cache) as client:
+        if args.action == "collect":
+            collected = client.collect_batches(job_id=args.job)
+            print(f"collected {collected:,} answer(s)")
+            return 0
+        if args.action == "cancel":
+            parts = client.cancel_batches(job_id=args.job)
+        elif args.action == "status":
+            parts = client.refresh_batches(job_id=args.job)
+        else:
+            parts = client.batches(job_id=args.job)
+    if not parts:
+        print("no batches recorded")
+        return 0
+    rows = pl.DataFrame(
+        [
+            {
+                "job": p.job_id,
+                "part": p.part,
+                "batch": p.batch_id,
+                "state": p.state,
+                "model": p.model,
+                "requests": p.requests,
+                **({"answered": p.completed + p.failed} if args.action == "status" else {}),
+            }
+            for p in parts
+        ]
+    )
+    with pl.Config(
+        tbl_hide_dataframe_shape=True,
+        tbl_hide_column_data_types=True,
+        tbl_rows=len(parts),
+        fmt_str_lengths=40,
+    ):
+        print(rows)
     return 0
 
 

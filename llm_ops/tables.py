@@ -44,15 +44,16 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._batch import BatchPart, BatchRunner
 from ._cache import NO_EXTENSION_DOWNLOADS, Cache
 from ._cascade import run_cascade
 from ._client import Client
-from ._engine import Counters
+from ._engine import Counters, Outcome, Request
 from ._estimate import Estimate, price_plan
 from ._frames import from_arrow
 from ._join import join_back, status_counts
 from ._options import CallOptions, Job, ModelOption, check_job, make_job
-from ._pipeline import answer_misses
+from ._pipeline import answer_misses, requests_for
 from ._plan import key_rows, lookup_answers
 from ._report import RunReport, add_spending, make_report, sum_reports
 from ._savings import Tally, completion_cost, spent_by, with_usage
@@ -60,7 +61,7 @@ from ._spec import positive_int
 from ._status import ANSWERED, CACHEABLE, RESULTS
 from .exceptions import ConfigError
 
-__all__ = ["Counters", "Table", "TablePlan", "Written", "input_files"]
+__all__ = ["BatchPart", "Counters", "Table", "TablePlan", "Written", "input_files"]
 
 _CHUNK_GLOB = "chunk-*.parquet"
 # What a chunk's results file keeps: the outcome of every request, and the answers the cache
@@ -197,6 +198,9 @@ class Table:
             return self.run_cascade()
         started_at = datetime.now(UTC)
         plan = self.plan()
+        if self.job.batching is not None:  # every chunk's batches run at once
+            for chunk in plan.chunks:
+                self.submit(chunk)
         counters = Counters()
         for chunk in plan.chunks:
             counters.add(self.run_chunk(chunk, spent=counters))
@@ -278,6 +282,18 @@ class Table:
             list(_OUTCOME_SCHEMA)
         ).write_parquet(_results_path(chunk))
         return counters
+
+    def submit(self, chunk: str | os.PathLike[str]) -> list[BatchPart]:
+        """With ``mode="batch"``: submit the chunk's requests that the cache lacks and no
+        recorded batch carries, and return at once; :meth:`run_chunk` then waits for them
+        and collects their answers (it submits nothing again)."""
+        if self.job.batching is None:
+            raise ConfigError("submit() is for mode='batch'; run_chunk() sends live requests")
+        misses = pl.read_parquet(Path(chunk))
+        remaining = misses.join(
+            lookup_answers(self.cache, misses).select("key"), on="key", how="anti"
+        )
+        return self.client.run(_submit(self.client, self.job, remaining))
 
     def write(self) -> Written:
         """Write the input plus the added columns, batch by batch."""
@@ -484,6 +500,15 @@ async def _answer(
     )
     similar = done.settled.select(list(_OUTCOME_SCHEMA))
     return pl.concat([similar, fresh], how="diagonal_relaxed"), done.counters
+
+
+async def _submit(client: Client, job: Job, misses: pl.DataFrame) -> list[BatchPart]:
+    wanted = {request.key: request for request in requests_for(misses, job)}
+
+    async def not_sent(request: Request, outcome: Outcome) -> None:
+        """A budget kept it from the batch; run_chunk says so in the results file."""
+
+    return await BatchRunner(job, await client._backend()).submit(wanted, not_sent)
 
 
 async def _cascade(

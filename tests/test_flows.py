@@ -122,3 +122,24 @@ def test_counters_of_chunks_add_up():
     total.add(Counters(sent=2, retries=1, by_status={"ok": 2}))
     total.add(Counters(sent=3, by_status={"ok": 1, "failed": 1}))
     assert (total.sent, total.retries, total.by_status) == (5, 1, {"ok": 3, "failed": 1})
+
+
+def test_flow_in_batch_mode_submits_then_waits_and_shows_its_batches(prefect, config, endpoint):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
+    enrich_table(config.model_copy(update={"mode": "batch", "batch_poll_seconds": 0.05}))
+    out = pl.read_parquet(config.output)
+    assert out["summary"].to_list() == [
+        expected_reply(t, model="sim") if t else None for t in TEXTS
+    ]
+    assert (endpoint.stats()["requests"], endpoint.stats()["batches"]) == (0, 2)  # 2 chunks
+    with get_client(sync_client=True) as client:
+        latest = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["enrich-batches"])),
+            sort="CREATED_DESC",
+            limit=1,
+        )[0]
+    table = latest.data if isinstance(latest.data, list) else __import__("json").loads(latest.data)
+    assert [row["state"] for row in table] == ["collected", "collected"]

@@ -29,6 +29,7 @@ Per-request behaviour is set by directives inside the user message:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -36,12 +37,14 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 from aiohttp import web
 
 from .._pack import parse_pack_request
+from ._batches import BatchesApi
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
@@ -94,6 +97,11 @@ class SimulatorConfig:
         whether items come back in a shuffled order.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
+    batch_seconds, batch_validation_seconds, batch_expire_share, batch_expire_first
+        The Batches API's clock: a batch validates for so long, then works through its lines
+        for ``batch_seconds``; with ``batch_expire_share`` the first ``batch_expire_first``
+        batches expire having answered that share of their lines (see
+        :mod:`llm_ops.testing._batches`).
     """
 
     latency: float = 0.0
@@ -115,6 +123,10 @@ class SimulatorConfig:
     pack_drop_rate: float = 0.0
     pack_shuffle: bool = False
     api_key: str | None = None
+    batch_seconds: float = 1.0
+    batch_validation_seconds: float = 0.1
+    batch_expire_share: float | None = None
+    batch_expire_first: int = 1
 
 
 class _Bucket:
@@ -274,9 +286,12 @@ def _estimate_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", ""))) for m in messages) // 4 + 4 * len(messages)
 
 
+def _error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
 def _error(status: int, message: str, kind: str, code: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return web.json_response(body, status=status)
+    return web.json_response(_error_body(message, kind, code), status=status)
 
 
 class Simulator:
@@ -294,6 +309,7 @@ class Simulator:
         self._tokens_bucket = _Bucket(config.tpm, config.rate_window) if config.tpm else None
 
     def reset(self) -> None:
+        self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -323,6 +339,7 @@ class Simulator:
             "completion_tokens": self.completion_tokens,
             "embedding_requests": self.embedding_requests,
             "embedding_inputs": self.embedding_inputs,
+            **self.batch_api.stats(),
             "config": asdict(self.config),
         }
 
@@ -334,6 +351,8 @@ class Simulator:
         app.router.add_get("/_sim/stats", self.get_stats)
         app.router.add_post("/_sim/reset", self.post_reset)
         app.router.add_post("/_sim/config", self.post_config)
+        for method, path, name in BatchesApi.ROUTES:
+            app.router.add_route(method, path, functools.partial(self._batches, name=name))
         return app
 
     async def get_stats(self, request: web.Request) -> web.Response:
@@ -498,6 +517,35 @@ class Simulator:
         return response
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+        reply = self._reply(body)
+        if reply.status == 400 and reply.bad_body:
+            return web.json_response(reply.body, status=400)
+        admitted = self._admit(reply.prompt_tokens + reply.budget_tokens)
+        if admitted is not None:
+            return admitted
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(reply.latency)
+        elif reply.latency > 0:
+            await asyncio.sleep(reply.latency)
+        self._settle(reply)
+        response = web.json_response(reply.body, status=reply.status)
+        if reply.status == 200:
+            response.headers.update(self._rate_headers())
+        return response
+
+    def _refuse(self, request: web.Request) -> web.Response | None:
+        """401 without the configured key; 429 ``insufficient_quota`` once it is spent."""
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             return _error(
@@ -508,16 +556,24 @@ class Simulator:
             return _error(
                 429, "You exceeded your current quota.", "insufficient_quota", "insufficient_quota"
             )
+        return None
+
+    def _reply(self, body: Any) -> _Reply:
+        """What a chat completion request is answered, before rate limits, faults and latency
+        (shared by live requests and the lines of a batch)."""
         try:
-            body = json.loads(await request.read())
             model = body["model"]
             messages = body["messages"]
-        except (ValueError, KeyError, TypeError):
-            return _error(
-                400, "body must be JSON with 'model' and 'messages'", "invalid_request_error"
+            text = _user_text(messages)
+        except (KeyError, TypeError):
+            return _Reply(
+                400,
+                _error_body(
+                    "body must be JSON with 'model' and 'messages'", "invalid_request_error"
+                ),
+                bad_body=True,
             )
         self.by_model[model] += 1
-        text = _user_text(messages)
         digest = _digest(messages)
         self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
@@ -541,24 +597,20 @@ class Simulator:
             )
             completion_tokens = len(reply.split())
         prompt_tokens = _estimate_tokens(messages)
-        refused = self._admit(prompt_tokens + (body.get("max_tokens") or completion_tokens))
-        if refused is not None:
-            return refused
-        fault = await self._fault(request)
-        if fault is not None:
-            return fault
         latency = float(directives.get("latency", self.config.latency))
         latency += self.config.latency_per_token * completion_tokens
-        if self._slots is not None:
-            async with self._slots:
-                await asyncio.sleep(latency)
-        elif latency > 0:
-            await asyncio.sleep(latency)
+        answer = _Reply(
+            200,
+            {},
+            prompt_tokens=prompt_tokens,
+            budget_tokens=body.get("max_tokens") or completion_tokens,
+            latency=latency,
+        )
         if "status" in directives:
             status = int(directives["status"])
-            return _error(status, f"simulated error {status}", "invalid_request_error")
+            return answer.failing(status, f"simulated error {status}", "invalid_request_error")
         if model in directives.get("fail_for", "").split(","):
-            return _error(
+            return answer.failing(
                 400, f"simulated: {model} cannot answer this prompt", "invalid_request_error"
             )
         times = directives.get("fail_times")
@@ -566,7 +618,7 @@ class Simulator:
         odd_answer = "finish_reason" in directives or "error_in_200" in directives
         if times is not None and early and not odd_answer:
             status = int(directives.get("fail_status", 500))
-            return _error(status, f"simulated transient error {status}", "server_error")
+            return answer.failing(status, f"simulated transient error {status}", "server_error")
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": reply},
@@ -578,33 +630,67 @@ class Simulator:
                 del choice["finish_reason"]
             elif directives["finish_reason"] == "content_filter":
                 choice["message"]["content"] = reply.split(" ", 1)[0]
-        self.answered[digest] += 1
-        self.answered_total += 1
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
-        response = web.json_response(
-            {
-                "id": f"chatcmpl-sim-{self.requests}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
-        )
+        answer.body = {
+            "id": f"chatcmpl-sim-{self.requests}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
         if early and "error_in_200" in directives:
-            body = json.loads(cast(bytes, response.body))
-            body["error"] = {
+            answer.body["error"] = {
                 "message": "simulated: the generation failed midway",
                 "type": "server_error",
             }
-            response = web.json_response(body)
-        response.headers.update(self._rate_headers())
-        return response
+        answer.digest, answer.completion_tokens = digest, completion_tokens
+        return answer
+
+    async def _batches(self, request: web.Request, *, name: str) -> web.StreamResponse:
+        """The Files and Batches API (see :mod:`llm_ops.testing._batches`), behind the key."""
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(
+            self.batch_api, name
+        )
+        return await handler(request)
+
+    def _answer_line(self, body: Any) -> tuple[int, dict[str, Any]]:
+        reply = self._reply(body)
+        self._settle(reply)
+        return reply.status, reply.body
+
+    def _settle(self, reply: _Reply) -> None:
+        """Count an answer that was given."""
+        if reply.status != 200:
+            return
+        self.answered[reply.digest] += 1
+        self.answered_total += 1
+        self.prompt_tokens += reply.prompt_tokens
+        self.completion_tokens += reply.completion_tokens
+
+
+@dataclass
+class _Reply:
+    """A chat completion answer: its HTTP status and body, and what it costs."""
+
+    status: int
+    body: dict[str, Any]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    budget_tokens: int = 0  # what the rate limit charges: prompt + max_tokens (or the answer)
+    latency: float = 0.0
+    digest: str = ""
+    bad_body: bool = False
+
+    def failing(self, status: int, message: str, kind: str) -> _Reply:
+        self.status, self.body = status, _error_body(message, kind)
+        return self
 
 
 async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:

@@ -1,0 +1,412 @@
+"""Provider batch mode (``mode="batch"``): the distinct uncached requests through the Files and
+Batches API, at the batch price, answered within 24 hours.
+
+A submission (a ``job_id``) is cut into parts of at most ``batch_max_requests`` lines and
+``batch_max_bytes``; each part is one JSONL file (``custom_id`` = the request key) and one
+batch. Every provider object is recorded in the cache database (``llm_batches`` and
+``llm_batch_requests``, through the journal, so durably) before and after the call that makes
+it::
+
+    preparing ─upload─▶ uploaded ─create─▶ submitted ─poll─▶ validating ▶ in_progress ▶ ...
+        ▶ completed | expired | cancelled | failed ─collect─▶ collected
+
+A rerun finds the parts that carry its keys and picks each up where it stopped: a part that
+never got its file is given up (nothing was paid); one whose batch may have been created
+without being recorded is looked up in the provider's batch list by its metadata; the rest are
+polled. Only keys in no live part and not cached are submitted, so nothing is paid twice.
+Answers are streamed into the cache as the output file is read; the error file gives rows
+their status. The part of an expired or cancelled batch that was not answered is submitted
+again, or sent live (``on_expired="live"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import openai
+
+from ._backend import Backend
+from ._cache import Cache
+from ._engine import (
+    Dispatcher,
+    Outcome,
+    Request,
+    _Final,
+    _one_line,
+    _Retryable,
+)
+from ._key import build_request, canonical_json
+from ._options import Job
+from ._schema import output_schema
+from ._signals import stopped_by_signals
+from .exceptions import JobAbortedError, JobInterruptedError
+
+ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+POLL_MAX = 60.0  # seconds between polls at the most
+TERMINAL = ("completed", "expired", "cancelled", "failed")
+OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
+
+
+@dataclass
+class BatchPart:
+    """One provider batch of a submission: a file of request lines, as recorded in the cache
+    (``llm_batches``); ``completed`` and ``failed`` are the provider's counts when it was last
+    asked."""
+
+    job_id: str
+    part: int
+    endpoint: str  # the endpoint's identity, for the keys of what it answers
+    model: str
+    requests: int
+    state: str = "preparing"
+    input_file_id: str | None = None
+    batch_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    completed: int = 0
+    failed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_id}/{self.part}"
+
+
+class BatchRunner:
+    """Sends one dispatch's requests as batches and collects their answers; it stands where a
+    live :class:`~llm_ops._engine.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
+
+    def __init__(self, job: Job, backend: Backend):
+        assert job.batching is not None and backend.cache is not None
+        self.job = job
+        self.settings = job.batching
+        self.cache: Cache = backend.cache
+        self.engine = backend.engine
+        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After).
+        self.sdk = backend.engine.client.with_options(max_retries=4)
+        self.parser = Dispatcher(
+            backend.engine,
+            model=job.spec.model,
+            params=job.spec.params,
+            validate=job.spec.schema.validate if job.spec.schema else None,
+            budget=job.budget(),
+        )
+        self.counters = self.parser.counters
+        self.budget = self.parser.budget
+        self.remainder: list[Request] = []  # what an expired batch left, for live requests
+        self._stopping = False
+
+    def stop(self) -> None:
+        """SIGTERM: stop waiting (the batches go on at the provider; a rerun collects them)."""
+        self._stopping = True
+
+    async def run(self, requests: Iterable[Request], on_outcome: OnOutcome) -> None:
+        """Submit what no live batch carries, then wait for every batch carrying these
+        requests and collect their answers, calling ``on_outcome`` for each."""
+        wanted = {request.key: request for request in requests}
+        with stopped_by_signals(self):
+            try:
+                parts = await self.submit(wanted, on_outcome)
+                await self.wait(parts, wanted, on_outcome)
+            except openai.AuthenticationError as exc:
+                raise JobAbortedError(
+                    f"the endpoint refused the credentials for its Batch "
+                    f"API ({_one_line(str(exc))}); nothing more was sent"
+                ) from exc
+
+    # -- submitting ---------------------------------------------------------------------------
+
+    async def submit(self, wanted: dict[str, Request], on_outcome: OnOutcome) -> list[BatchPart]:
+        """The parts to wait for: those that already carry some of ``wanted`` (resumed where
+        they stopped), and new ones for the rest."""
+        recorded = await asyncio.to_thread(self.cache.batch_parts, keys=list(wanted))
+        parts, covered = [], set()
+        for row in recorded:
+            part = BatchPart(**row)
+            if part.state == "collected":
+                continue
+            if await self._resume(part):
+                parts.append(part)
+                covered.update(
+                    await asyncio.to_thread(self.cache.batch_keys, part.job_id, part.part)
+                )
+        fresh = [request for key, request in wanted.items() if key not in covered]
+        return parts + await self._submit(fresh, on_outcome)
+
+    async def _submit(self, requests: list[Request], on_outcome: OnOutcome) -> list[BatchPart]:
+        lines: list[tuple[str, bytes]] = []
+        for request in requests:
+            expected = self.parser._expected_tokens(request, self.parser.estimate_tokens(request))
+            if self.budget is not None and not self.budget.reserve(*expected):
+                self.counters.over_budget += 1
+                await on_outcome(
+                    request,
+                    Outcome(
+                        key=request.key,
+                        status="skipped",
+                        error=f"not sent: the budget stopped the job ({self.budget.exhausted})",
+                    ),
+                )
+                continue
+            body = self.parser._body(request, request.messages)
+            line = {"custom_id": request.key, "method": "POST", "url": ENDPOINT, "body": body}
+            lines.append((request.key, json.dumps(line, ensure_ascii=False).encode() + b"\n"))
+        job_id = f"llmops-{uuid.uuid4().hex[:16]}"
+        parts = []
+        for number, chunk in enumerate(self._files(lines)):
+            part = BatchPart(
+                job_id, number, self.job.spec.endpoint, self.job.spec.model, len(chunk)
+            )
+            await self._record(part, keys=[key for key, _ in chunk])  # before anything is paid
+            file = await self.sdk.files.create(
+                file=(f"{part.label.replace('/', '-')}.jsonl", b"".join(b for _, b in chunk)),
+                purpose="batch",
+            )
+            part.input_file_id, part.state = file.id, "uploaded"
+            await self._record(part)
+            await self._create(part)
+            self.counters.sent += part.requests
+            parts.append(part)
+        return parts
+
+    def _files(self, lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
+        """``lines`` cut into files within the provider's limits."""
+        chunk: list[tuple[str, bytes]] = []
+        size = 0
+        for key, line in lines:
+            if chunk and (
+                len(chunk) >= self.settings.max_requests
+                or size + len(line) > self.settings.max_bytes
+            ):
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((key, line))
+            size += len(line)
+        if chunk:
+            yield chunk
+
+    async def _create(self, part: BatchPart) -> None:
+        assert part.input_file_id is not None
+        batch = await self.sdk.batches.create(
+            input_file_id=part.input_file_id,
+            endpoint=ENDPOINT,
+            completion_window="24h",
+            metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
+        )
+        part.batch_id, part.state = batch.id, "submitted"
+        await self._record(part)
+
+    async def _resume(self, part: BatchPart) -> bool:
+        """Bring a recorded part to where it can be polled; ``False`` when it never got its
+        file (nothing was paid for it; its keys are submitted again)."""
+        if part.batch_id is not None:
+            return True
+        found = await self._find(part)  # created, but the process died before recording it
+        if found is not None:
+            part.batch_id, part.state = found, "submitted"
+            await self._record(part)
+            return True
+        if part.input_file_id is None:
+            part.state = "collected"
+            await self._record(part)
+            return False
+        await self._create(part)
+        return True
+
+    async def _find(self, part: BatchPart) -> str | None:
+        """The provider's batch for ``part``, by the metadata it was created with."""
+        async for batch in self.sdk.batches.list(limit=100):
+            metadata = batch.metadata or {}
+            if (metadata.get("llm_ops_job"), metadata.get("llm_ops_part")) == (
+                part.job_id,
+                str(part.part),
+            ):
+                return batch.id
+        return None
+
+    async def _record(self, part: BatchPart, *, keys: list[str] | None = None) -> None:
+        await asyncio.to_thread(self.cache.record_batch, asdict(part), keys=keys or ())
+
+    async def resume(self, parts: list[BatchPart], on_outcome: OnOutcome) -> None:
+        """Pick ``parts`` up where they stopped and collect them (with no job's frame at
+        hand: answers go to the cache under the requests read back from the input files)."""
+        with stopped_by_signals(self):
+            live = [p for p in parts if p.state != "collected" and await self._resume(p)]
+            await self.wait(live, {}, on_outcome)
+
+    async def refresh(self, part: BatchPart) -> None:
+        """Ask the provider how ``part`` is doing (its counts), recording a new state."""
+        if part.batch_id is None or part.state == "collected":
+            return
+        batch = await self.sdk.batches.retrieve(part.batch_id)
+        if batch.request_counts is not None:
+            part.completed = batch.request_counts.completed
+            part.failed = batch.request_counts.failed
+        if batch.status != part.state and part.state not in TERMINAL:
+            part.state = batch.status
+            part.output_file_id, part.error_file_id = batch.output_file_id, batch.error_file_id
+            await self._record(part)
+
+    async def cancel(self, part: BatchPart) -> None:
+        """Cancel ``part``'s batch at the provider; what it answered is kept when collected."""
+        if part.batch_id is not None and part.state not in (*TERMINAL, "collected"):
+            batch = await self.sdk.batches.cancel(part.batch_id)
+            part.state = batch.status
+            await self._record(part)
+
+    # -- waiting and collecting ---------------------------------------------------------------
+
+    async def wait(
+        self, parts: list[BatchPart], wanted: dict[str, Request], on_outcome: OnOutcome
+    ) -> None:
+        """Poll until every part is collected, backing off from ``poll_seconds`` to a
+        minute; answers are collected as soon as their batch ends."""
+        pending = [part for part in parts if part.state != "collected"]
+        delay = self.settings.poll_seconds
+        progressed: dict[str, int] = {}  # lines each part has answered, for progress
+        while pending:
+            if self._stopping:
+                raise JobInterruptedError(
+                    "the job was stopped by SIGTERM while its batches ran; they go on at the "
+                    "provider, and a rerun collects them without submitting anything again"
+                )
+            for part in list(pending):
+                assert part.batch_id is not None
+                batch = await self.sdk.batches.retrieve(part.batch_id)
+                counts = batch.request_counts
+                progressed[part.label] = (counts.completed + counts.failed) if counts else 0
+                self.counters.done = sum(progressed.values())
+                if batch.status != part.state:
+                    part.state = batch.status
+                    part.output_file_id = batch.output_file_id
+                    part.error_file_id = batch.error_file_id
+                    await self._record(part)
+                if part.state in TERMINAL:
+                    pending.remove(part)
+                    pending += await self._collect(part, batch, wanted, on_outcome)
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, POLL_MAX)
+
+    async def _collect(
+        self, part: BatchPart, batch: Any, wanted: dict[str, Request], on_outcome: OnOutcome
+    ) -> list[BatchPart]:
+        """Stream the part's output and error files into outcomes; what the batch did not
+        answer (expired, cancelled) is submitted again, or kept for live requests. Returns the
+        parts submitted again."""
+        requests = {r.key: r for r in await self._requests_of(part)}
+        if self.parser.validate is None and requests:
+            self.parser.validate = _validator(next(iter(requests.values())))
+        answered: set[str] = set()
+        for file_id in (part.output_file_id, part.error_file_id):
+            if file_id is None:
+                continue
+            async for line in self._lines(file_id):
+                result = json.loads(line)
+                request = requests.get(result.get("custom_id"))
+                if request is None:
+                    continue
+                answered.add(request.key)
+                outcome = self._outcome(request, result)
+                self.counters.by_status[outcome.status] = (
+                    self.counters.by_status.get(outcome.status, 0) + 1
+                )
+                await on_outcome(wanted.get(request.key, request), outcome)
+        rest = [request for key, request in requests.items() if key not in answered]
+        again: list[BatchPart] = []
+        if rest and part.state == "failed":  # the provider refused the file itself
+            message = _batch_errors(batch)
+            for request in rest:
+                await on_outcome(
+                    wanted.get(request.key, request),
+                    Outcome(
+                        key=request.key,
+                        status="failed",
+                        attempts=1,
+                        error=f"the batch {part.batch_id} failed: {message}",
+                    ),
+                )
+        elif rest and self.settings.on_expired == "live":
+            self.remainder += [wanted.get(r.key, r) for r in rest]
+        elif rest:
+            again = await self._submit(rest, on_outcome)
+        part.state = "collected"
+        await self._record(part)
+        return again
+
+    async def _lines(self, file_id: str) -> AsyncIterator[str]:
+        async with self.sdk.files.with_streaming_response.content(file_id) as response:
+            async for line in response.iter_lines():
+                if line.strip():
+                    yield line
+
+    async def _requests_of(self, part: BatchPart) -> list[Request]:
+        """The part's requests, read back from its input file: collecting needs nothing else,
+        so it works in any process, for any job's batches."""
+        assert part.input_file_id is not None
+        requests = []
+        async for line in self._lines(part.input_file_id):
+            item = json.loads(line)
+            body = dict(item["body"])
+            model, messages = body.pop("model"), body.pop("messages")
+            request = build_request(
+                endpoint=part.endpoint, model=model, messages=messages, params=body
+            )
+            requests.append(
+                Request(
+                    key=item["custom_id"], messages=messages, request_json=canonical_json(request)
+                )
+            )
+        return requests
+
+    def _outcome(self, request: Request, result: dict[str, Any]) -> Outcome:
+        """One line of an output or error file, classified as a live answer would be."""
+        response = result.get("response") or {}
+        status, body = response.get("status_code"), response.get("body")
+        if result.get("error") or status is None:
+            error = result.get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else error
+            return Outcome(
+                key=request.key,
+                status="failed",
+                attempts=1,
+                error=_one_line(f"the batch could not answer it: {message}"),
+            )
+        if status != 200:
+            inner = body.get("error", {}) if isinstance(body, dict) else {}
+            message = _one_line(f"HTTP {status}: {inner.get('message') or body}")
+            retryable = status in (408, 409, 429) or status >= 500
+            return Outcome(
+                key=request.key,
+                status="failed" if retryable else "rejected",
+                error=message,
+                attempts=1,
+                http_status=status,
+            )
+        try:
+            outcome = self.parser._parse(request, json.dumps(body).encode())
+        except _Retryable as exc:
+            outcome = Outcome(key=request.key, status="failed", error=str(exc))
+        except _Final as exc:
+            outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
+        outcome.attempts = 1
+        return outcome
+
+
+def _validator(request: Request) -> Callable[[str], str] | None:
+    """Structured output's check, from a request's own ``response_format`` (collecting with
+    no job at hand, say from the command line)."""
+    response_format = json.loads(request.request_json).get("response_format") or {}
+    if response_format.get("type") != "json_schema":
+        return None
+    return output_schema(response_format["json_schema"]["schema"]).validate
+
+
+def _batch_errors(batch: Any) -> str:
+    errors = getattr(batch, "errors", None)
+    data = getattr(errors, "data", None) or []
+    return "; ".join(str(getattr(e, "message", e)) for e in data[:3]) or "no reason given"
