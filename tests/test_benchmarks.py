@@ -64,3 +64,24 @@ def test_levers_benchmark_prints_its_three_tables() -> None:
     for title in ("Semantic cache", "Cascade", "Similarity search"):
         assert f"### {title}" in done.stdout
     assert "| llm_ops, cascade [sim-small, sim] |" in done.stdout
+
+
+def test_batch_benchmark_prints_live_and_batch_side_by_side() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "batch.py"),
+            "--rows",
+            "200",
+            "--batch-seconds",
+            "0.5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| llm_ops, batch | 200 | 200 | 1 |" in done.stdout
+    assert "| 200 | 0.50x |" in done.stdout
