@@ -25,6 +25,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ from ._engine import (
     _Final,
     _one_line,
     _Retryable,
+    redact,
 )
 from ._key import build_request, canonical_json
 from ._options import Job
@@ -108,15 +110,25 @@ class BatchRunner:
         """Submit what no live batch carries, then wait for every batch carrying these
         requests and collect their answers, calling ``on_outcome`` for each."""
         wanted = {request.key: request for request in requests}
-        with stopped_by_signals(self):
-            try:
-                parts = await self.submit(wanted, on_outcome)
-                await self.wait(parts, wanted, on_outcome)
-            except openai.AuthenticationError as exc:
-                raise JobAbortedError(
-                    f"the endpoint refused the credentials for its Batch "
-                    f"API ({_one_line(str(exc))}); nothing more was sent"
-                ) from exc
+        with stopped_by_signals(self), self.provider_errors():
+            parts = await self.submit(wanted, on_outcome)
+            await self.wait(parts, wanted, on_outcome)
+
+    @contextmanager
+    def provider_errors(self) -> Iterator[None]:
+        """The SDK's errors from the Files and Batches API, as one :class:`JobAbortedError`
+        (after its own retries): what is recorded and cached so far stays."""
+        try:
+            yield
+        except openai.APIError as exc:
+            detail = _one_line(redact(str(exc), *self.engine.secrets))
+            if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+                hint = "check the API key and its access to the Batch API"
+            elif isinstance(exc, openai.NotFoundError):
+                hint = "the endpoint may have no Files and Batches API: use mode='live'"
+            else:
+                hint = "rerun to pick the recorded batches up where they stopped"
+            raise JobAbortedError(f"the Batch API failed ({detail}); {hint}") from exc
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -234,7 +246,7 @@ class BatchRunner:
     async def resume(self, parts: list[BatchPart], on_outcome: OnOutcome) -> None:
         """Pick ``parts`` up where they stopped and collect them (with no job's frame at
         hand: answers go to the cache under the requests read back from the input files)."""
-        with stopped_by_signals(self):
+        with stopped_by_signals(self), self.provider_errors():
             live = [p for p in parts if p.state != "collected" and await self._resume(p)]
             await self.wait(live, {}, on_outcome)
 

@@ -307,8 +307,9 @@ class Client:
 
         async def refresh() -> None:
             runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
-            for part in parts:
-                await runner.refresh(part)
+            with runner.provider_errors():
+                for part in parts:
+                    await runner.refresh(part)
 
         self.run(refresh())
         return parts
@@ -346,8 +347,9 @@ class Client:
 
         async def cancel() -> None:
             runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
-            for part in parts:
-                await runner.cancel(part)
+            with runner.provider_errors():
+                for part in parts:
+                    await runner.cancel(part)
 
         self.run(cancel())
         return parts

@@ -245,3 +245,9 @@ def test_a_table_in_batch_mode_submits_every_chunk_before_waiting(endpoint, cach
     )
     assert pl.read_parquet(tmp_path / "out.parquet").equals(live)
     assert (report.mode, endpoint.stats()["batches"]) == ("batch", 3)
+
+
+def test_files_are_cut_at_the_byte_limit(batch, endpoint):
+    out = DF.head(20).pipe(batch, batch_max_bytes=700)  # a line is about 230 bytes
+    assert out["completion_status"].to_list() == ["ok"] * 20
+    assert (endpoint.stats()["batches"], endpoint.stats()["lines_uploaded"]) == (3, 7)

@@ -4,8 +4,9 @@ the server, its tokenizer, usage, finish reasons and error bodies are real)."""
 from __future__ import annotations
 
 import polars as pl
+import pytest
 
-from llm_ops import llm_complete, llm_embed, open_cache
+from llm_ops import JobAbortedError, llm_complete, llm_embed, open_cache
 
 
 def test_every_row_is_answered_or_truncated_and_only_those_are_cached(llama, cache):
@@ -70,3 +71,15 @@ def test_dimensions_the_server_ignores_are_refused_not_cached(llama_embed, cache
     )
     assert out["embedding_status"].to_list() == ["rejected"]
     assert out.schema["embedding"] == pl.Array(pl.Float32, 16)
+
+
+def test_batch_mode_on_a_server_without_a_batch_api_is_one_clear_error(llama, cache):
+    with pytest.raises(JobAbortedError, match="mode='live'"):
+        pl.DataFrame({"text": ["hello"]}).pipe(
+            llm_complete,
+            prompt="{text}",
+            model=llama.model,
+            base_url=llama.base_url,
+            cache=cache,
+            mode="batch",
+        )
