@@ -105,6 +105,14 @@ class EnrichConfig(BaseModel):
     batch_poll_seconds: float | None = Field(
         None, gt=0, description="with batch mode: first wait between polls (default 5 s)"
     )
+    ray_address: str | None = Field(
+        None,
+        description="send the chunks on a Ray cluster: 'local' (started on this machine), "
+        "'auto' or 'ray://host:10001'; with none, on this machine as usual",
+    )
+    ray_workers: int | None = Field(
+        None, ge=1, description="with Ray: chunks sent at once (a local cluster's CPUs)"
+    )
 
     def options(self) -> dict[str, Any]:
         """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
@@ -257,7 +265,9 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
         submissions = {part.job_id for part in parts}
         _publish_batches(parts, "submitted")
     counters = Counters()
-    for number, chunk in enumerate(plan.chunks, start=1):
+    if config.ray_address is not None:
+        counters = send_chunks_on_ray(config, plan.chunks, progress)
+    for number, chunk in enumerate(plan.chunks if config.ray_address is None else [], start=1):
         counters.add(send_chunk(config, chunk, number, counters))
         update_progress_artifact(progress, 100.0 * number / len(plan.chunks))
         logger.info(
@@ -270,6 +280,35 @@ def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
         ended = [part for part in table.client.batches() if part.job_id in submissions]
         _publish_batches(ended, "at the end")
     return _finish(config, report)
+
+
+@task(
+    name="send-chunks-on-ray",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_condition_fn=_retry_unless_aborted,
+)
+def send_chunks_on_ray(config: EnrichConfig, chunks: list[str], progress: UUID) -> Counters:
+    """Every chunk as a Ray task on the cluster, under one rate limit; answers are merged
+    into the cache as chunks end, so a retry or a rerun sends only what is still missing."""
+    from llm_ops.ray import connect, send_chunks
+
+    logger = get_run_logger()
+
+    def on_chunk(done: int, total: int, counters: Counters) -> None:
+        update_progress_artifact(progress, 100.0 * done / total)
+        logger.info(
+            "chunk %d/%d done on Ray: %d requests sent so far, %d rate limited, %d retries",
+            done,
+            total,
+            counters.sent,
+            counters.rate_limited,
+            counters.retries,
+        )
+
+    connect(config.ray_address or "local", config.ray_workers)
+    table = open_table(config)
+    return send_chunks(table, chunks, workers=config.ray_workers, on_chunk=on_chunk)
 
 
 @task(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -549,32 +550,37 @@ class Cache:
         )
 
     def _rows_for_keys(self, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
-        if not self.path.exists():
-            return schema.empty_table()
         columns = list(schema.names)
         for attempt in range(3):
             files = self._journal_files(table)
-            query = f"SELECT {', '.join(columns)} FROM {table}"
+            if not self.path.exists() and not files:
+                return schema.empty_table()
+            query = self._table_sql(table, columns)
             if files:
-                query = (
-                    f"SELECT DISTINCT ON (key) * FROM ({query} UNION ALL "
-                    f"{self._journal_sql(table, columns, files)})"
-                )
+                query = f"SELECT DISTINCT ON (key) * FROM ({query})"
             try:
-                with self.connect() as con:
+                with self._reader() as con:
                     con.register("wanted_keys", keys)
-                    return (
-                        con.sql(
-                            f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
-                        )
-                        .to_arrow_table()
-                        .cast(schema)
+                    found = con.sql(
+                        f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
                     )
-            except CacheError as exc:
+                    return found.to_arrow_table().cast(schema)
+            except (CacheError, duckdb.IOException) as exc:
                 # A journal file merged and removed between listing and reading: list again.
                 if attempt == 2 or "No files found" not in str(exc):
                     raise
         raise AssertionError("unreachable")
+
+    @contextmanager
+    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection to the cache, or an in-memory one where there is no cache
+        file (only a journal: a cluster worker's answers)."""
+        if self.path.exists():
+            with self.connect() as con:
+                yield con
+        else:
+            with duckdb.connect(config=NO_EXTENSION_DOWNLOADS) as con:
+                yield con
 
     def lookup(self, keys: pa.Table) -> pa.Table:
         """Cached answers for the ``key`` column of ``keys`` (journal included), in one join."""
@@ -737,23 +743,39 @@ class Cache:
             file.unlink(missing_ok=True)
         return None
 
-    def merge_orphans(self, *, wait: float) -> int:
+    def merge_orphans(self, *, wait: float, directory: Path | None = None) -> int:
         """Merge the journal files of writers that are gone (crashed, or ended while the file
-        was held); returns how many files were merged."""
-        if not self.journal.is_dir():
+        was held), in the cache's journal or in ``directory`` (where a cluster's workers
+        write theirs); returns how many files were merged."""
+        folder = self.journal if directory is None else directory
+        if not folder.is_dir():
             return 0
         merged = 0
-        writers = {f.name.split(".", 1)[0] for f in self.journal.glob("*.jsonl")}
+        writers = {f.name.split(".", 1)[0] for f in folder.glob("*.jsonl")}
         for writer_id in sorted(writers):
-            lock = self.journal / f"{writer_id}.lock"
+            lock = folder / f"{writer_id}.lock"
             with held(lock, blocking=False) as free:
                 if not free:
                     continue  # a live job: it merges its own files
-                files = sorted(self.journal.glob(f"{writer_id}.*.jsonl"))
+                files = sorted(folder.glob(f"{writer_id}.*.jsonl"))
                 if self.merge_files(files, wait) is None:
                     merged += len(files)
                     lock.unlink(missing_ok=True)
         return merged
+
+    def adopt(self, directory: Path, *, wait: float) -> None:
+        """Take the journal files that finished writers left in ``directory`` (a cluster's
+        workers, which may not open the cache) into this cache's journal, and merge them:
+        until they are merged, lookups read them there like any other journal file."""
+        if not directory.is_dir():
+            return
+        self.journal.mkdir(parents=True, exist_ok=True)
+        for writer_id in sorted({f.name.split(".", 1)[0] for f in directory.glob("*.jsonl")}):
+            with held(directory / f"{writer_id}.lock", blocking=False) as free:
+                if free:
+                    for file in sorted(directory.glob(f"{writer_id}.*.jsonl")):
+                        shutil.move(file, self.journal / file.name)
+        self.merge_orphans(wait=wait)
 
     # -- reading for people -------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -19,6 +19,7 @@ from ._embed import embed_frame
 from ._engine import Engine, Outcome, Request
 from ._estimate import Estimate, estimate_frame
 from ._frames import Frame, same_kind, schema_of, to_polars
+from ._limits import Limiter
 from ._options import (
     CallOptions,
     ClientOptions,
@@ -97,6 +98,9 @@ class Client:
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._starting = threading.Lock()
+        # A limiter shared beyond this process (a cluster's quota: see llm_ops.ray), made on
+        # the client's loop with the engine; None: the engine's own.
+        self._limiter: Callable[[Limits], Limiter] | None = None
 
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
@@ -383,7 +387,8 @@ class Client:
         """The engine (made on this client's loop, once) and the cache, made ready to use
         before anything is paid for."""
         if self._engine is None:
-            self._engine = Engine(self.endpoint, self.limits)
+            limiter = None if self._limiter is None else self._limiter(self.limits)
+            self._engine = Engine(self.endpoint, self.limits, limiter)
         if self.cache is not None:
             await asyncio.to_thread(self.cache.prepare)
         return Backend(self._engine, self.cache)

@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 import httpx2
 import openai
 
-from ._limits import AdaptiveConcurrency, RateLimiter
+from ._limits import AdaptiveConcurrency, Limiter, RateLimiter
 from ._pack import PACK_FORMAT, pack_messages, unpack
 from ._pricing import Budget, approx_tokens
 from ._schema import InvalidOutput
@@ -261,11 +261,11 @@ class Engine:
     the headers the SDK computed.
     """
 
-    def __init__(self, endpoint: Endpoint, limits: Limits):
+    def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):
         self.limits = limits
         self.endpoint = endpoint.identity
         self.concurrency = AdaptiveConcurrency(limits.concurrency)
-        self.limiter = RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
+        self.limiter: Limiter = limiter or RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
         self.secrets = (endpoint.api_key, *endpoint.query.values())
         # Until one request got through, requests go one at a time: a wrong key, an empty
         # quota or an unreachable endpoint then costs one request, not a wave of them.

@@ -12,6 +12,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Mapping
+from typing import Protocol
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -143,6 +144,24 @@ class _Budget:
     def empty_until(self, moment: float) -> None:
         self.level = 0.0
         self.stamp = max(self.stamp, moment)
+
+
+class Limiter(Protocol):
+    """What the engine asks of a rate limiter: this process's :class:`RateLimiter`, or one
+    that leases from a budget shared by a cluster's workers (:mod:`llm_ops.ray`)."""
+
+    @property
+    def tpm(self) -> float | None: ...
+
+    def too_large(self, tokens: int) -> bool: ...
+
+    async def admit(self, tokens: int) -> None: ...
+
+    def settle(self, estimated: int, actual: int) -> None: ...
+
+    def pause(self, seconds: float) -> None: ...
+
+    def observe(self, headers: Mapping[str, str]) -> None: ...
 
 
 class RateLimiter:

@@ -153,6 +153,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output file (.parquet)")
     run.add_argument("--strict", action="store_true", help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
+    run.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="send the chunks on a Ray cluster: 'local' (started here), 'auto' or "
+        "'ray://host:10001' (pip install 'llm-ops[ray]')",
+    )
+    run.add_argument(
+        "--ray-workers",
+        type=int,
+        metavar="N",
+        help="with --ray: chunks sent at once (a local cluster's CPUs)",
+    )
 
     estimate = commands.add_parser(
         "estimate",
@@ -321,7 +333,12 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args)
     options["progress"] = False if args.no_progress else None
     with _table(args, out, options) as table:
-        report = table.run()
+        if args.ray:
+            from .ray import run_on_ray
+
+            report = run_on_ray(table, address=args.ray, workers=args.ray_workers)
+        else:
+            report = table.run()
         status, error = table.job.columns.status, table.job.columns.error
     print(report)
     print(f"wrote {out}")

@@ -34,7 +34,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Unpack
@@ -181,6 +181,8 @@ class Table:
         )
         check_job(self.job, schema)
         self.work_dir = self.output.with_name(self.output.name + ".work")
+        # where workers that may not open the cache leave their answers (see llm_ops.ray)
+        self.answers_dir = self.work_dir / "answers"
 
     @property
     def cascade(self) -> bool:
@@ -214,6 +216,8 @@ class Table:
         if self.cascade:
             raise ConfigError("a cascade runs over a table batch by batch: use run_cascade()")
         self.cache.prepare()
+        # answers a crashed run's workers left are cache hits, not requests to send again
+        self.cache.adopt(self.answers_dir, wait=2.0)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for stale in [*self.work_dir.glob(_CHUNK_GLOB), self.work_dir / "plan.duckdb"]:
             stale.unlink(missing_ok=True)
@@ -267,21 +271,7 @@ class Table:
         took. Budgets count what ``spent`` (earlier chunks) took. Raises
         :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
         stopped the job."""
-        misses = pl.read_parquet(Path(chunk))
-        # Answered by an earlier attempt of this chunk: they count as answered in this run.
-        earlier = lookup_answers(self.cache, misses).with_columns(
-            pl.col("status").replace({"cached": "ok"})
-        )
-        remaining = misses.join(earlier.select("key"), on="key", how="anti")
-        job = self.job.after(spent_by(self.job, spent)) if spent else self.job
-        outcomes, counters = self.client.run(
-            _answer(self.client, job, remaining, rows=int(misses["rows"].sum()))
-        )
-        earlier = earlier.select("key", "status", "error").cast(pl.String)
-        pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
-            list(_OUTCOME_SCHEMA)
-        ).write_parquet(_results_path(chunk))
-        return counters
+        return send_chunk(self.client, self.job, self.cache, chunk, spent=spent)
 
     def submit(self, chunk: str | os.PathLike[str]) -> list[BatchPart]:
         """With ``mode="batch"``: submit the chunk's requests that the cache lacks and no
@@ -480,12 +470,38 @@ def _results_path(chunk: str | os.PathLike[str]) -> Path:
     return Path(chunk).with_suffix(".results.parquet")
 
 
+def send_chunk(
+    client: Client,
+    job: Job,
+    cache: Cache,
+    chunk: str | os.PathLike[str],
+    *,
+    spent: Counters | None = None,
+) -> Counters:
+    """:meth:`Table.run_chunk`, with answers written through ``cache`` (a cluster worker's
+    passes a store that only appends to the work directory: see :mod:`llm_ops.ray`)."""
+    misses = pl.read_parquet(Path(chunk))
+    # Answered by an earlier attempt of this chunk: they count as answered in this run.
+    earlier = lookup_answers(cache, misses).with_columns(pl.col("status").replace({"cached": "ok"}))
+    remaining = misses.join(earlier.select("key"), on="key", how="anti")
+    job = job.after(spent_by(job, spent)) if spent else job
+    outcomes, counters = client.run(
+        _answer(client, job, remaining, cache, rows=int(misses["rows"].sum()))
+    )
+    earlier = earlier.select("key", "status", "error").cast(pl.String)
+    pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
+        list(_OUTCOME_SCHEMA)
+    ).write_parquet(_results_path(chunk))
+    return counters
+
+
 async def _answer(
-    client: Client, job: Job, misses: pl.DataFrame, *, rows: int
+    client: Client, job: Job, misses: pl.DataFrame, cache: Cache, *, rows: int
 ) -> tuple[pl.DataFrame, Counters]:
     """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and
     the counters."""
-    done = await answer_misses(misses, job, await client._backend(), rows=rows)
+    backend = replace(await client._backend(), cache=cache)
+    done = await answer_misses(misses, job, backend, rows=rows)
     if done.stopped is not None:
         raise done.stopped
     # Answers are read back from the cache; only what the cache does not keep is kept here.

@@ -21,6 +21,15 @@ from llm_ops.testing import LocalEndpoint
 
 
 @pytest.fixture(scope="session")
+def prefect() -> Iterator[None]:
+    """One temporary Prefect API for the whole session (it takes seconds to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture(scope="session")
 def server() -> Iterator[LocalEndpoint]:
     with LocalEndpoint() as endpoint:
         yield endpoint

@@ -13,14 +13,6 @@ from llm_ops.testing import expected_reply
 TEXTS = ["great fit", "runs small", None, "great fit", "love it", None, "runs small"] * 3
 
 
-@pytest.fixture(scope="session")
-def prefect():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=60):
-        yield
-
-
 @pytest.fixture
 def config(tmp_path, endpoint, cache):
     source = tmp_path / "reviews.parquet"

@@ -1,0 +1,336 @@
+"""Tables on a Ray cluster: many workers send the chunks, under one rate limit, one writer.
+
+Install with ``pip install 'llm-ops[ray]'``. A :class:`~llm_ops.tables.Table` that outgrows one
+machine's client runs its chunks as Ray tasks::
+
+    from llm_ops import Client
+    from llm_ops.ray import run_on_ray
+    from llm_ops.tables import Table
+
+    with Client(base_url=..., cache="output/cache.duckdb", rpm=10_000) as client:
+        table = Table(client, "data/*.parquet", "output/out.parquet",
+                      prompt="Summarize: {text}", model="gpt-4o-mini")
+        report = run_on_ray(table, address="local", workers=4)
+
+What is shared, and how:
+
+* **Planning and the cache stay on the driver.** It keys and dedupes the input, looks the
+  distinct requests up in the cache and writes the misses as chunk files in the work directory
+  (``<out>.work/``), which every worker can read (one machine, or a shared file system).
+* **One rate limit for the whole cluster.** A :class:`Quota` actor holds the requests- and
+  tokens-per-minute budgets (the client's ``rpm``/``tpm``, and limits any worker learns from
+  ``x-ratelimit-*`` headers) and every ``Retry-After`` pause. Workers lease tokens from it a
+  quarter of a second's worth at a time, so the sum of their traffic stays under the limit
+  without a round trip per request; each worker keeps its own adaptive concurrency.
+* **One writer for the cache.** Workers never open the cache file: each appends its answers to
+  journal files of its own in ``<out>.work/answers/`` as they arrive (durable if the worker
+  dies), and the driver merges them into the cache as chunks finish, and whatever a dead worker
+  left before it plans again. A chunk retried on another worker skips what its earlier attempt
+  answered, so nothing answered is sent again beyond what was in flight.
+* **One report.** Each chunk returns its counters; the report adds them up, and ``on_chunk``
+  (the flow's progress artifact and logs) hears about every chunk as it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ._cache import Cache
+from ._client import Client
+from ._journal import JournalWriter
+from ._limits import RateLimiter, parse_duration
+from ._options import Job
+from ._report import RunReport
+from ._spec import Limits
+from .exceptions import ConfigError, LlmOpsError
+from .tables import Counters, Table, send_chunk
+
+__all__ = ["Quota", "run_on_ray", "send_chunks"]
+
+LEASE_SECONDS = 0.25  # a lease covers about this long of the budget
+CHECK_SECONDS = 1.0  # an unlimited worker asks this often whether another learned a limit
+OnChunk = Callable[[int, int, Counters], None]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - the extra is installed in the dev setup
+        raise ConfigError("running on a Ray cluster needs Ray: pip install 'llm-ops[ray]'") from exc
+    return ray
+
+
+def run_on_ray(
+    table: Table,
+    *,
+    address: str = "local",
+    workers: int | None = None,
+    on_chunk: OnChunk | None = None,
+) -> RunReport:
+    """:meth:`Table.run <llm_ops.tables.Table.run>`, with the chunks sent by Ray workers.
+
+    ``address`` is ``"local"`` (a Ray instance on this machine, started if none is running) or
+    a Ray address such as ``"auto"`` or ``"ray://host:10001"``; ``workers`` caps how many
+    chunks are sent at once (a local instance gets that many CPUs).
+    """
+    started_at = datetime.now(UTC)
+    if table.cascade:
+        return table.run_cascade()  # who goes on to the next model depends on the answers
+    connect(address, workers)
+    plan = table.plan()
+    counters = send_chunks(table, plan.chunks, workers=workers, on_chunk=on_chunk)
+    return table.finish(plan, counters, table.write(), started_at=started_at)
+
+
+def connect(address: str = "local", workers: int | None = None) -> None:
+    """Join the Ray cluster at ``address`` (``"local"``: start one here) unless joined."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    if address == "local":
+        ray.init(
+            num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+
+
+def send_chunks(
+    table: Table, chunks: list[str], *, workers: int | None = None, on_chunk: OnChunk | None = None
+) -> Counters:
+    """Send ``chunks`` (from :meth:`Table.plan`) as Ray tasks, at most ``workers`` at once,
+    merging their answers into the cache as they end; returns the counters added up."""
+    ray = _ray()
+    job = table.job
+    if job.batching is not None or job.semantic is not None or job.spending.budget(None):
+        raise ConfigError(
+            "on Ray, a table runs live requests without the semantic cache or "
+            "budgets (max_cost, ...) for now; drop them, or run without Ray"
+        )
+    store = table.answers_dir
+    store.mkdir(parents=True, exist_ok=True)
+    quota = (
+        ray.remote(Quota)
+        .options(num_cpus=0)
+        .remote(table.client.limits.rpm, table.client.limits.tpm)
+    )
+    work = _Work(
+        client_options=_client_options(table.client),
+        job=dataclasses.replace(job, progress=None),
+        answers=str(store),
+        flush_every=table.cache.flush_every,
+        flush_seconds=table.cache.flush_seconds,
+        quota=quota,
+    )
+    task = ray.remote(_send_chunk).options(num_cpus=1, max_retries=2)
+    limit = workers or max(1, int(ray.available_resources().get("CPU", 1)))
+    waiting: list[str] = list(chunks)
+    running: list[Any] = []  # Ray object refs
+    total = Counters()
+    try:
+        while waiting or running:
+            while waiting and len(running) < limit:
+                running.append(task.remote(work, waiting.pop(0)))
+            done, running = ray.wait(running, num_returns=1)
+            try:
+                total.add(ray.get(done[0]))
+            except ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                raise (cause if isinstance(cause, LlmOpsError) else exc) from None
+            table.cache.adopt(store, wait=2.0)
+            if on_chunk is not None:
+                on_chunk(len(chunks) - len(waiting) - len(running), len(chunks), total)
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        table.cache.adopt(store, wait=2.0)
+    return total
+
+
+def _client_options(client: Client) -> dict[str, Any]:
+    """What a worker's client is made with: the driver's endpoint and limits, no cache."""
+    limits = client.limits
+    return {
+        "base_url": client.endpoint.base_url + _query(client.endpoint.query),
+        "api_key": client.endpoint.api_key,
+        "cache": False,
+        "concurrency": limits.concurrency,
+        "max_attempts": limits.max_attempts,
+        "timeout": limits.timeout,
+    }
+
+
+def _query(query: Mapping[str, str]) -> str:
+    from urllib.parse import urlencode
+
+    return "?" + urlencode(query) if query else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """What every chunk task of one run needs."""
+
+    client_options: dict[str, Any] = dataclasses.field(repr=False)  # holds the key
+    job: Job
+    answers: str
+    flush_every: int
+    flush_seconds: float
+    quota: Any  # the Quota actor's handle
+
+
+def _send_chunk(work: _Work, chunk: str) -> Counters:
+    """One chunk, on a worker: its answers go to the work directory, its requests under the
+    cluster's quota."""
+    client = Client(**work.client_options)
+    client._limiter = lambda limits: LeasedLimiter(work.quota, limits)
+    store = WorkerStore(
+        Path(work.answers), flush_every=work.flush_every, flush_seconds=work.flush_seconds
+    )
+    with client:
+        return send_chunk(client, work.job, store, chunk)
+
+
+class WorkerStore(Cache):
+    """A worker's cache: answers appended to its own journal files in the shared work
+    directory, for the driver to merge; the cache file itself is never opened."""
+
+    def __init__(self, directory: Path, *, flush_every: int, flush_seconds: float):
+        super().__init__(
+            directory / "never-opened.duckdb", flush_every=flush_every, flush_seconds=flush_seconds
+        )
+        self.journal = directory
+
+    def prepare(self) -> None:
+        self.journal.mkdir(parents=True, exist_ok=True)
+
+    def writer(self) -> JournalWriter:
+        return JournalWriter(self.journal, merge=_left_to_the_driver, merge_every=self.flush_every)
+
+
+def _left_to_the_driver(files: Any, wait: float) -> str | None:
+    """A worker's journal files stay where they are: the driver merges them."""
+    return None
+
+
+class Quota:
+    """The cluster's rate budget (a Ray actor): the configured limits, those any worker
+    learned from the endpoint's headers, and every pause, in one place."""
+
+    def __init__(self, rpm: float | None, tpm: float | None):
+        self.limiter = RateLimiter(rpm=rpm, tpm=tpm)
+
+    def limits(self) -> tuple[float | None, float | None]:
+        return self.limiter.rpm, self.limiter.tpm
+
+    def lease(self, requests: int, tokens: int) -> tuple[int, int, float]:
+        """Up to ``requests`` requests and ``tokens`` tokens, what the budgets hold now:
+        (requests granted, tokens granted, seconds to wait when nothing could be)."""
+        limiter, now = self.limiter, time.monotonic()
+        if now < limiter.paused_until:
+            return 0, 0, limiter.paused_until - now
+        per_request, per_token = limiter.requests, limiter.tokens
+        granted_requests, granted_tokens = requests, tokens
+        if per_request is not None:
+            per_request.wait_for(0)  # refills
+            granted_requests = min(requests, int(per_request.level))
+        if per_token is not None:
+            per_token.wait_for(0)
+            granted_tokens = min(tokens, max(0, int(per_token.level)))
+        if granted_requests < 1 or (per_token is not None and granted_tokens < 1):
+            wait = max(
+                per_request.wait_for(1) if per_request else 0.0,
+                per_token.wait_for(1) if per_token else 0.0,
+            )
+            return 0, 0, max(wait, 0.01)
+        if per_request is not None:
+            per_request.take(granted_requests)
+        if per_token is not None:
+            per_token.take(granted_tokens)
+        return granted_requests, granted_tokens, 0.0
+
+    def observe(self, headers: dict[str, str]) -> None:
+        self.limiter.observe(headers)
+
+    def pause(self, seconds: float) -> None:
+        self.limiter.pause(seconds)
+
+
+class LeasedLimiter:
+    """A worker's rate limiter: spends tokens leased from the cluster's :class:`Quota`, and
+    tells it what the endpoint says (limits, ``Retry-After``)."""
+
+    def __init__(self, quota: Any, limits: Limits):
+        self.quota = quota
+        self.requests_left = 0
+        self.tokens_left = 0
+        self.paused_until = 0.0
+        self._limits = (limits.rpm, limits.tpm)
+        self._checked = -CHECK_SECONDS
+        self._told: dict[str, str] = {}  # header values the quota has heard
+        self._leasing = asyncio.Lock()
+
+    @property
+    def tpm(self) -> float | None:
+        return self._limits[1]
+
+    def too_large(self, tokens: int) -> bool:
+        return self.tpm is not None and tokens > self.tpm
+
+    async def admit(self, tokens: int) -> None:
+        while True:
+            now = time.monotonic()
+            if now < self.paused_until:
+                await asyncio.sleep(self.paused_until - now)
+                continue
+            if now - self._checked > CHECK_SECONDS:
+                self._limits = await self.quota.limits.remote()
+                self._checked = now
+            rpm, tpm = self._limits
+            if rpm is None and tpm is None:
+                return  # unlimited: no lease needed
+            if self.requests_left >= 1 and (tpm is None or self.tokens_left >= tokens):
+                self.requests_left -= 1
+                self.tokens_left -= tokens
+                return
+            async with self._leasing:
+                if self.requests_left >= 1 and (tpm is None or self.tokens_left >= tokens):
+                    continue
+                block = max(1, round((rpm or 240) * LEASE_SECONDS / 60))
+                granted, more_tokens, wait = await self.quota.lease.remote(block, block * tokens)
+                self.requests_left += granted
+                self.tokens_left += more_tokens
+                if wait:
+                    await asyncio.sleep(wait)
+
+    def settle(self, estimated: int, actual: int) -> None:
+        self.tokens_left += estimated - actual
+
+    def pause(self, seconds: float) -> None:
+        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
+        self.requests_left = self.tokens_left = 0
+        self.quota.pause.remote(seconds)
+
+    def observe(self, headers: Mapping[str, str]) -> None:
+        """Tell the quota what the endpoint's rate headers say, when it changes."""
+        said = {
+            name: value
+            for name, value in headers.items()
+            if name.lower().startswith("x-ratelimit-limit-")
+        }
+        exhausted = any(
+            headers.get(f"x-ratelimit-remaining-{kind}", "").strip() == "0"
+            for kind in ("requests", "tokens")
+        )
+        if said and said != self._told:
+            self._told = said
+            self._checked = -CHECK_SECONDS  # ask for the limits again before the next lease
+            self.quota.observe.remote(dict(headers))
+        elif exhausted:
+            reset = parse_duration(headers.get("x-ratelimit-reset-requests", "") or "1")
+            self.pause(min(reset or 1.0, 1.0))

@@ -1,0 +1,145 @@
+"""Tables on a real local Ray cluster (two worker processes) against the simulator."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from llm_ops import Client, JobAbortedError, open_cache
+from llm_ops.testing import expected_reply
+
+ray = pytest.importorskip("ray")
+
+TEXTS = [f"review {i % 60}" for i in range(240)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from llm_ops.ray import connect
+
+    connect("local", workers=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def source(tmp_path):
+    path = tmp_path / "in.parquet"
+    pl.DataFrame({"id": range(len(TEXTS)), "text": TEXTS}).write_parquet(path)
+    return path
+
+
+def _table(client, source, tmp_path, **options):
+    from llm_ops.tables import Table
+
+    options = {"chunk_size": 10, **options}
+    return Table(client, source, tmp_path / "out.parquet", prompt="{text}", model="sim", **options)
+
+
+def test_chunks_run_on_two_workers_and_every_row_is_answered_in_order(
+    cluster, endpoint, cache, source, tmp_path
+):
+    from llm_ops.ray import run_on_ray
+
+    ends = []
+    with Client(base_url=endpoint.base_url, cache=cache, concurrency=8) as client:
+        report = run_on_ray(
+            _table(client, source, tmp_path),
+            workers=2,
+            on_chunk=lambda done, total, counters: ends.append(done),
+        )
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out["id"].to_list() == list(range(len(TEXTS)))
+    assert out["completion"].to_list() == [expected_reply(t, model="sim") for t in TEXTS]
+    assert endpoint.stats()["requests"] == endpoint.stats()["distinct_prompts"] == 60
+    assert (report.requests_sent, ends[-1]) == (60, 6)
+    with open_cache(cache) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(60,)]
+    assert not (tmp_path / "out.parquet.work").exists()
+
+
+def test_the_workers_share_one_rate_limit(cluster, endpoint, cache, source, tmp_path):
+    from llm_ops.ray import run_on_ray
+
+    # The endpoint allows 600 a minute and answers a burst beyond one second's worth with
+    # 429s; the client asks for a little less. Two workers each with a limiter of their own
+    # draw about twenty 429s here (measured); sharing the cluster's quota, none.
+    endpoint.configure(rpm=600, rate_window=1.0, rate_limit_headers=False, latency=0.01)
+    with Client(base_url=endpoint.base_url, cache=cache, rpm=570, concurrency=8) as client:
+        report = run_on_ray(_table(client, source, tmp_path, chunk_size=30), workers=2)
+    assert report.statuses["ok"] == len(TEXTS)
+    assert "429" not in endpoint.stats()["by_status"]
+
+
+def test_a_failed_run_reruns_without_sending_anything_answered_again(
+    cluster, endpoint, cache, source, tmp_path
+):
+    from llm_ops.ray import run_on_ray
+
+    endpoint.configure(quota_requests=25)  # a worker's chunk is refused midway
+    with (
+        Client(base_url=endpoint.base_url, cache=cache, concurrency=4) as client,
+        pytest.raises(JobAbortedError, match="out of quota"),
+    ):
+        run_on_ray(_table(client, source, tmp_path), workers=2)
+    answered = endpoint.stats()["answered"]
+    endpoint.configure()
+    with Client(base_url=endpoint.base_url, cache=cache, concurrency=4) as client:
+        report = run_on_ray(_table(client, source, tmp_path), workers=2)
+    assert report.statuses["ok"] + report.statuses["cached"] == len(TEXTS)
+    assert endpoint.stats()["answered"] == 60  # the first run's answers were kept
+    assert answered == 25
+
+
+def test_the_flow_runs_its_chunks_on_ray(prefect, cluster, endpoint, cache, source, tmp_path):
+    from flows.enrich import EnrichConfig, enrich_table
+
+    config = EnrichConfig(
+        input=str(source),
+        output=str(tmp_path / "flow.parquet"),
+        prompt="{text}",
+        base_url=endpoint.base_url,
+        cache=str(cache),
+        chunk_size=10,
+        ray_address="local",
+        ray_workers=2,
+    )
+    result = enrich_table(config)
+    assert result["requests_sent"] == 60
+    out = pl.read_parquet(tmp_path / "flow.parquet")
+    assert out["summary"].to_list() == [expected_reply(t, model="sim") for t in TEXTS]
+
+
+def test_the_command_line_sends_on_ray(cluster, endpoint, cache, source, tmp_path):
+    from llm_ops.cli import main
+
+    assert (
+        main(
+            [
+                "run",
+                str(source),
+                "--prompt",
+                "{text}",
+                "--model",
+                "sim",
+                "--base-url",
+                endpoint.base_url,
+                "--cache",
+                str(cache),
+                "--out",
+                str(tmp_path / "o.parquet"),
+                "--chunk-size",
+                "10",
+                "--ray",
+                "local",
+                "--ray-workers",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert pl.read_parquet(tmp_path / "o.parquet")["completion_status"].to_list() == ["ok"] * len(
+        TEXTS
+    )
+    assert endpoint.stats()["requests"] == 60
