@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
@@ -295,19 +296,24 @@ def send_chunks_on_ray(config: EnrichConfig, chunks: list[str], progress: UUID) 
 
     logger = get_run_logger()
 
+    table = open_table(config)
+    started = time.perf_counter()
+
     def on_chunk(done: int, total: int, counters: Counters) -> None:
         update_progress_artifact(progress, 100.0 * done / total)
+        cost = table.cost(counters)
         logger.info(
-            "chunk %d/%d done on Ray: %d requests sent so far, %d rate limited, %d retries",
+            "chunk %d/%d done on Ray: %d requests (%.0f/s), %d rate limited, %d retries, %s",
             done,
             total,
             counters.sent,
+            counters.sent / (time.perf_counter() - started),
             counters.rate_limited,
             counters.retries,
+            "cost unknown" if cost is None else f"${cost:,.4f} so far",
         )
 
     connect(config.ray_address or "local", config.ray_workers)
-    table = open_table(config)
     return send_chunks(table, chunks, workers=config.ray_workers, on_chunk=on_chunk)
 
 

@@ -193,6 +193,10 @@ class Table:
         """The columns the job adds."""
         return self.job.columns.names
 
+    def cost(self, counters: Counters) -> float | None:
+        """What the requests ``counters`` count cost at the job's price (``None``: unknown)."""
+        return completion_cost(self.job, counters)
+
     def run(self) -> RunReport:
         """Plan, send every chunk, write and finish, in this process (a cascade batch by
         batch); returns the report, recorded in ``llm_runs``."""
