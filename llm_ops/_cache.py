@@ -37,11 +37,17 @@ from ._journal import JournalWriter, held
 from .exceptions import CacheError, CacheLockedError, ConfigError
 
 CACHE_ENV = "LLM_OPS_CACHE"
-# Extensions cannot be downloaded here (and should not be, silently, anywhere).
-NO_EXTENSION_DOWNLOADS: dict[str, str | bool | int | float | list[str]] = {
+DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    # Extensions cannot be downloaded here (and should not be, silently, anywhere).
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
+    # Files this library creates must open in the DuckDB 1.x tools analysts have (the CLI,
+    # DBeaver); files already written in a newer format still open, and `vacuum` rewrites them.
+    "storage_compatibility_version": "v1.0.0",
 }
+
+# For files made by ATTACH on a connection that may not carry DUCKDB_CONFIG.
+_NEW_FILE = f"(STORAGE_VERSION '{DUCKDB_CONFIG['storage_compatibility_version']}')"
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -313,7 +319,7 @@ def resolve_cache_path(cache: str | os.PathLike[str] | bool | None) -> Path | No
 
 def _open(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
-        return duckdb.connect(str(path), read_only=read_only, config=NO_EXTENSION_DOWNLOADS)
+        return duckdb.connect(str(path), read_only=read_only, config=DUCKDB_CONFIG)
     except duckdb.ConnectionException as exc:
         # This process already has the file open (say, the SQL functions were registered on a
         # connection to the cache itself); DuckDB then insists on that connection's settings.
@@ -579,7 +585,7 @@ class Cache:
             with self.connect() as con:
                 yield con
         else:
-            with duckdb.connect(config=NO_EXTENSION_DOWNLOADS) as con:
+            with duckdb.connect(config=DUCKDB_CONFIG) as con:
                 yield con
 
     def lookup(self, keys: pa.Table) -> pa.Table:
@@ -632,8 +638,8 @@ class Cache:
         writer.close(wait=2.0)
 
     def record_run(self, run: Mapping[str, Any]) -> None:
-        """Append one row to ``llm_runs``."""
-        self._write("llm_runs", [run])
+        """Append one row to ``llm_runs`` (from a report's fields, those it has columns for)."""
+        self._write("llm_runs", [{name: run.get(name) for name in _COLUMNS["llm_runs"]}])
 
     def index_for_similarity(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Make answers findable by the semantic cache: key, scope, embedding_key."""
@@ -791,8 +797,8 @@ class Cache:
         out.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(CacheError):
             self.merge_orphans(wait=2.0)
-        with duckdb.connect(config=NO_EXTENSION_DOWNLOADS) as con, self.attached(con, alias="src"):
-            con.execute(f"ATTACH {_sql_string(str(out))} AS snapshot")
+        with duckdb.connect(config=DUCKDB_CONFIG) as con, self.attached(con, alias="src"):
+            con.execute(f"ATTACH {_sql_string(str(out))} AS snapshot {_NEW_FILE}")
             con.execute("COPY FROM DATABASE src TO snapshot")
             for table in ("llm_cache", "llm_embeddings"):  # answers still in the journal
                 files = self._journal_files(table)
@@ -854,7 +860,7 @@ class Cache:
         fresh.unlink(missing_ok=True)
         with self.connect(read_only=False) as con:
             name = con.execute("SELECT current_database()").fetchall()[0][0]
-            con.execute(f"ATTACH {_sql_string(str(fresh))} AS fresh")
+            con.execute(f"ATTACH {_sql_string(str(fresh))} AS fresh {_NEW_FILE}")
             con.execute(f"COPY FROM DATABASE {name} TO fresh")
             con.execute("DETACH fresh")
         fresh.replace(self.path)

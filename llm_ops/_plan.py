@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from ._cache import NO_EXTENSION_DOWNLOADS, Cache
+from ._cache import DUCKDB_CONFIG, Cache
 from ._engine import TRUNCATED_MESSAGE
 from ._key import UPPERCASE_ESCAPE_PATTERN
 from ._spec import RequestSpec
@@ -113,7 +113,7 @@ def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> P
 
 
 def _memory_db() -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(config=NO_EXTENSION_DOWNLOADS)
+    return duckdb.connect(config=DUCKDB_CONFIG)
 
 
 def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
