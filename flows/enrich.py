@@ -36,6 +36,7 @@ from prefect.artifacts import (
 )
 from prefect.blocks.system import Secret
 from prefect.cache_policies import NO_CACHE
+from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 from pydantic import BaseModel, Field
 
 from llm_ops import (
@@ -50,6 +51,7 @@ from llm_ops import (
 )
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 
+STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
 
@@ -69,6 +71,9 @@ class EnrichConfig(BaseModel):
     output_column: str = "summary"
     system: str | None = None
     base_url: str | None = Field(None, description="default: OPENAI_BASE_URL, then OpenAI")
+    endpoint_name: str | None = Field(
+        None, description="the endpoint's name in cache keys instead of its URL"
+    )
     api_key_secret: str | None = Field(None, description="name of a Prefect Secret block")
     cache: str | None = Field(
         None,
@@ -367,12 +372,28 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
         enrich_table.serve(name="reviews", tags=["llm-ops"])
         return
-    from llm_ops.testing import DEFAULT_PORT, LocalEndpoint
+    from llm_ops.testing import LocalEndpoint
 
-    with LocalEndpoint(port=DEFAULT_PORT) as endpoint:
-        enrich_table(
-            EnrichConfig(base_url=endpoint.base_url, cache="output/cache.duckdb", concurrency=64)
-        )
+    # Any free port: the simulator's name, not its URL, is what the cache keys hold.
+    with (
+        LocalEndpoint() as endpoint,
+        # Prefect's temporary API server can take longer than its default 20 s on a busy machine.
+        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_SECONDS}),
+    ):
+        try:
+            enrich_table(
+                EnrichConfig(
+                    base_url=endpoint.base_url, endpoint_name=endpoint.name, concurrency=64
+                )
+            )
+        except RuntimeError as exc:
+            if "ephemeral Prefect API server" not in str(exc):
+                raise
+            sys.exit(
+                f"Prefect's temporary API server did not start within {STARTUP_SECONDS} s (a "
+                "busy machine?). Run the command again, or start a server once with "
+                "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api."
+            )
 
 
 if __name__ == "__main__":

@@ -78,7 +78,9 @@ class Client:
                 f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
                 "them to complete() instead"
             )
-        self.endpoint = Endpoint.resolve(options.get("base_url"), options.get("api_key"))
+        self.endpoint = Endpoint.resolve(
+            options.get("base_url"), options.get("api_key"), name=options.get("endpoint_name")
+        )
         self.limits = Limits(
             concurrency=options.get("concurrency", 32),
             max_attempts=options.get("max_attempts", 5),

@@ -49,6 +49,7 @@ async def embed_frame(
         counters=done.counters,
         statuses=status_counts(added, columns),
         stopped=done.stopped,
+        cache=backend.cache.path if backend.cache else None,
     )
     if backend.cache is not None:
         await asyncio.to_thread(backend.cache.record_run, report.as_dict())

@@ -13,6 +13,7 @@ is the difference between CPU-bound and latency-bound at high concurrency.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import logging
 import random
@@ -33,7 +34,7 @@ from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
 from ._spec import Endpoint, Limits
 from ._status import Status
-from .exceptions import JobAbortedError, JobInterruptedError
+from .exceptions import ConfigError, JobAbortedError, JobInterruptedError
 
 Sent = Status | Literal["aborted"]
 """What became of a request: a row status, or ``aborted`` when the job stopped first."""
@@ -263,7 +264,7 @@ class Engine:
 
     def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):
         self.limits = limits
-        self.endpoint = endpoint.identity
+        self.endpoint = endpoint.shown
         self.concurrency = AdaptiveConcurrency(limits.concurrency)
         self.limiter: Limiter = limiter or RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
         self.secrets = (endpoint.api_key, *endpoint.query.values())
@@ -272,6 +273,8 @@ class Engine:
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
         self.connect_failures = 0  # attempts in a row that could not connect
+        self._listed: frozenset[str] | None = None  # the models the endpoint lists
+        self._listing = asyncio.Lock()
         pool = httpx2.Limits(
             max_connections=limits.concurrency, max_keepalive_connections=limits.concurrency
         )
@@ -292,6 +295,43 @@ class Engine:
 
     def url(self, path: str) -> str:
         return f"{self.client.base_url}{path}{self._query}"
+
+    async def check_models(self, models: Iterable[str]) -> None:
+        """Raise :class:`ConfigError` for a model the endpoint does not list (``/models``),
+        before anything is sent. An endpoint that lists none, or cannot say, is trusted."""
+        async with self._listing:
+            if self._listed is None:
+                self._listed = await self._list_models()
+        listed = self._listed
+        if not listed or any("*" in name for name in listed):  # a gateway's wildcard route
+            return
+        for model in models:
+            if model not in listed:
+                closest = difflib.get_close_matches(model, sorted(listed), n=3, cutoff=0.5)
+                names = sorted(listed)
+                hint = (
+                    f"did you mean {' or '.join(map(repr, closest))}?"
+                    if closest
+                    else f"it serves {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+                )
+                raise ConfigError(
+                    f"model {model!r} is not among the models {self.endpoint} lists; {hint}"
+                )
+
+    async def _list_models(self) -> frozenset[str]:
+        try:
+            response = await self.http.get(
+                self.url("models"), headers=self.headers, timeout=min(self.limits.timeout, 10.0)
+            )
+            body = json.loads(response.content) if response.status_code == 200 else {}
+            return frozenset(
+                str(item["id"])
+                for item in body.get("data", ())
+                if isinstance(item, dict) and "id" in item
+            )
+        except (httpx2.HTTPError, OSError, ValueError, AttributeError, TypeError):
+            # A failure here is the first request's to report, with its own message.
+            return frozenset()
 
     def could_not_connect(self, exc: Exception) -> tuple[str, bool]:
         """Count a connection that could not be made: its message, and whether the run of
@@ -352,6 +392,7 @@ class Dispatcher:
         Raises :class:`JobAbortedError` once in-flight requests settle if the endpoint refused
         the job (credentials, quota); requests not yet started are then never sent.
         """
+        await self.engine.check_models((self.model,))
         work = iter(requests)
         workers = self._workers = [
             asyncio.create_task(self._worker(work, on_outcome))

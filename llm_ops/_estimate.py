@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ from ._cache import Cache
 from ._options import Job
 from ._pipeline import requests_for
 from ._plan import plan_frame
-from ._pricing import Price, add_costs, approx_tokens, cost_or_none
+from ._pricing import PRICES, Price, add_costs, approx_tokens, cost_or_none
 from ._report import dollars
 
 
@@ -39,6 +40,7 @@ class Estimate:
     cost_max: float | None
     batch_cost_min: float | None = None
     batch_cost_max: float | None = None
+    unpriced: tuple[str, ...] = ()  # the job's models without a price
 
     def __str__(self) -> str:
         output = (
@@ -63,8 +65,18 @@ class Estimate:
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
                 f"cost (batch API)     {dollars(self.batch_cost_min)} to "
                 f"{dollars(self.batch_cost_max)}",
+                *map(_no_price, self.unpriced),
             ]
         )
+
+
+def _no_price(model: str) -> str:
+    closest = difflib.get_close_matches(model, list(PRICES), n=1, cutoff=0.6)
+    known = f" (did you mean {closest[0]!r}?)" if closest else ""
+    return (
+        f"no price for {model!r}{known}; give one with pricing=Price(...), or "
+        "--price-input/--price-output"
+    )
 
 
 def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estimate:
@@ -118,6 +130,9 @@ def price_plan(
         cost_max=cost_max,
         batch_cost_min=batch_min,
         batch_cost_max=batch_max,
+        unpriced=tuple(
+            model for model, price in zip(job.models, live, strict=True) if price is None
+        ),
     )
 
 

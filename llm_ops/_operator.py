@@ -74,6 +74,10 @@ def llm_complete(
     base_url, api_key
         The endpoint. Default to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, then to OpenAI. A
         loopback endpoint needs no key. The key is never stored, logged or put in a message.
+    endpoint_name
+        The endpoint's name in cache keys instead of its URL, so one server reached under
+        several URLs (a changing port, a load balancer and its replicas) shares its answers.
+        The bundled simulator's is :attr:`llm_ops.testing.LocalEndpoint.name`.
     cache
         Path of the DuckDB cache file; ``None`` uses ``LLM_OPS_CACHE`` or
         ``~/.cache/llm-ops/cache.duckdb``; ``False`` turns caching off.

@@ -43,6 +43,7 @@ class ClientOptions(TypedDict, total=False):
 
     base_url: str | None
     api_key: str | None
+    endpoint_name: str | None
     cache: CachePath
     concurrency: int
     max_attempts: int

@@ -121,6 +121,9 @@ async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, row
     wait for its answer; if it got none, they are sent themselves. ``rows`` is the job's row
     count, for progress.
     """
+    if not misses.is_empty():  # every model a miss may reach, before the first is sent
+        semantic = () if job.semantic is None else (job.semantic.model,)
+        await backend.engine.check_models((*job.models, *semantic))
     if job.semantic is None:
         done = await dispatch(misses, job, backend, rows=rows, rows_settled=rows - _rows(misses))
         return Answered(done.outcomes, done.counters, done.stopped, done.budget_stop)
@@ -254,6 +257,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         stopped=done.stopped,
         cost=completion_cost(job, done.counters),
         budget_stop=done.budget_stop,
+        cache=backend.cache.path if backend.cache else None,
     )
     answered = int(columns[job.columns.status].cast(pl.String).is_in(list(ANSWERED)).sum())
     report = with_usage(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from ._engine import Counters
@@ -95,6 +96,8 @@ class RunReport:
         requests, tokens and cost.
     mode
         ``"live"``, or ``"batch"`` when the requests went through the provider's Batch API.
+    cache
+        The cache file's path (``None``: caching was off); not stored in ``llm_runs``.
     """
 
     run_id: str
@@ -119,6 +122,7 @@ class RunReport:
     savings: dict[str, Saving] = field(default_factory=dict)
     models: dict[str, ModelUsage] = field(default_factory=dict)
     mode: str = "live"
+    cache: str | None = None
 
     @property
     def failed_rows(self) -> int:
@@ -153,6 +157,7 @@ class RunReport:
             f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
             f"  rows by status     {statuses}",
+            f"  cache              {self.cache or 'off'}",
         ]
         for lever, saving in self.savings.items():
             lines.append(
@@ -216,6 +221,7 @@ def sum_reports(
         savings=savings,
         models=models,
         mode=reports[0].mode,
+        cache=reports[0].cache,
     )
 
 
@@ -233,6 +239,7 @@ def make_report(
     stopped: BaseException | None,
     cost: float | None = None,
     budget_stop: str | None = None,
+    cache: Path | None = None,
 ) -> RunReport:
     """The report of a finished (or stopped) run; savings and models are added after."""
     if stopped is None:
@@ -258,6 +265,7 @@ def make_report(
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
         cost=cost,
         budget_stop=budget_stop,
+        cache=None if cache is None else str(cache),
     )
 
 

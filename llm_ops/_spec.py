@@ -15,6 +15,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,8 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_CONCURRENCY = 4096
 MAX_ATTEMPTS = 100
 MAX_SECONDS = 24 * 3600.0
+# An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NO_KEY = "no-key-needed"  # what a loopback endpoint without a key is sent
 
 
@@ -83,11 +86,18 @@ class Endpoint:
     base_url: str
     api_key: str = field(repr=False)
     query: Mapping[str, str] = field(default_factory=dict, repr=False)
+    name: str | None = None
 
     @property
     def identity(self) -> str:
-        """The endpoint as request keys, the cache and reports see it."""
-        return normalize_base_url(self.base_url)
+        """The endpoint as request keys, the cache and reports see it: its ``name`` when it
+        was given one, else its normalised base URL."""
+        return self.name or normalize_base_url(self.base_url)
+
+    @property
+    def shown(self) -> str:
+        """The URL as a message may show it."""
+        return _shown(self.base_url)
 
     @property
     def local(self) -> bool:
@@ -99,10 +109,20 @@ class Endpoint:
 
     @classmethod
     def resolve(
-        cls, base_url: str | None = None, api_key: str | None = None, *, need_key: bool = True
+        cls,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        name: str | None = None,
+        need_key: bool = True,
     ) -> Endpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
         Credentials in the URL are refused; a loopback endpoint needs no key."""
+        if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
+            raise ConfigError(
+                "endpoint_name must be a name of letters, digits, '.', '_' and '-' "
+                f"(at most 100), like 'vllm-prod'; got {name!r}"
+            )
         url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         if not isinstance(url, str):
             raise ConfigError(f"base_url must be a string URL, got {type(url).__name__}")
@@ -128,6 +148,7 @@ class Endpoint:
             urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
             api_key="",
             query=dict(parse_qsl(parts.query, keep_blank_values=True)),
+            name=name,
         )
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if key:
@@ -136,7 +157,7 @@ class Endpoint:
             key = NO_KEY
         else:
             raise MissingApiKeyError(
-                f"no API key for {endpoint.identity}: pass api_key=... or set OPENAI_API_KEY "
+                f"no API key for {endpoint.shown}: pass api_key=... or set OPENAI_API_KEY "
                 "(a local endpoint on 127.0.0.1 needs none)"
             )
         return dataclasses.replace(endpoint, api_key=key)

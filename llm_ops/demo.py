@@ -5,9 +5,10 @@ Run it from the repository root::
     python -m llm_ops.demo            # all 22,625 reviews
     python -m llm_ops.demo --rows 500
 
-It starts the local simulator on 127.0.0.1 (port 8765, or a free one), enriches
+It starts the local simulator on a free port of 127.0.0.1, enriches
 ``data/womens_clothing_reviews.parquet`` with a one-sentence summary per review, writes
-``output/reviews_summarized.parquet``, caches answers in ``output/cache.duckdb`` and prints the
+``output/reviews_summarized.parquet``, caches answers in the default cache (``LLM_OPS_CACHE``,
+else ``~/.cache/llm-ops/cache.duckdb``, the one ``llm-ops cache stats`` reads) and prints the
 run report. Run it twice: the second run is answered from the cache and sends nothing.
 """
 
@@ -19,18 +20,9 @@ from pathlib import Path
 import polars as pl
 
 from . import llm_complete
-from .testing import DEFAULT_PORT, LocalEndpoint
+from .testing import LocalEndpoint
 
 PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
-
-
-def _start_endpoint() -> LocalEndpoint:
-    try:
-        return LocalEndpoint(port=DEFAULT_PORT).start()
-    except RuntimeError:
-        # Keys include the endpoint, so a different port means a cold cache; say so.
-        print(f"port {DEFAULT_PORT} is busy; using a free port (the cache will not match)")
-        return LocalEndpoint().start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,18 +33,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--input", type=Path, default=Path("data/womens_clothing_reviews.parquet"))
     parser.add_argument("--out", type=Path, default=Path("output/reviews_summarized.parquet"))
-    parser.add_argument("--cache", type=Path, default=Path("output/cache.duckdb"))
+    parser.add_argument("--cache", type=Path, help="cache file (default: the default cache)")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     args = parser.parse_args(argv)
 
     reviews = pl.read_parquet(args.input, n_rows=args.rows)
-    with _start_endpoint() as endpoint:
+    with LocalEndpoint() as endpoint:
         enriched, report = reviews.pipe(
             llm_complete,
             prompt=PROMPT,
             model="sim",
             output="summary",
             base_url=endpoint.base_url,
+            endpoint_name=endpoint.name,  # cache hits whatever port it runs on
             cache=args.cache,
             concurrency=64,
             return_report=True,
@@ -61,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     enriched.write_parquet(args.out)
     print(enriched.select("id", "text", "summary", "summary_status").head(5))
     print(report)
-    print(f"wrote {args.out} ({enriched.height:,} rows); cache: {args.cache}")
+    print(f"wrote {args.out} ({enriched.height:,} rows)")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def test_per_request_and_per_token_prices_give_the_documented_figures(complete):
     )
 
 
-def test_an_unknown_model_has_an_unknown_cost_not_zero(complete):
+def test_an_unknown_model_has_an_unknown_cost_not_zero(complete, endpoint):
+    endpoint.configure(models=("mystery",))
     _, report = pl.DataFrame({"text": ["a"]}).pipe(
         complete, prompt="{text}", model="mystery", return_report=True
     )
@@ -127,3 +128,8 @@ def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
     after = estimate(df, **kwargs)
     assert before.requests == report.requests_sent == 2
     assert (after.cache_hits, after.requests) == (2, 0)
+
+
+def test_an_estimate_for_an_unpriced_model_says_how_to_price_it():
+    plan = estimate(pl.DataFrame({"text": ["a"]}), prompt="{text}", model="gpt4o-mini", cache=False)
+    assert "no price for 'gpt4o-mini' (did you mean 'gpt-4o-mini'?)" in str(plan)

@@ -65,6 +65,10 @@ class LocalEndpoint:
         Fields of :class:`SimulatorConfig`: ``latency``, ``rpm``, ``fault_rate``, ``api_key``, ...
     """
 
+    name = "llm-ops-simulator"
+    """The simulator's ``endpoint_name``: its answers are cached under this name, not its URL,
+    so they hit again whatever port it runs on next time."""
+
     def __init__(self, *, port: int = 0, **config: Any):
         self.config = SimulatorConfig(**config)
         self.port = port

@@ -20,10 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", type=float, default=None, help="seconds per answer")
     parser.add_argument("--config", default="{}", help="SimulatorConfig fields as JSON")
     args = parser.parse_args(argv)
-    fields = json.loads(args.config)
-    if "fault_kinds" in fields:
-        fields["fault_kinds"] = tuple(fields["fault_kinds"])
-    config = SimulatorConfig(**fields)
+    config = SimulatorConfig.from_json(json.loads(args.config))
     if args.latency is not None:
         config.latency = args.latency
     try:

@@ -97,6 +97,10 @@ class SimulatorConfig:
         whether items come back in a shuffled order.
     api_key
         When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
+    models
+        The names ``/v1/models`` lists (clients such as llm_ops refuse a model the list lacks
+        before sending; the simulator itself answers any name). Empty: ``/v1/models`` is a
+        404, as on servers without it.
     batch_seconds, batch_validation_seconds, batch_expire_share, batch_expire_first
         The Batches API's clock: a batch validates for so long, then works through its lines
         for ``batch_seconds``; with ``batch_expire_share`` the first ``batch_expire_first``
@@ -123,10 +127,20 @@ class SimulatorConfig:
     pack_drop_rate: float = 0.0
     pack_shuffle: bool = False
     api_key: str | None = None
+    models: tuple[str, ...] = ("sim", "sim-small", "sim-embed")
     batch_seconds: float = 1.0
     batch_validation_seconds: float = 0.1
     batch_expire_share: float | None = None
     batch_expire_first: int = 1
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
+        """The config whose :func:`dataclasses.asdict` was sent as JSON (lists for tuples)."""
+        given: dict[str, Any] = dict(fields)
+        for name in ("fault_kinds", "models"):
+            if name in given:
+                given[name] = tuple(given[name])
+        return cls(**given)
 
 
 class _Bucket:
@@ -363,10 +377,7 @@ class Simulator:
         return web.json_response(self.stats())
 
     async def post_config(self, request: web.Request) -> web.Response:
-        fields = await request.json()
-        if "fault_kinds" in fields:
-            fields["fault_kinds"] = tuple(fields["fault_kinds"])
-        self.configure(SimulatorConfig(**fields))
+        self.configure(SimulatorConfig.from_json(await request.json()))
         return web.json_response(asdict(self.config))
 
     async def embeddings(self, request: web.Request) -> web.Response:
@@ -417,8 +428,16 @@ class Simulator:
         )
 
     async def models(self, request: web.Request) -> web.Response:
+        if not self.config.models:
+            return _error(404, "Not found", "invalid_request_error")
         return web.json_response(
-            {"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": "llm-ops"}]}
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "owned_by": "llm-ops"}
+                    for name in self.config.models
+                ],
+            }
         )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:

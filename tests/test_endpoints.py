@@ -1,0 +1,52 @@
+"""Which endpoint and model a job names: endpoint identity in keys, models checked up front."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from llm_ops import ConfigError, llm_complete
+
+DF = pl.DataFrame({"text": ["red dress", "blue coat"]})
+
+
+def test_a_model_the_endpoint_does_not_list_is_refused_before_sending(complete, endpoint):
+    with pytest.raises(ConfigError, match="did you mean 'sim-small'"):
+        DF.pipe(complete, prompt="{text}", model="sim-smal")
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_every_model_of_a_cascade_is_checked_before_the_first_is_sent(complete, endpoint):
+    with pytest.raises(ConfigError, match="'gpt-4o'"):
+        DF.pipe(complete, prompt="{text}", model=["sim", "gpt-4o"])
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_an_endpoint_without_a_model_list_is_trusted(complete, endpoint):
+    endpoint.configure(models=())
+    out = DF.pipe(complete, prompt="{text}", model="anything")
+    assert out["completion_status"].to_list() == ["ok", "ok"]
+
+
+def test_one_server_under_two_urls_shares_answers_by_its_name(endpoint, cache):
+    port = endpoint.base_url.rsplit(":", 1)[1]
+    for url in (endpoint.base_url, f"http://localhost:{port}"):
+        out = DF.pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            base_url=url,
+            endpoint_name="shop",
+            cache=cache,
+        )
+    assert out["completion_status"].to_list() == ["cached", "cached"]
+
+
+def test_an_endpoint_name_that_looks_like_a_url_is_refused():
+    with pytest.raises(ConfigError, match="endpoint_name must be a name"):
+        DF.pipe(llm_complete, prompt="{text}", model="sim", endpoint_name="http://x", cache=False)
+
+
+def test_the_report_says_where_the_cache_is(complete, cache):
+    _, report = DF.pipe(complete, prompt="{text}", return_report=True)
+    assert f"cache              {cache}" in str(report)
