@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -394,6 +394,10 @@ class Client:
         if self.cache is not None:
             await asyncio.to_thread(self.cache.prepare)
         return Backend(self._engine, self.cache)
+
+    async def _check_models(self, models: Sequence[str]) -> None:
+        """Raise :class:`~llm_ops.ConfigError` for a model the endpoint does not list."""
+        await (await self._backend()).engine.check_models(models)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop and wait for it, from sync code (a

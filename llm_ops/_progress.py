@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -33,6 +33,9 @@ class Progress:
     phase
         ``"sending"`` the requests, or ``"embedding"`` (``llm_embed``, and the misses the
         semantic cache compares before anything is sent; its rows are those misses' rows).
+    chunk, chunks
+        With a table job sent in chunks (:meth:`llm_ops.tables.Table.run`), the chunk being
+        sent and how many there are; every other count is then the whole job's.
     """
 
     rows: int
@@ -48,6 +51,8 @@ class Progress:
     concurrency: int
     elapsed: float
     phase: str = "sending"
+    chunk: int | None = None
+    chunks: int | None = None
 
     @property
     def eta(self) -> float | None:
@@ -62,8 +67,9 @@ class Progress:
         tokens = (self.prompt_tokens + self.completion_tokens) / self.elapsed if self.elapsed else 0
         eta = f"{self.eta:.0f}s" if self.eta is not None else "?"
         phase = "" if self.phase == "sending" else f"{self.phase} · "
+        chunk = "" if self.chunks is None else f"chunk {self.chunk}/{self.chunks} · "
         return (
-            f"llm-ops {phase}rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
+            f"llm-ops {phase}{chunk}rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
             f"{tokens:,.0f} tok/s · 429s {self.rate_limited:,} · retries {self.retries:,} · "
             f"concurrency {self.concurrency} · ETA {eta}"
         )
@@ -140,6 +146,64 @@ class TerminalDisplay:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
+
+
+class ChunkedProgress:
+    """One progress line for a job sent chunk by chunk: each chunk's snapshots are counted on
+    from the chunks before it and timed from the first, so the line (and its ETA) covers the
+    whole job instead of starting over with every chunk.
+
+    ``chunks`` holds each chunk's requests and rows; ``rows`` are the job's rows, those
+    outside every chunk (cache hits, skipped) done from the start. Call :meth:`chunk_done`
+    with each chunk's counters as it finishes, and :meth:`close` at the end.
+    """
+
+    def __init__(self, callback: ProgressCallback, *, rows: int, chunks: Sequence[tuple[int, int]]):
+        self.callback = callback
+        self.rows = rows
+        self.chunks = list(chunks)
+        self.requests = sum(requests for requests, _ in self.chunks)
+        self.done = 0
+        self.rows_done = rows - sum(chunk_rows for _, chunk_rows in self.chunks)
+        self.requests_done = 0
+        self.spent = Counters()
+        self.started = time.monotonic()
+
+    def __call__(self, progress: Progress) -> None:
+        # Embedding batches are not the job's requests: only the rows move while they run.
+        sending = progress.phase != "embedding"
+        spent = self.spent
+        self.callback(
+            Progress(
+                rows=self.rows,
+                rows_done=self.rows_done + progress.rows_done,
+                requests=self.requests,
+                requests_done=self.requests_done + (progress.requests_done if sending else 0),
+                sent=spent.sent + progress.sent,
+                retries=spent.retries + progress.retries,
+                rate_limited=spent.rate_limited + progress.rate_limited,
+                timeouts=spent.timeouts + progress.timeouts,
+                prompt_tokens=spent.prompt_tokens + progress.prompt_tokens,
+                completion_tokens=spent.completion_tokens + progress.completion_tokens,
+                concurrency=progress.concurrency,
+                elapsed=time.monotonic() - self.started,
+                phase=progress.phase,
+                chunk=min(self.done + 1, len(self.chunks)),
+                chunks=len(self.chunks),
+            )
+        )
+
+    def chunk_done(self, counters: Counters) -> None:
+        """The next chunk finished, having taken ``counters``: its rows and requests are final."""
+        requests, rows = self.chunks[self.done]
+        self.done += 1
+        self.requests_done += requests
+        self.rows_done += rows
+        self.spent.add(counters)
+
+    def close(self) -> None:
+        if isinstance(self.callback, TerminalDisplay):
+            self.callback.close()
 
 
 def resolve_progress(progress: bool | ProgressCallback | None) -> ProgressCallback | None:

@@ -1,4 +1,5 @@
-"""``llm-ops``: run and estimate jobs on files, serve the local endpoint, manage the cache.
+"""``llm-ops``: run and estimate jobs on files, query with SQL, serve the local endpoint,
+manage the cache.
 
 Every subcommand has ``--help``. Errors print one line and exit non-zero; ``--debug`` shows
 the traceback instead.
@@ -10,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import inspect
+import logging
 import os
 import re
 import sys
@@ -20,21 +22,26 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from ._cache import CACHE_ENV, DUCKDB_CONFIG, Cache, default_cache_path, resolve_cache_path
 from ._client import Client
 from ._operator import llm_complete
 from ._options import Options, split_options
 from ._pricing import Price
 from ._semantic import SemanticCache
-from .exceptions import ConfigError, LlmOpsError
+from ._spec import Endpoint
+from .exceptions import CacheError, ConfigError, LlmOpsError, MissingApiKeyError
+from .sql import register
 from .tables import Table, input_files
 from .testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
 
+_DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+_CACHE_HELP = f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
 # Options a flag can carry (a number or a text), under their own names; the rest have flags of
-# their own below (prices, the semantic cache), come from the environment (api_key) or do not
-# apply to files.
+# their own below (prices, the semantic cache), come from the environment (api_key, named by
+# --api-key-env) or do not apply to files.
 _SKIPPED = {
     "api_key",
     "on_error",
@@ -131,14 +138,24 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
         metavar="COSINE",
         help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
     )
+    _add_api_key_env(parser)
     return named
+
+
+def _add_api_key_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help=f"environment variable that holds the API key (default {_DEFAULT_KEY_ENV})",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-ops",
-        description="Run and estimate LLM jobs on files, serve the local endpoint, manage the "
-        "cache. Errors print one line and exit non-zero; --debug shows tracebacks.",
+        description="Run and estimate LLM jobs on files, query with SQL, serve the local "
+        "endpoint, manage the cache. Errors print one line and exit non-zero; --debug shows "
+        "tracebacks.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -150,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
         "file and write the rows with their answers.",
     )
     run.set_defaults(option_flags=_add_job_arguments(run))
-    run.add_argument("--out", required=True, help="output file (.parquet)")
+    run.add_argument("--out", required=True, help="output file, .parquet or .csv")
     run.add_argument("--strict", action="store_true", help="exit with status 1 when any row failed")
     run.add_argument("--no-progress", action="store_true", help="no progress line")
     run.add_argument(
@@ -173,6 +190,26 @@ def _parser() -> argparse.ArgumentParser:
         "requests and tokens to send.",
     )
     estimate.set_defaults(option_flags=_add_job_arguments(estimate))
+
+    sql = commands.add_parser(
+        "sql",
+        help="run a DuckDB query with llm_complete and the cache",
+        description="Run a DuckDB query (in memory) with the SQL functions llm_complete, "
+        "llm_complete_result and llm_request_key, and the cache attached read-only as "
+        "'cache' (SELECT * FROM cache.llm_cache). Prints the result, or writes it with --out.",
+    )
+    sql.add_argument(
+        "query", nargs="?", help='the query, e.g. "SELECT count(*) FROM cache.llm_cache"'
+    )
+    sql.add_argument("--file", help="read the query from this file instead")
+    sql.add_argument("--model", help="llm_complete's model where a call names none (model := ...)")
+    sql.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
+    sql.add_argument("--cache", help=_CACHE_HELP)
+    sql.add_argument("--out", help="write the result to this .parquet or .csv file instead")
+    sql.add_argument(
+        "--max-rows", type=int, default=100, metavar="N", help="rows printed (default 100)"
+    )
+    _add_api_key_env(sql)
 
     serve_parser = commands.add_parser(
         "serve",
@@ -203,31 +240,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     batches.add_argument("action", choices=["list", "status", "collect", "cancel"])
     batches.add_argument("--job", help="only this submission (its id, as listed)")
-    batches.add_argument(
-        "--base-url",
-        help="endpoint; default OPENAI_BASE_URL, then OpenAI "
-        "(the API key comes from OPENAI_API_KEY)",
-    )
-    batches.add_argument(
-        "--cache", help=f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
-    )
+    batches.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
+    batches.add_argument("--cache", help=_CACHE_HELP)
+    _add_api_key_env(batches)
 
     cache = commands.add_parser(
         "cache",
         help="inspect, export and prune the cache",
         description="Inspect, export and prune the cache database.",
     )
-    cache.add_argument(
-        "--cache", help=f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
-    )
+    cache.add_argument("--cache", help=_CACHE_HELP)
+    # --cache also after the action (cache stats --cache x.duckdb); SUPPRESS keeps an action
+    # without it from resetting the one given before.
+    cache_path = argparse.ArgumentParser(add_help=False)
+    cache_path.add_argument("--cache", default=argparse.SUPPRESS, help=_CACHE_HELP)
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser(
         "stats",
+        parents=[cache_path],
         help="answers, tokens and runs per model",
         description="Answers, tokens and runs per model.",
     )
     export = actions.add_parser(
         "export",
+        parents=[cache_path],
         help="write cached answers to Parquet",
         description="Write cached answers to a Parquet file.",
     )
@@ -235,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--model", help="only this model")
     prune = actions.add_parser(
         "prune",
+        parents=[cache_path],
         help="delete cached answers",
         description="Delete cached answers matching every filter given.",
     )
@@ -244,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="count, do not delete")
     snapshot = actions.add_parser(
         "snapshot",
+        parents=[cache_path],
         help="copy the cache into a new file to query while jobs write",
         description="Copy the cache (and answers still in its journal) into a new DuckDB file, "
         "which you can keep open for as long as you like, in any tool, while jobs "
@@ -252,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("out", help="DuckDB file to create")
     actions.add_parser(
         "vacuum",
+        parents=[cache_path],
         help="rewrite the file to reclaim space",
         description="Rewrite the cache file to reclaim the space of deleted rows.",
     )
@@ -264,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "run": _run,
         "estimate": _estimate,
+        "sql": _sql,
         "serve": _serve,
         "cache": _cache_command,
         "batches": _batches,
@@ -293,7 +333,51 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
     if args.escalate:
         options["escalate"] = args.escalate
+    key = _api_key(args)
+    if key is not None:
+        options["api_key"] = key
     return options
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The key in the variable ``--api-key-env`` names; ``None`` without the flag (the client
+    then reads OPENAI_API_KEY itself)."""
+    if args.api_key_env is None:
+        return None
+    key = os.environ.get(args.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"the environment variable {args.api_key_env} is not set: set it to your API key "
+            "(--api-key-env names the variable that holds it)"
+        )
+    return key
+
+
+def _output_format(out: Path) -> Literal["parquet", "csv"]:
+    suffix = out.suffix.lower()
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    raise ConfigError(f"cannot write {out}: name a .parquet or a .csv file")
+
+
+def _check_csv_columns(table: Table) -> None:
+    """CSV cannot hold nested values: refuse before anything is paid for, not at the end."""
+    schema = pl.scan_parquet(table.files).collect_schema()
+    nested = [name for name, dtype in schema.items() if dtype.is_nested()]
+    if nested:
+        raise ConfigError(
+            f"CSV cannot hold the nested column(s) {', '.join(nested)}; write a .parquet "
+            "file instead"
+        )
+
+
+def _parquet_to_csv(parquet: Path, out: Path) -> None:
+    partial = out.with_name(out.name + ".partial")
+    pl.scan_parquet(parquet).sink_csv(partial)
+    partial.replace(out)
+    parquet.unlink()
 
 
 def _csv_as_parquet(files: list[Path], work: Path) -> list[Path]:
@@ -330,9 +414,18 @@ def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iter
 
 def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    csv = _output_format(out) == "csv"
+    # (the table checks this too, but sees CSV inputs only as their Parquet copies)
+    if any(f.resolve() == out.resolve() for f in input_files(args.input)):
+        raise ConfigError(f"output {args.out!r} is also an input; write somewhere else")
+    # The job writes Parquet, converted to CSV at the end; next to the CSV, so that a rerun
+    # after a crash finds the job's work directory.
+    written = out.with_name(out.name + ".parquet") if csv else out
     options = _options(args)
     options["progress"] = False if args.no_progress else None
-    with _table(args, out, options) as table:
+    with _table(args, written, options) as table:
+        if csv:
+            _check_csv_columns(table)
         if args.ray:
             from .ray import run_on_ray
 
@@ -340,6 +433,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             report = table.run()
         status, error = table.job.columns.status, table.job.columns.error
+    if csv:
+        _parquet_to_csv(written, out)
     print(report)
     print(f"wrote {out}")
     if report.failed_rows:
@@ -355,7 +450,7 @@ def _run(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     options = _options(args)
     # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
-    options["api_key"] = os.environ.get("OPENAI_API_KEY") or "unused"
+    options.setdefault("api_key", os.environ.get(_DEFAULT_KEY_ENV) or "unused")
     with (
         tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch,
         _table(args, Path(scratch) / "unused.parquet", options) as table,
@@ -367,7 +462,7 @@ def _estimate(args: argparse.Namespace) -> int:
 def _batches(args: argparse.Namespace) -> int:
     if args.action == "cancel" and not args.job:
         raise ConfigError("cancel needs --job ID: the submission to cancel (see 'batches list')")
-    with Client(base_url=args.base_url, cache=args.cache) as client:
+    with Client(base_url=args.base_url, cache=args.cache, api_key=_api_key(args)) as client:
         if args.action == "collect":
             collected = client.collect_batches(job_id=args.job)
             print(f"collected {collected:,} answer(s)")
@@ -403,6 +498,105 @@ def _batches(args: argparse.Namespace) -> int:
     ):
         print(rows)
     return 0
+
+
+def _sql(args: argparse.Namespace) -> int:
+    if (args.query is None) == (args.file is None):
+        raise ConfigError("give the query, or --file with a file that holds it (not both)")
+    query = args.query if args.file is None else Path(args.file).read_text()
+    out = None if args.out is None else Path(args.out)
+    out_format = None if out is None else _output_format(out)
+    key = _api_key(args)
+    path = resolve_cache_path(args.cache)
+    assert path is not None
+    cache, attached = Cache(path), path.exists()
+    with contextlib.ExitStack() as stack:
+        con = stack.enter_context(duckdb.connect(config=DUCKDB_CONFIG))
+        if attached:
+            _merge_journal(cache)  # so that cache.llm_cache holds finished jobs' answers
+            stack.callback(_merge_journal, cache)  # this query's, once the cache is detached
+            stack.enter_context(cache.attached(con, alias="cache"))
+            quiet, logger = _MergedAfterwards(cache.journal), logging.getLogger("llm_ops")
+            logger.addFilter(quiet)
+            stack.callback(logger.removeFilter, quiet)
+        _register_functions(con, args, key, path)
+        try:
+            result = con.sql(query)
+        except duckdb.CatalogException as exc:
+            if attached or '"cache"' not in str(exc):
+                raise
+            raise ConfigError(
+                f"there is no cache at {path} yet, so no cache.llm_cache; run a job first, "
+                f"or pass the path of an existing cache (--cache or {CACHE_ENV})"
+            ) from exc
+        if out is None:
+            _print_result(result, args.max_rows)
+        else:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if out_format == "csv":
+                result.write_csv(str(out))
+            else:
+                result.write_parquet(str(out))
+            print(f"wrote {out}")
+    return 0
+
+
+class _MergedAfterwards(logging.Filter):
+    """While this process holds the cache attached read-only, the answers llm_complete gets
+    cannot be merged into it (DuckDB opens a file once per process) and wait in the journal:
+    drop the warning that says so, as ``sql`` merges them itself once the query is done."""
+
+    def __init__(self, journal: Path):
+        super().__init__()
+        self.journal = journal
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and self.journal in record.args)
+
+
+def _merge_journal(cache: Cache) -> None:
+    with contextlib.suppress(CacheError):  # else the next job or query merges them
+        cache.merge_orphans(wait=2.0)
+
+
+def _register_functions(
+    con: duckdb.DuckDBPyConnection, args: argparse.Namespace, key: str | None, cache: Path
+) -> None:
+    try:
+        register(con, model=args.model, base_url=args.base_url, api_key=key, cache=cache)
+    except MissingApiKeyError:
+        # A query of the cache needs no key: the functions fail only when a query calls them.
+        endpoint = Endpoint.resolve(args.base_url, need_key=False).identity
+        message = (
+            f"llm_complete needs an API key for {endpoint}: set {_DEFAULT_KEY_ENV}, or name the "
+            "variable that holds it with --api-key-env"
+        ).replace("'", "''")
+        signature = "prompt, model := NULL, system := NULL, max_tokens := NULL, temperature := NULL"
+        for name in ("llm_complete", "llm_complete_result", "llm_request_key"):
+            con.execute(f"CREATE TEMP MACRO {name}({signature}) AS error('{message}')")
+
+
+def _print_result(result: duckdb.DuckDBPyRelation, max_rows: int) -> None:
+    """The first ``max_rows`` rows as a table, and how many more there were."""
+    shown: list[pa.RecordBatch] = []
+    held = hidden = 0
+    reader = result.to_arrow_reader(max(1, min(max_rows, 10_000)))
+    for batch in reader:  # the rest is only counted, so a big result is never held
+        kept = batch.slice(0, max(0, max_rows - held))
+        if kept.num_rows:
+            shown.append(kept)
+        held += kept.num_rows
+        hidden += batch.num_rows - kept.num_rows
+    frame = pl.from_arrow(pa.Table.from_batches(shown, schema=reader.schema))
+    with pl.Config(
+        tbl_hide_dataframe_shape=True,
+        tbl_hide_column_data_types=True,
+        tbl_rows=max(held, 1),
+        fmt_str_lengths=80,
+    ):
+        print(frame)
+    if hidden:
+        print(f"{hidden:,} more row(s) not shown; raise --max-rows, or write them with --out")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -159,6 +159,7 @@ def _client_options(client: Client) -> dict[str, Any]:
     return {
         "base_url": client.endpoint.base_url + _query(client.endpoint.query),
         "api_key": client.endpoint.api_key,
+        "endpoint_name": client.endpoint.name,
         "cache": False,
         "concurrency": limits.concurrency,
         "max_attempts": limits.max_attempts,

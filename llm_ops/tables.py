@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._batch import BatchPart, BatchRunner
-from ._cache import NO_EXTENSION_DOWNLOADS, Cache
+from ._cache import DUCKDB_CONFIG, Cache
 from ._cascade import run_cascade
 from ._client import Client
 from ._engine import Counters, Outcome, Request
@@ -55,6 +55,7 @@ from ._join import join_back, status_counts
 from ._options import CallOptions, Job, ModelOption, check_job, make_job
 from ._pipeline import answer_misses, requests_for
 from ._plan import key_rows, lookup_answers
+from ._progress import ChunkedProgress
 from ._report import RunReport, add_spending, make_report, sum_reports
 from ._savings import Tally, completion_cost, spent_by, with_usage
 from ._spec import positive_int
@@ -208,8 +209,17 @@ class Table:
             for chunk in plan.chunks:
                 self.submit(chunk)
         counters = Counters()
-        for chunk in plan.chunks:
-            counters.add(self.run_chunk(chunk, spent=counters))
+        progress = self._progress(plan)
+        job = self.job if progress is None else replace(self.job, progress=progress)
+        try:
+            for chunk in plan.chunks:
+                taken = send_chunk(self.client, job, self.cache, chunk, spent=counters)
+                counters.add(taken)
+                if progress is not None:
+                    progress.chunk_done(taken)
+        finally:
+            if progress is not None:
+                progress.close()
         return self.finish(plan, counters, self.write(), started_at=started_at)
 
     # -- the steps ----------------------------------------------------------------------------
@@ -260,6 +270,8 @@ class Table:
                 pq.write_table(pa.Table.from_batches([chunk]), path)
                 chunks.append(str(path))
             misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
+        if misses:  # a misspelled model fails the plan, not every chunk task after it
+            self.client.run(self.client._check_models(self.job.models))
         return TablePlan(
             rows=rows,
             distinct=int(distinct),
@@ -351,6 +363,7 @@ class Table:
             stopped=None,
             cost=completion_cost(job, counters),
             budget_stop=_budget_stop(job, counters),
+            cache=self.cache.path,
         )
         answered = sum(n for status, n in written.statuses.items() if status in ANSWERED)
         report = with_usage(
@@ -439,8 +452,18 @@ class Table:
 
     # -- helpers ------------------------------------------------------------------------------
 
+    def _progress(self, plan: TablePlan) -> ChunkedProgress | None:
+        """One progress line over all of ``plan``'s chunks, if the job shows progress."""
+        if self.job.progress is None or not plan.chunks:
+            return None
+        sizes = []
+        for chunk in plan.chunks:
+            rows = pl.read_parquet(chunk, columns=["rows"])["rows"]  # a request's rows
+            sizes.append((rows.len(), int(rows.sum())))
+        return ChunkedProgress(self.job.progress, rows=plan.rows, chunks=sizes)
+
     def _plan_db(self) -> duckdb.DuckDBPyConnection:
-        return duckdb.connect(str(self.work_dir / "plan.duckdb"), config=NO_EXTENSION_DOWNLOADS)
+        return duckdb.connect(str(self.work_dir / "plan.duckdb"), config=DUCKDB_CONFIG)
 
     def _tallies(self, similar: pl.DataFrame) -> dict[str, Tally]:
         """Requests and tokens as if every row were sent, each distinct request once, for the

@@ -6,6 +6,7 @@ import duckdb
 import polars as pl
 
 from llm_ops import default_cache_path
+from llm_ops._cache import Cache
 
 DF = pl.DataFrame({"text": ["a", "b"]})
 
@@ -59,3 +60,24 @@ def test_small_flush_batches_store_every_answer(complete, cache):
     df = pl.DataFrame({"text": [str(i) for i in range(20)]})
     df.pipe(complete, prompt="{text}", flush_every=5, concurrency=2)
     assert _query(cache, "SELECT count(*) FROM llm_cache") == [(20,)]
+
+
+def _storage_version(path):
+    """The version number in a DuckDB file's header (64: readable by every DuckDB 1.x)."""
+    return int.from_bytes(path.read_bytes()[12:20], "little")
+
+
+def test_a_new_cache_is_readable_by_duckdb_1_x(complete, cache):
+    DF.pipe(complete, prompt="{text}")
+    assert _storage_version(cache) == 64
+
+
+def test_a_cache_in_a_newer_format_still_works_and_vacuum_converts_it(complete, cache, tmp_path):
+    DF.pipe(complete, prompt="{text}")
+    newer = tmp_path / "newer.duckdb"
+    with duckdb.connect(str(newer)) as con:
+        con.execute(f"ATTACH '{cache}' AS old (READ_ONLY); COPY FROM DATABASE old TO newer")
+    assert _storage_version(newer) != 64
+    assert DF.pipe(complete, prompt="{text}", cache=newer)["completion_status"][0] == "cached"
+    Cache(newer).vacuum()
+    assert _storage_version(newer) == 64

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +15,13 @@ import pytest
 
 from llm_ops.cli import main
 
+LLM_OPS = str(Path(sys.executable).with_name("llm-ops"))
 COMMANDS = [
     ["run"],
     ["estimate"],
+    ["sql"],
     ["serve"],
+    ["batches"],
     ["cache"],
     ["cache", "stats"],
     ["cache", "export"],
@@ -149,9 +155,8 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_the_installed_command(tmp_path):
-    command = Path(sys.executable).with_name("llm-ops")
     result = subprocess.run(
-        [str(command), "cache", "--cache", str(tmp_path / "none.duckdb"), "stats"],
+        [LLM_OPS, "cache", "stats", "--cache", str(tmp_path / "none.duckdb")],
         capture_output=True,
         text=True,
         check=False,
@@ -204,3 +209,122 @@ def test_run_a_cascade(job, tmp_path):
         "sim-small",
         None,
     ]
+
+
+def test_cache_path_before_or_after_the_action(job, tmp_path, cache, capsys):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    assert main(["cache", "stats", "--cache", str(cache)]) == 0
+    assert main(["cache", "--cache", str(cache), "stats"]) == 0
+    assert capsys.readouterr().out.count("1 run(s) recorded") == 2
+
+
+def test_estimate_leaves_no_cache_behind(job, tmp_path, capsys):
+    assert main(["estimate", *job]) == 0
+    assert "cache hits                      0" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["reviews.parquet"]
+
+
+def test_out_csv(job, tmp_path):
+    assert main(["run", *job, "--out", str(tmp_path / "out.csv")]) == 0
+    out = pl.read_csv(tmp_path / "out.csv")
+    assert out["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
+    assert not list(tmp_path.glob("out.csv.*"))  # no Parquet, work directory or partial file
+
+
+def test_out_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):
+    assert main(["run", *job, "--out", str(tmp_path / "out.json")]) == 1
+    assert "name a .parquet or a .csv file" in capsys.readouterr().err
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_nested_columns_cannot_go_to_csv(job, table, tmp_path, endpoint, capsys):
+    pl.DataFrame({"text": ["good"], "tags": [["a", "b"]]}).write_parquet(table)
+    assert main(["run", *job, "--out", str(tmp_path / "out.csv")]) == 1
+    assert "nested column(s) tags; write a .parquet file" in capsys.readouterr().err
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_one_progress_line_over_every_chunk(job, tmp_path):
+    terminal, stderr = pty.openpty()  # progress is drawn on a terminal only
+    command = [LLM_OPS, "run", *job, "--out", str(tmp_path / "o.parquet"), "--chunk-size", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    os.close(stderr)
+    drawn = b""
+    with contextlib.suppress(OSError):  # EIO once the command has closed the terminal
+        while data := os.read(terminal, 4096):
+            drawn += data
+    assert process.wait() == 0
+    text = drawn.decode()
+    assert "chunk 1/2 · rows" in text
+    assert text.count("\n") == 1  # redrawn in place, not a line per chunk
+    assert text.rstrip().rsplit("\r", 1)[-1].startswith("llm-ops chunk 2/2 · rows 4/4 ·")
+
+
+def test_api_key_env_names_the_key(job, tmp_path, endpoint, monkeypatch, capsys):
+    endpoint.configure(api_key="sk-from-another-variable")
+    monkeypatch.setenv("OTHER_API_KEY", "sk-from-another-variable")
+    out = tmp_path / "out.parquet"
+    assert main(["run", *job, "--out", str(out), "--api-key-env", "OTHER_API_KEY"]) == 0
+    assert pl.read_parquet(out)["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
+    assert "sk-from-another-variable" not in str(capsys.readouterr())
+
+
+def test_api_key_env_unset_is_one_line(job, tmp_path, endpoint, capsys):
+    assert (
+        main(["run", *job, "--out", str(tmp_path / "o.parquet"), "--api-key-env", "NO_SUCH"]) == 1
+    )
+    err = capsys.readouterr().err
+    assert "NO_SUCH is not set" in err and err.count("\n") == 1
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_sql_reads_the_cache(job, tmp_path, cache, capsys):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    capsys.readouterr()
+    query = "SELECT count(*) AS answers FROM cache.llm_cache"
+    assert main(["sql", query, "--cache", str(cache)]) == 0
+    assert "│ 2       │" in capsys.readouterr().out
+
+
+def test_sql_llm_complete(endpoint, cache, capsys):
+    query = "SELECT llm_complete('Summarize: ' || 'x') AS summary"
+    sql = ["sql", query, "--model", "sim", "--base-url", endpoint.base_url, "--cache", str(cache)]
+    assert main(sql) == 0
+    assert "Summarize: x" in capsys.readouterr().out
+    assert endpoint.stats()["requests"] == 1
+
+
+def test_sql_answers_reach_the_attached_cache(job, tmp_path, endpoint, cache, capsys):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    query = "SELECT llm_complete('new', model := 'sim'), (SELECT count(*) FROM cache.llm_cache)"
+    assert main(["sql", query, "--base-url", endpoint.base_url, "--cache", str(cache)]) == 0
+    with duckdb.connect(str(cache), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(3,)]
+    assert capsys.readouterr().err == ""  # nothing about answers waiting in the journal
+
+
+def test_sql_without_a_key_fails_only_when_it_sends(cache, capsys):
+    assert main(["sql", "SELECT 1 AS one", "--cache", str(cache)]) == 0
+    assert main(["sql", "SELECT llm_complete('x', model := 'm')", "--cache", str(cache)]) == 1
+    assert "set OPENAI_API_KEY, or name the variable" in capsys.readouterr().err
+
+
+def test_sql_from_a_file_prints_at_most_max_rows(tmp_path, cache, capsys):
+    (tmp_path / "q.sql").write_text("SELECT * FROM range(5)")
+    sql = ["sql", "--file", str(tmp_path / "q.sql"), "--max-rows", "2", "--cache", str(cache)]
+    assert main(sql) == 0
+    out = capsys.readouterr().out
+    assert "│ 1     │" in out and "│ 2     │" not in out
+    assert "3 more row(s) not shown" in out
+
+
+def test_sql_out_csv(tmp_path, cache):
+    out = tmp_path / "x.csv"
+    assert main(["sql", "SELECT 1 AS n, 'a' AS s", "--out", str(out), "--cache", str(cache)]) == 0
+    assert pl.read_csv(out).to_dicts() == [{"n": 1, "s": "a"}]
+
+
+def test_sql_error_is_one_line(cache, capsys):
+    assert main(["sql", "SELEC 1", "--cache", str(cache)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("llm-ops: error: Parser Error") and err.count("\n") == 1

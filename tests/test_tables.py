@@ -105,3 +105,8 @@ def test_one_client_keeps_its_rate_limit_from_chunk_to_chunk(job_on, endpoint):
     # endpoint's bucket, drained by the chunk before, answers with 429s. (The client's limit
     # is a little under the endpoint's, so that timing jitter alone draws none.)
     assert "429" not in endpoint.stats()["by_status"]
+
+
+def test_a_model_the_endpoint_does_not_list_fails_the_plan(job_on):
+    with pytest.raises(ConfigError, match="did you mean 'sim'"):
+        job_on(["a"], model="simm").plan()
