@@ -161,7 +161,7 @@ class RunReport:
         ]
         for lever, saving in self.savings.items():
             lines.append(
-                f"  saved by {lever:<14} {saving.requests:>5,} requests  {dollars(saving.cost)}"
+                f"  saved by {lever:<14} {saving.requests:>7,} requests  {dollars(saving.cost)}"
             )
         if len(self.models) > 1:
             for model, usage in self.models.items():

@@ -114,6 +114,14 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
     parser.add_argument("--price-output", type=float, metavar="USD", help="$ per 1M output tokens")
     parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
     parser.add_argument(
+        "--price",
+        action="append",
+        type=_model_price,
+        metavar="MODEL=IN,OUT",
+        help="$ per 1M input and output tokens of one model, e.g. sim-small=0.15,0.60; once "
+        "per model of a cascade (instead of --price-input/--price-output)",
+    )
+    parser.add_argument(
         "--chunk-size", type=int, default=5_000, help="distinct requests sent per chunk"
     )
     parser.add_argument(
@@ -327,8 +335,15 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         name: getattr(args, name) for name in args.option_flags if getattr(args, name) is not None
     }
     price = Price.given(args.price_input, args.price_output, args.price_request)
+    if price is not None and args.price:
+        raise ConfigError(
+            "give prices per model (--price MODEL=IN,OUT) or for every model "
+            "(--price-input/--price-output/--price-request), not both"
+        )
     if price is not None:
         options["pricing"] = price
+    if args.price:
+        options["pricing"] = dict(args.price)
     if args.semantic_cache:
         options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
     if args.escalate:
@@ -337,6 +352,20 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if key is not None:
         options["api_key"] = key
     return options
+
+
+def _model_price(text: str) -> tuple[str, Price]:
+    """``MODEL=IN,OUT`` (dollars per million input and output tokens) → (model, price)."""
+    model, _, rates = text.partition("=")
+    try:
+        given, taken = (float(rate) for rate in rates.split(","))
+    except ValueError:
+        model = ""
+    if not model:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not MODEL=IN,OUT, e.g. gpt-4o-mini=0.15,0.60"
+        )
+    return model, Price(input_per_million=given, output_per_million=taken)
 
 
 def _api_key(args: argparse.Namespace) -> str | None:

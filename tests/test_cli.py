@@ -328,3 +328,15 @@ def test_sql_error_is_one_line(cache, capsys):
     assert main(["sql", "SELEC 1", "--cache", str(cache)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("llm-ops: error: Parser Error") and err.count("\n") == 1
+
+
+def test_price_per_model_prices_each_model_of_a_cascade(job, capsys):
+    args = ["--model", "sim-small", "--price", "sim-small=0.15,0.60", "--price", "sim=2.5,10"]
+    assert main(["estimate", *job, *args, "--max-tokens", "10"]) == 0
+    assert "no price" not in capsys.readouterr().out
+
+
+def test_a_malformed_price_is_a_usage_error(job, capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", *job, "--price", "sim=cheap"])
+    assert "is not MODEL=IN,OUT" in capsys.readouterr().err

@@ -11,11 +11,35 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
-def test_readme_python_examples_run_in_order(tmp_path, monkeypatch):
+# Each Python example, and the output shown after it (a ```text block), if any.
+EXAMPLES = re.findall(r"```python\n(.*?)```\n(?:\n```text\n(.*?)```\n)?", README, re.S)
+
+
+@pytest.mark.parametrize(("code", "shown"), EXAMPLES, ids=range(len(EXAMPLES)))
+def test_each_readme_example_runs_on_its_own_and_prints_what_it_shows(
+    code, shown, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {}
-    for block in re.findall(r"```python\n(.*?)```", README, re.S):
-        exec(compile(block, "README.md", "exec"), namespace)
+    monkeypatch.setenv("LLM_OPS_CACHE", str(tmp_path / "default-cache.duckdb"))
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out == shown
+    exec(compile(code, "README.md", "exec"), {})  # and again, as a reader would: from the cache
+
+
+def test_the_readme_sql_runs_in_the_duckdb_cli_on_a_new_cache(complete, cache):
+    import subprocess
+    import sys
+
+    import polars as pl
+
+    pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    sql = re.findall(r"```sql\n(.*?)```", README, re.S)[0]
+    cli = Path(sys.executable).with_name("duckdb")  # duckdb-cli, a DuckDB 1.x
+    result = subprocess.run(
+        [str(cli), "-readonly", str(cache), "-c", sql], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert result.stdout.count("sim") >= 1 and "hit_rate" in result.stdout
 
 
 def test_ci_runs_the_readme_test_command():
