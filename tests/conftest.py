@@ -61,19 +61,56 @@ def _no_ambient_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 LLAMA = Path(__file__).resolve().parents[2] / "shared" / "llama"
+"""Where llama.cpp's server and the tiny model are unless ``LLAMA_SERVER`` says otherwise."""
+
+
+def llama_paths() -> tuple[Path, Path]:
+    """(server, model): ``LLAMA_SERVER``, else ``../shared/llama/llama-server``; ``LLAMA_MODEL``,
+    else ``tiny-llama.gguf`` next to the server."""
+    server = Path(os.environ.get("LLAMA_SERVER") or LLAMA / "llama-server").expanduser()
+    model = os.environ.get("LLAMA_MODEL") or server.with_name("tiny-llama.gguf")
+    return server, Path(model).expanduser()
+
+
+def llama_missing() -> str | None:
+    """Why the llama.cpp tests cannot run here (one line), or None when they can."""
+    server, model = llama_paths()
+    if not (server.is_file() and os.access(server, os.X_OK)):
+        return (
+            f"llama.cpp server not found ({server}): set LLAMA_SERVER or put it in ../shared/llama"
+        )
+    if not model.is_file():
+        return f"llama.cpp model not found ({model}): set LLAMA_MODEL"
+    return None
 
 
 class LlamaServer:
-    """llama.cpp's real server with the tiny test model, on a free port of 127.0.0.1."""
+    """llama.cpp's real server with the tiny test model, on a free port of 127.0.0.1.
 
-    def __init__(self, alias: str, *extra: str):
+    Its output is read all along by a thread (a chatty server never blocks on a full pipe);
+    if it exits or is not listening within ``timeout`` seconds, the error shows its last lines.
+    """
+
+    url: str
+    """The server's root, e.g. ``http://127.0.0.1:PORT`` (``/health``, ``/metrics``)."""
+    base_url: str
+    """The OpenAI-compatible API: the root and ``/v1``."""
+
+    def __init__(self, alias: str, *extra: str, timeout: float = 60.0):
+        import collections
         import subprocess
+        import threading
 
+        server, model = llama_paths()
+        self.model = alias
+        self.output: collections.deque[str] = collections.deque(maxlen=30)
+        self._url: str | None = None
+        self._done = threading.Event()
         self.process = subprocess.Popen(
             [
-                str(LLAMA / "llama-server"),
+                str(server),
                 "-m",
-                str(LLAMA / "tiny-llama.gguf"),
+                str(model),
                 "--alias",
                 alias,
                 "--host",
@@ -88,35 +125,95 @@ class LlamaServer:
                 "2",
                 *extra,
             ],
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",
         )
+        self._reader = threading.Thread(target=self._read, name=f"llama-{alias}", daemon=True)
+        self._reader.start()
+        if not self._done.wait(timeout):
+            self._fail(f"was not listening after {timeout:g} s")
+        elif self._url is None:
+            self._fail(f"exited with code {self.process.wait(timeout=10)}")
+        assert self._url is not None
+        self.url = self._url
+        self.base_url = f"{self.url}/v1"
+        self._wait_until_healthy(timeout)
+
+    def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            if "listening on http://" in line:
-                self.base_url = line.rsplit(" ", 1)[-1].strip() + "/v1"
-                break
-        else:
-            raise RuntimeError("llama-server did not start")
-        self.model = alias
+            self.output.append(line.rstrip())
+            if self._url is None and "listening on http://" in line:
+                self._url = line.rsplit(" ", 1)[-1].strip()
+                self._done.set()
+        self._done.set()  # the server exited
+
+    def _fail(self, why: str) -> None:
+        self.stop()
+        self._reader.join(timeout=5)
+        last = "\n".join(self.output)
+        raise RuntimeError(f"llama-server {self.model!r} {why}; its last output:\n{last}")
+
+    def get(self, path: str) -> str:
+        """The body of ``GET <server root><path>`` (no proxy: it is on loopback)."""
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(self.url + path, timeout=10) as response:
+            body: bytes = response.read()
+        return body.decode()
+
+    def _wait_until_healthy(self, timeout: float) -> None:
+        # Some builds listen before the model is loaded and answer 503 until it is.
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.get("/health")
+                return
+            except OSError as error:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self._fail(f"was not healthy: {error}")
+            time.sleep(0.05)
+
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus counters (with ``--metrics``), e.g.
+        ``llamacpp:tokens_predicted_total``."""
+        lines = self.get("/metrics").splitlines()
+        pairs = (line.rsplit(" ", 1) for line in lines if line and not line.startswith("#"))
+        return {name: float(value) for name, value in pairs}
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
+        import subprocess
+
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
 
 
 def _llama(alias: str, *extra: str) -> Iterator[LlamaServer]:
-    if not (LLAMA / "llama-server").exists():
-        pytest.skip(f"no llama.cpp server in {LLAMA}")
+    reason = llama_missing()
+    if reason is not None:
+        pytest.skip(reason)
     server = LlamaServer(alias, *extra)
-    yield server
-    server.stop()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
 def llama() -> Iterator[LlamaServer]:
-    """llama.cpp serving chat completions (real tokenizer, usage, finish reasons)."""
+    """llama.cpp serving chat completions (real tokenizer, usage, finish reasons, JSON schemas
+    by grammar) with ``metrics()``."""
     yield from _llama("tiny", "--metrics")
 
 
