@@ -228,6 +228,7 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
             for lever, saving in report.savings.items()
         },
         "wall seconds": round(report.wall_seconds, 2),
+        "cache": report.cache or "off",
     }
     return [{"figure": name, "value": value} for name, value in figures.items()]
 

@@ -53,7 +53,7 @@ def test_flow_enriches_a_table_and_reports_what_the_endpoint_saw(prefect, config
     figures, seen = _artifact_figures(), endpoint.stats()
     assert figures["requests sent"] == seen["requests"] == 3
     assert figures["distinct requests"] == seen["distinct_prompts"]
-    assert figures["rows skipped"] == 6
+    assert figures["rows skipped"] == 6 and figures["cache"] == config.cache
 
 
 def test_flow_rerun_sends_nothing(prefect, config, endpoint):
