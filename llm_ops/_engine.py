@@ -1,13 +1,13 @@
 """The dispatch engine: sends distinct requests concurrently and classifies every outcome.
 
-The official ``openai`` SDK provides the HTTP client: ``AsyncOpenAI`` is configured with the
-endpoint and key (its own retries off, so retrying is owned here, in
-:meth:`Dispatcher._attempt_loop`) and with the SDK's aiohttp-backed HTTP client. On the hot
-path each request's JSON body is serialised once and posted through that HTTP client with the
-headers the SDK computed, and only the fields we use are read from the answer. Measured on the
-local endpoint, this skips about 0.9 ms of CPU per request that the SDK's per-call option
-transform and response model construction cost (see ``benchmarks/``), which on a 2-core machine
-is the difference between CPU-bound and latency-bound at high concurrency.
+The official ``openai`` SDK configures the endpoint (base URL, auth and default headers, its
+own retries off, so retrying is owned here, in :meth:`Dispatcher._attempt_loop`). On the hot
+path each request's JSON body is serialised once with ``orjson`` and posted through one
+long-lived aiohttp session (:mod:`llm_ops._transport`) with the headers the SDK computed, and
+only the fields we use are read from the answer: the SDK's per-call option transform, request
+and response models cost more CPU per request than everything else together (see
+``benchmarks/``), which on a 2-core machine is the difference between CPU-bound and
+latency-bound at high concurrency.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlencode
 
-import httpx2
 import openai
+import orjson
+from yarl import URL
 
 from ._limits import AdaptiveConcurrency, Limiter, RateLimiter
 from ._pack import PACK_FORMAT, pack_messages, unpack
@@ -34,6 +35,7 @@ from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
 from ._spec import Endpoint, Limits
 from ._status import Status
+from ._transport import ConnectionFailed, CouldNotConnect, TimedOut, Transport, TransportError
 from .exceptions import ConfigError, JobAbortedError, JobInterruptedError
 
 Sent = Status | Literal["aborted"]
@@ -257,9 +259,8 @@ class Engine:
     the adaptive concurrency and what was learned about the endpoint (its limits, whether it
     can be reached). It lives on the client's event loop; dispatches borrow it.
 
-    The official ``openai`` SDK configures it (base URL, auth and default headers) and provides
-    the aiohttp-backed HTTP client; each request's JSON body is serialised once and posted with
-    the headers the SDK computed.
+    The official ``openai`` SDK configures it (base URL, auth and default headers); requests go
+    through :class:`~llm_ops._transport.Transport`, one aiohttp session for the engine's life.
     """
 
     def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):
@@ -275,26 +276,27 @@ class Engine:
         self.connect_failures = 0  # attempts in a row that could not connect
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()
-        pool = httpx2.Limits(
-            max_connections=limits.concurrency, max_keepalive_connections=limits.concurrency
-        )
-        self.http = openai.DefaultAioHttpClient(limits=pool, timeout=limits.timeout)
+        # The SDK: configuration, and the paths that are not hot (provider batches, files).
         self.client = openai.AsyncOpenAI(
             base_url=endpoint.base_url,
             api_key=endpoint.api_key,
             max_retries=0,
             timeout=limits.timeout,
-            http_client=self.http,
+            http_client=openai.DefaultAioHttpClient(timeout=limits.timeout),
         )
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
         _RedactingFilter.secrets.update(v for v in endpoint.query.values() if v)
-        self.headers = {
-            **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
-            **self.client.auth_headers,
-        }
+        self.http = Transport(
+            base_url=str(self.client.base_url),
+            limit=limits.concurrency,
+            headers={
+                **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
+                **self.client.auth_headers,
+            },
+        )
 
-    def url(self, path: str) -> str:
-        return f"{self.client.base_url}{path}{self._query}"
+    def url(self, path: str) -> URL:
+        return URL(f"{self.client.base_url}{path}{self._query}", encoded=True)
 
     async def check_models(self, models: Iterable[str]) -> None:
         """Raise :class:`ConfigError` for a model the endpoint does not list (``/models``),
@@ -320,16 +322,14 @@ class Engine:
 
     async def _list_models(self) -> frozenset[str]:
         try:
-            response = await self.http.get(
-                self.url("models"), headers=self.headers, timeout=min(self.limits.timeout, 10.0)
-            )
-            body = json.loads(response.content) if response.status_code == 200 else {}
+            answer = await self.http.get(self.url("models"), timeout=min(self.limits.timeout, 10.0))
+            body = orjson.loads(answer.body) if answer.status == 200 else {}
             return frozenset(
                 str(item["id"])
                 for item in body.get("data", ())
                 if isinstance(item, dict) and "id" in item
             )
-        except (httpx2.HTTPError, OSError, ValueError, AttributeError, TypeError):
+        except (TransportError, ValueError, AttributeError, TypeError):
             # A failure here is the first request's to report, with its own message.
             return frozenset()
 
@@ -344,6 +344,7 @@ class Engine:
         )
 
     async def close(self) -> None:
+        await self.http.close()
         await self.client.close()
 
 
@@ -589,7 +590,7 @@ class Dispatcher:
     async def _attempt(
         self, request: Request, messages: list[dict[str, str]], estimate: int
     ) -> Outcome:
-        body = json.dumps(self._body(request, messages), ensure_ascii=False).encode()
+        body = orjson.dumps(self._body(request, messages))
         engine = self.engine
         if not engine.connected.is_set():
             async with engine.alone:
@@ -605,9 +606,8 @@ class Dispatcher:
         await engine.concurrency.acquire()
         self.counters.sent += 1
         try:
-            response = await engine.http.post(self.url, content=body, headers=engine.headers)
-            payload = response.content
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            answer = await engine.http.post(self.url, body, timeout=self.settings.timeout)
+        except CouldNotConnect as exc:
             detail, give_up = engine.could_not_connect(exc)
             if give_up:
                 self._abort(
@@ -617,24 +617,23 @@ class Dispatcher:
                     "cached."
                 )
             raise _Retryable(f"could not connect: {detail}") from exc
-        except httpx2.TimeoutException as exc:
+        except TimedOut as exc:
             self.counters.timeouts += 1
             engine.concurrency.on_congestion()
-            raise _Retryable(f"timed out after {self.settings.timeout:g}s") from exc
-        except (httpx2.HTTPError, OSError) as exc:
-            detail = str(exc) or type(exc).__name__
-            raise _Retryable(redact(f"connection error: {detail}", *engine.secrets)) from exc
+            raise _Retryable(str(exc)) from exc
+        except ConnectionFailed as exc:
+            raise _Retryable(redact(f"connection error: {exc}", *engine.secrets)) from exc
         finally:
             engine.concurrency.release()
         engine.connect_failures = 0
-        if response.status_code in ABORT_STATUS:
+        if answer.status in ABORT_STATUS:
             engine.connected.clear()  # the next job tries one request first again
-        elif response.status_code not in RETRYABLE_STATUS:
+        elif answer.status not in RETRYABLE_STATUS:
             engine.connected.set()  # reachable, and the credentials are accepted
-        engine.limiter.observe(response.headers)
-        if response.status_code >= 400:
-            raise self._classify_status(response.status_code, payload, response.headers)
-        outcome = self._parse(request, payload)
+        engine.limiter.observe(answer.headers)
+        if answer.status >= 400:
+            raise self._classify_status(answer.status, answer.body, answer.headers)
+        outcome = self._parse(request, answer.body)
         engine.concurrency.on_success()
         engine.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
         return outcome

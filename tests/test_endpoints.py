@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from yarl import URL
 
 from llm_ops import ConfigError, llm_complete
+from llm_ops._transport import proxy_for
 
 DF = pl.DataFrame({"text": ["red dress", "blue coat"]})
 
@@ -50,3 +52,16 @@ def test_an_endpoint_name_that_looks_like_a_url_is_refused():
 def test_the_report_says_where_the_cache_is(complete, cache):
     _, report = DF.pipe(complete, prompt="{text}", return_report=True)
     assert f"cache              {cache}" in str(report)
+
+
+def test_a_proxy_from_the_environment_is_used(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert proxy_for(URL("https://api.example/v1")) == URL("http://proxy.example:3128")
+
+
+def test_no_proxy_is_respected(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    assert proxy_for(URL("http://127.0.0.1:8000/v1")) is None
