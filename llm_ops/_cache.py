@@ -172,6 +172,17 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_runs ADD COLUMN mode VARCHAR  -- live | batch
         """,
     ),
+    (
+        8,
+        "add cached_tokens to llm_cache and llm_runs",
+        """
+        -- of prompt_tokens, those the server read from its prefix cache (usage.
+        -- prompt_tokens_details.cached_tokens), billed at the cached-input price;
+        -- NULL for answers and runs recorded before
+        ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER;
+        ALTER TABLE llm_runs ADD COLUMN cached_tokens BIGINT
+        """,
+    ),
 )
 
 
@@ -219,6 +230,7 @@ _COLUMNS: dict[str, dict[str, str]] = {
         "completion_tokens": "INTEGER",
         "latency_ms": "DOUBLE",
         "attempts": "INTEGER",
+        "cached_tokens": "INTEGER",
     },
     "llm_embeddings": {
         "key": "VARCHAR",
@@ -274,6 +286,7 @@ _COLUMNS: dict[str, dict[str, str]] = {
         "models": "MAP(VARCHAR, STRUCT(rows BIGINT, requests BIGINT, prompt_tokens BIGINT, "
         "completion_tokens BIGINT, cost DOUBLE))",
         "mode": "VARCHAR",
+        "cached_tokens": "BIGINT",
     },
 }
 _KEYS = {

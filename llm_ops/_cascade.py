@@ -20,7 +20,7 @@ from ._options import Job
 from ._pipeline import Tier, run_once
 from ._pricing import add_costs, subtract_costs
 from ._report import RunReport, Saving, add_spending, sum_reports
-from ._savings import Tally, tally
+from ._savings import Tally, prefix_discount, tally
 from ._status import ANSWERED, ESCALATE, STATUSES
 
 _ROW = "__llm_ops_row"
@@ -99,18 +99,22 @@ def _combined_report(
     }
 
     # The cascade saves the last model's price on the rows an earlier model answered and kept,
-    # and pays for everything the earlier models did.
+    # and pays for everything the earlier models did. Savings count what was spent at the full
+    # input price: a server's prefix-cache discount is no lever's (see llm_ops._savings).
     last_model = job.models[-1]
     last_price = job.spending.price(last_model)
     kept_fresh, every_row = Tally(), Tally()
     earlier_cost: float | None = 0.0
+    spent: float | None = total.cost
     for tier_job, tier, kept in tiers:
+        discount = prefix_discount(tier_job.price, tier.report.cached_tokens)
+        spent = add_costs(spent, discount)
         keys = tier.row_keys.filter(kept)
         every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"), tier.results)[
             "every_row"
         ]
         if tier_job.spec.model != last_model:
-            earlier_cost = add_costs(earlier_cost, tier.report.cost)
+            earlier_cost = add_costs(earlier_cost, add_costs(tier.report.cost, discount))
             fresh = tier.results.filter(pl.col("status") == "ok").join(keys, on="key", how="semi")
             kept_fresh += Tally(
                 fresh.height,
@@ -129,7 +133,7 @@ def _combined_report(
         rows=reports[0].rows,
         distinct_requests=reports[0].distinct_requests,
         statuses={status: counts.get(status, 0) for status in STATUSES},
-        cost_saved=subtract_costs(every_row.cost(last_price), total.cost),
+        cost_saved=subtract_costs(every_row.cost(last_price), spent),
         savings=savings,
         models=models,
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-import json
 import logging
 import random
 import re
@@ -142,6 +141,7 @@ class Outcome:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
@@ -162,6 +162,7 @@ class Counters:
     over_budget: int = 0  # requests not sent because a budget was reached
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
     # the embedding requests the semantic cache made for this job, and their tokens
     embedding_requests: int = 0
     embedding_tokens: int = 0
@@ -243,7 +244,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 def _error_body(payload: bytes) -> dict[str, Any]:
     """The ``error`` object of an OpenAI-style error answer, or an empty dict."""
     try:
-        body = json.loads(payload)
+        body = orjson.loads(payload)
     except ValueError:
         return {}
     inner = body.get("error", body) if isinstance(body, dict) else None
@@ -523,7 +524,11 @@ class Dispatcher:
             try:
                 outcome = await self._attempt(request, messages, estimate)
                 if self.budget is not None:
-                    self.budget.settle(expected, (outcome.prompt_tokens, outcome.completion_tokens))
+                    self.budget.settle(
+                        expected,
+                        (outcome.prompt_tokens, outcome.completion_tokens),
+                        cached_input_tokens=outcome.cached_tokens,
+                    )
                 if (
                     outcome.status == "invalid"
                     and self.repair
@@ -679,7 +684,7 @@ class Dispatcher:
     def _parse(self, request: Request, payload: bytes) -> Outcome:
         key = request.key
         try:
-            body = json.loads(payload)
+            body = orjson.loads(payload)
             choice = body["choices"][0]
             text = choice["message"]["content"]
             finish_reason = choice.get("finish_reason")
@@ -688,9 +693,18 @@ class Dispatcher:
             completion_tokens = int(usage.get("completion_tokens") or 0)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
+        # the part of the prompt the server's prefix cache served (OpenAI, vLLM); a server
+        # that does not say, or says something odd, read none from a cache
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        try:
+            cached_tokens = min(prompt_tokens, max(0, int(cached or 0)))
+        except (ValueError, TypeError):
+            cached_tokens = 0
         self.counters.answered += 1  # billed, whatever became of it
         self.counters.prompt_tokens += prompt_tokens
         self.counters.completion_tokens += completion_tokens
+        self.counters.cached_tokens += cached_tokens
         if body.get("error"):
             error = body["error"]
             detail = error.get("message") if isinstance(error, dict) else error
@@ -719,6 +733,7 @@ class Dispatcher:
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
         )
         if isinstance(request, Pack):
             answers = None if truncated else unpack(text, len(request.members))
@@ -734,6 +749,7 @@ class Dispatcher:
                             finish_reason=finish_reason,
                             prompt_tokens=prompt_tokens // share,
                             completion_tokens=completion_tokens // share,
+                            cached_tokens=cached_tokens // share,
                         ),
                     )
                     for member, answer in zip(request.members, answers, strict=True)
@@ -779,7 +795,7 @@ class EmbeddingDispatcher(Dispatcher):
     def _parse(self, request: Request, payload: bytes) -> Outcome:
         expected = len(request.inputs) if isinstance(request, Batch) else 0
         try:
-            body = json.loads(payload)
+            body = orjson.loads(payload)
             items = sorted(body["data"], key=lambda item: item["index"])
             vectors = [item["embedding"] for item in items]
             usage = body.get("usage") or {}

@@ -10,9 +10,7 @@ writer whose lock is free belong to a finished or dead process and may be merged
 
 from __future__ import annotations
 
-import datetime as dt
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -22,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from .exceptions import CacheError
 
@@ -55,8 +55,6 @@ def held(path: Path, *, blocking: bool) -> Iterator[bool]:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
     raise TypeError(f"cannot journal a {type(value).__name__}")
 
 
@@ -79,7 +77,7 @@ class JournalWriter:
         self.id = f"{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._lock = threading.Lock()
         self._merging = threading.Lock()
-        self._buffer: dict[str, list[str]] = {}
+        self._buffer: dict[str, list[bytes]] = {}
         self._files: dict[str, Any] = {}  # table -> open file of the current segment
         self._segment = 0
         self._sealed: list[Path] = []
@@ -100,7 +98,7 @@ class JournalWriter:
         self.add("llm_embeddings", row)
 
     def add(self, table: str, row: Mapping[str, Any]) -> None:
-        line = json.dumps(row, ensure_ascii=False, default=_json_default)
+        line = orjson.dumps(row, default=_json_default)  # datetimes as ISO 8601
         with self._lock:
             buffer = self._buffer.setdefault(table, [])
             buffer.append(line)
@@ -122,8 +120,8 @@ class JournalWriter:
             file = self._files.get(table)
             if file is None:
                 path = self.directory / f"{self.id}.{self._segment:06d}.{table}.jsonl"
-                file = self._files[table] = open(path, "a", encoding="utf-8")  # noqa: SIM115
-            file.write("\n".join(lines) + "\n")
+                file = self._files[table] = open(path, "ab")  # noqa: SIM115
+            file.write(b"\n".join(lines) + b"\n")
             file.flush()  # into the OS: it survives the death of this process
         except OSError as exc:
             raise CacheError(

@@ -62,6 +62,7 @@ class AnswerSink:
                 "finish_reason": outcome.finish_reason,
                 "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
+                "cached_tokens": outcome.cached_tokens,
                 "latency_ms": outcome.latency_ms,
                 "attempts": outcome.attempts,
             }

@@ -18,8 +18,11 @@ from .exceptions import ConfigError
 class Price:
     """What a model costs: dollars per million tokens, and/or dollars per request.
 
-    ``batch`` is the price through the provider's Batch API (``mode="batch"``); without one,
-    every part of the live price is halved, as OpenAI and most gateways bill batches.
+    ``cached_input_per_million`` prices the input tokens a server read from its prefix cache
+    (``usage.prompt_tokens_details.cached_tokens``, which OpenAI and vLLM report); without
+    it they cost the input price. ``batch`` is the price through the provider's Batch API
+    (``mode="batch"``); without one, every part of the live price is halved, as OpenAI and
+    most gateways bill batches.
 
     Examples
     --------
@@ -28,6 +31,9 @@ class Price:
     0.9
     >>> Price(per_request=0.002).cost(requests=500, input_tokens=10**9, output_tokens=0)
     1.0
+    >>> Price(2.0, 8.0, cached_input_per_million=0.5).cost(
+    ...     requests=1, input_tokens=1_000_000, output_tokens=0, cached_input_tokens=600_000)
+    1.1
     >>> batch = Price(0.15, 0.60).for_batch()
     >>> batch.input_per_million, batch.output_per_million
     (0.075, 0.3)
@@ -68,7 +74,8 @@ class Price:
     def cost(
         self, *, requests: int, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
     ) -> float:
-        """Dollars for this many requests and tokens."""
+        """Dollars for this many requests and tokens; ``cached_input_tokens`` (part of
+        ``input_tokens``) at the cached-input price."""
         cached_rate = (
             self.input_per_million
             if self.cached_input_per_million is None
@@ -128,12 +135,22 @@ def price_for(model: str, pricing: PricingOption = None) -> Price | None:
 
 
 def cost_or_none(
-    price: Price | None, *, requests: int, input_tokens: int, output_tokens: int
+    price: Price | None,
+    *,
+    requests: int,
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int = 0,
 ) -> float | None:
     """:meth:`Price.cost`, or ``None`` when the price is unknown."""
     if price is None:
         return None
-    return price.cost(requests=requests, input_tokens=input_tokens, output_tokens=output_tokens)
+    return price.cost(
+        requests=requests,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+    )
 
 
 def add_costs(a: float | None, b: float | None) -> float | None:
@@ -189,10 +206,21 @@ class Budget:
         self.spent_cost += cost
         return True
 
-    def settle(self, estimated: tuple[int, int], actual: tuple[int, int]) -> None:
-        """Replace a reservation's estimate with what ``usage`` reported."""
+    def settle(
+        self,
+        estimated: tuple[int, int],
+        actual: tuple[int, int],
+        *,
+        cached_input_tokens: int = 0,
+    ) -> None:
+        """Replace a reservation's estimate with what ``usage`` reported: ``actual`` input and
+        output tokens, ``cached_input_tokens`` of the input at the cached-input price (a
+        reservation counts every input token at the full price)."""
         self.spent_tokens += sum(actual) - sum(estimated)
         if self.price is not None:
             self.spent_cost += self.price.cost(
-                requests=0, input_tokens=actual[0], output_tokens=actual[1]
+                requests=0,
+                input_tokens=actual[0],
+                output_tokens=actual[1],
+                cached_input_tokens=cached_input_tokens,
             ) - self.price.cost(requests=0, input_tokens=estimated[0], output_tokens=estimated[1])

@@ -77,6 +77,10 @@ class RunReport:
         Rows per status (see :data:`llm_ops.STATUSES`).
     prompt_tokens, completion_tokens
         Tokens billed for requests sent during this job (cache hits cost nothing).
+    cached_tokens
+        Of ``prompt_tokens``, those the server read from its own prefix cache (``usage.
+        prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it), billed at the
+        price's ``cached_input_per_million``; answers from llm-ops' cache add none.
     wall_seconds
         Time from the call to the answer, planning and cache writes included.
     outcome
@@ -113,6 +117,7 @@ class RunReport:
     statuses: dict[str, int] = field(default_factory=dict)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     wall_seconds: float = 0.0
     outcome: str = "completed"
     error: str | None = None
@@ -153,7 +158,8 @@ class RunReport:
             f"  distinct requests  {self.distinct_requests:>10,}",
             f"  cache hits         {self.cache_hits:>10,}",
             f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
-            f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}",
+            f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}"
+            + (f"  ({self.cached_tokens:,} in cached)" if self.cached_tokens else ""),
             f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
             f"  rows by status     {statuses}",
@@ -212,6 +218,7 @@ def sum_reports(
         statuses=statuses,
         prompt_tokens=sum(r.prompt_tokens for r in reports),
         completion_tokens=sum(r.completion_tokens for r in reports),
+        cached_tokens=sum(r.cached_tokens for r in reports),
         wall_seconds=wall_seconds,
         outcome=stopped.outcome if stopped else "completed",
         error=stopped.error if stopped else None,
@@ -260,6 +267,7 @@ def make_report(
         statuses={s: statuses.get(s, 0) for s in STATUSES},
         prompt_tokens=counters.prompt_tokens,
         completion_tokens=counters.completion_tokens,
+        cached_tokens=counters.cached_tokens,
         wall_seconds=wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,

@@ -2,7 +2,11 @@
 
 A lever's saving is priced from the tokens of the answers it reused or the requests it spared,
 at the price of the model the job would otherwise have sent them to (see
-:data:`~llm_ops.LEVERS`).
+:data:`~llm_ops.LEVERS`). What a job spent bills the input tokens the server read from its
+prefix cache (``Counters.cached_tokens``) at the cached-input price. That discount is the
+server's, not a lever's: the requests a lever spared are priced at the full input price (which
+of their tokens a server would have found in its prefix cache is not known), and so is what the
+job spent when a saving is worked out (see :func:`prefix_discount`).
 """
 
 from __future__ import annotations
@@ -19,13 +23,27 @@ from ._report import ModelUsage, RunReport, Saving
 
 
 def completion_cost(job: Job, counters: Counters) -> float | None:
-    """What the completions counted in ``counters`` cost under the price of ``job.model``."""
+    """What the completions counted in ``counters`` cost under the price of ``job.model``,
+    the input the server read from its prefix cache at the cached-input price."""
     return cost_or_none(
         job.price,
         requests=counters.answered,
         input_tokens=counters.prompt_tokens,
         output_tokens=counters.completion_tokens,
+        cached_input_tokens=counters.cached_tokens,
     )
+
+
+def prefix_discount(price: Price | None, cached_tokens: int) -> float:
+    """What ``cached_tokens`` input tokens saved by being read from the server's prefix cache
+    (full input price minus the cached-input price); 0 when the price is unknown."""
+    if price is None or not cached_tokens:
+        return 0.0
+    full = price.cost(requests=0, input_tokens=cached_tokens, output_tokens=0)
+    cached = price.cost(
+        requests=0, input_tokens=cached_tokens, output_tokens=0, cached_input_tokens=cached_tokens
+    )
+    return round(full - cached, 10)
 
 
 def embedding_cost(job: Job, counters: Counters) -> float | None:
@@ -85,12 +103,13 @@ def with_usage(
         on_completions=report.cost,
         on_embeddings=embeddings,
     )
+    at_full_input_price = add_costs(cost, prefix_discount(job.price, counters.cached_tokens))
     return dataclasses.replace(
         report,
         cost=cost,
         models=models,
         savings=savings,
-        cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), cost),
+        cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), at_full_input_price),
         mode="live" if job.batching is None else "batch",
     )
 
@@ -172,7 +191,8 @@ def lever_savings(
     on_embeddings: float | None,
 ) -> dict[str, Saving]:
     """Requests and dollars saved by each lever the job used (see :data:`~llm_ops.LEVERS`),
-    given what the job spent on completions and on embeddings."""
+    given what the job spent on completions (its bill, prefix-cache discount included) and on
+    embeddings."""
     every_row, each = tallies["every_row"], tallies["each_distinct"]
     cache, similar = tallies["cache"], tallies["similar"]
     savings = {"dedupe": _saving(every_row - each, job.price)}
@@ -180,8 +200,9 @@ def lever_savings(
         savings["cache"] = _saving(cache, job.price)
     if job.packing.rows_per_request > 1:
         sent = each - cache - similar
+        spent = add_costs(on_completions, prefix_discount(job.price, counters.cached_tokens))
         savings["packing"] = Saving(
-            sent.requests - counters.sent, subtract_costs(sent.cost(job.price), on_completions)
+            sent.requests - counters.sent, subtract_costs(sent.cost(job.price), spent)
         )
     if job.semantic is not None:
         savings["semantic_cache"] = Saving(
@@ -193,6 +214,7 @@ def lever_savings(
             requests=counters.answered,
             input_tokens=counters.prompt_tokens,
             output_tokens=counters.completion_tokens,
+            cached_input_tokens=counters.cached_tokens,
         )
         savings["batch"] = Saving(0, subtract_costs(live, on_completions))
     return savings

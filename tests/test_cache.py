@@ -26,6 +26,7 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (5, "add savings per lever and usage per model to llm_runs"),
         (6, "create llm_semantic_index"),
         (7, "create llm_batches and llm_batch_requests; add mode to llm_runs"),
+        (8, "add cached_tokens to llm_cache and llm_runs"),
     ]
 
 

@@ -24,6 +24,11 @@ Per-request behaviour is set by directives inside the user message:
 ``[[sim:unsure_for=sim-small]]``
     these models answer unsure: a ``confidence`` number field of a structured answer is 0.2
     (else 0.9), and a text answer starts with ``unsure:``
+
+With ``SimulatorConfig.prefix_cache_tokens`` set, the simulator models a server's automatic
+prefix cache (OpenAI's prompt caching, vLLM's ``--enable-prefix-caching``): a prompt that starts
+like a recent one reports the shared part in ``usage.prompt_tokens_details.cached_tokens`` and,
+with ``prefill_seconds_per_1k_tokens``, is answered sooner (see :class:`PrefixCache`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ import math
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from aiohttp import web
@@ -48,6 +53,10 @@ from ._batches import BatchesApi
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
+PREFIX_BLOCK_TOKENS = 16
+"""Tokens in one block of the modelled prefix cache (vLLM's default block size)."""
+PREFIX_BLOCK_CHARS = 64
+"""Characters of the prompt in one block: about four characters a token."""
 
 
 FAULT_KINDS = ("500", "503", "429", "drop", "truncated_json", "html")
@@ -106,6 +115,18 @@ class SimulatorConfig:
         for ``batch_seconds``; with ``batch_expire_share`` the first ``batch_expire_first``
         batches expire having answered that share of their lines (see
         :mod:`llm_ops.testing._batches`).
+    prefix_cache_tokens
+        Capacity, in tokens, of a modelled automatic prefix cache; 0 (the default) turns it
+        off. The prompt (each message's role and content, in order) is cut into blocks of
+        :data:`PREFIX_BLOCK_TOKENS` tokens (:data:`PREFIX_BLOCK_CHARS` characters); its
+        leading blocks found in the cache are reported as
+        ``usage.prompt_tokens_details.cached_tokens`` (always 0 when off), and an answered
+        request's blocks then enter the cache, least recently used out first (see
+        :class:`PrefixCache`). Batch lines use it too. Changing the config keeps what the
+        cache holds (cut to the new capacity); :meth:`Simulator.reset` empties it.
+    prefill_seconds_per_1k_tokens
+        Extra seconds per 1,000 prompt tokens not served by the prefix cache (the prefill),
+        so reusing a prefix shortens the wait.
     """
 
     latency: float = 0.0
@@ -132,6 +153,8 @@ class SimulatorConfig:
     batch_validation_seconds: float = 0.1
     batch_expire_share: float | None = None
     batch_expire_first: int = 1
+    prefix_cache_tokens: int = 0
+    prefill_seconds_per_1k_tokens: float = 0.0
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
@@ -173,6 +196,67 @@ class _Bucket:
             f"x-ratelimit-remaining-{kind}": str(int(self.level)),
             f"x-ratelimit-reset-{kind}": f"{reset:.3f}s",
         }
+
+
+class PrefixCache:
+    """A modelled automatic prefix cache: an LRU of prompt blocks, each known by the hash of
+    the whole prompt up to its end (so a block only matches after the same prefix).
+
+    Only full blocks are cached, as on vLLM. A request's blocks enter last to first, so its
+    leading blocks are the most recently used and the tail goes first when space runs out.
+    """
+
+    def __init__(self, capacity_tokens: int = 0):
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.resize(capacity_tokens)
+
+    def resize(self, capacity_tokens: int) -> None:
+        """Hold at most ``capacity_tokens`` (in whole blocks); 0 empties and turns it off."""
+        self.capacity = max(0, capacity_tokens) // PREFIX_BLOCK_TOKENS
+        self._evict()
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+    @staticmethod
+    def blocks(messages: list[dict[str, Any]], model: str) -> list[bytes]:
+        """The chained hashes of the prompt's full blocks (the model's own cache: a prefix
+        another model read does not count)."""
+        text = "".join(f"{m.get('role', '')}\n{_content(m)}\n" for m in messages)
+        digest = hashlib.sha256(model.encode()).digest()
+        hashes = []
+        for start in range(0, len(text) - PREFIX_BLOCK_CHARS + 1, PREFIX_BLOCK_CHARS):
+            block = text[start : start + PREFIX_BLOCK_CHARS].encode()
+            digest = hashlib.sha256(digest + block).digest()
+            hashes.append(digest)
+        return hashes
+
+    def cached_tokens(self, hashes: list[bytes]) -> int:
+        """Tokens of the leading blocks already cached (the cache is not changed)."""
+        found = 0
+        for digest in hashes:
+            if digest not in self._blocks:
+                break
+            found += 1
+        return found * PREFIX_BLOCK_TOKENS
+
+    def insert(self, hashes: list[bytes]) -> None:
+        """Add or refresh a request's blocks, evicting the least recently used beyond capacity."""
+        if not self.capacity:
+            return
+        for digest in reversed(hashes):
+            self._blocks[digest] = None
+            self._blocks.move_to_end(digest)
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(content)
 
 
 def _user_text(messages: list[dict[str, Any]]) -> str:
@@ -312,6 +396,7 @@ class Simulator:
     """The request handlers and the counters they keep."""
 
     def __init__(self, config: SimulatorConfig):
+        self.prefix_cache = PrefixCache()
         self.configure(config)
         self.reset()
 
@@ -321,8 +406,10 @@ class Simulator:
         self._slots = asyncio.Semaphore(config.slots) if config.slots else None
         self._requests_bucket = _Bucket(config.rpm, config.rate_window) if config.rpm else None
         self._tokens_bucket = _Bucket(config.tpm, config.rate_window) if config.tpm else None
+        self.prefix_cache.resize(config.prefix_cache_tokens)
 
     def reset(self) -> None:
+        """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
@@ -335,6 +422,8 @@ class Simulator:
         self.max_in_flight = 0
         self.completion_tokens = 0
         self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.prefix_cache.clear()
         self.embedding_requests = 0
         self.embedding_inputs = 0
 
@@ -350,6 +439,7 @@ class Simulator:
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
             "embedding_requests": self.embedding_requests,
             "embedding_inputs": self.embedding_inputs,
@@ -616,12 +706,19 @@ class Simulator:
             )
             completion_tokens = len(reply.split())
         prompt_tokens = _estimate_tokens(messages)
+        blocks = PrefixCache.blocks(messages, model) if self.prefix_cache.capacity else []
+        cached_tokens = min(prompt_tokens, self.prefix_cache.cached_tokens(blocks))
         latency = float(directives.get("latency", self.config.latency))
         latency += self.config.latency_per_token * completion_tokens
+        latency += (
+            self.config.prefill_seconds_per_1k_tokens * (prompt_tokens - cached_tokens) / 1000
+        )
         answer = _Reply(
             200,
             {},
             prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            blocks=blocks,
             budget_tokens=body.get("max_tokens") or completion_tokens,
             latency=latency,
         )
@@ -659,6 +756,7 @@ class Simulator:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens},
             },
         }
         if early and "error_in_200" in directives:
@@ -691,7 +789,9 @@ class Simulator:
         self.answered[reply.digest] += 1
         self.answered_total += 1
         self.prompt_tokens += reply.prompt_tokens
+        self.cached_tokens += reply.cached_tokens
         self.completion_tokens += reply.completion_tokens
+        self.prefix_cache.insert(reply.blocks)
 
 
 @dataclass
@@ -701,6 +801,8 @@ class _Reply:
     status: int
     body: dict[str, Any]
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, served by the prefix cache
+    blocks: list[bytes] = field(default_factory=list)  # the prompt's prefix-cache blocks
     completion_tokens: int = 0
     budget_tokens: int = 0  # what the rate limit charges: prompt + max_tokens (or the answer)
     latency: float = 0.0
