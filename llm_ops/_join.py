@@ -34,10 +34,23 @@ def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.Da
 
 
 def join_back(
-    row_keys: pl.DataFrame, results: pl.DataFrame, columns: Columns, schema: OutputSchema | None
+    row_keys: pl.DataFrame,
+    results: pl.DataFrame,
+    columns: Columns,
+    schema: OutputSchema | None,
+    *,
+    row_group: pl.Series | None = None,
 ) -> pl.DataFrame:
-    """The added columns, one row per row of ``row_keys`` (``ROW_KEYS``), in its order."""
+    """The added columns, one row per row of ``row_keys`` (``ROW_KEYS``), in its order.
+
+    With ``row_group``, ``row_keys`` holds one row per group of rows (see
+    :class:`~llm_ops._plan.Keyed`) and the columns get one row per entry of ``row_group``, the
+    group of each row: the join and the expressions run once per group, and each row only
+    gathers its group's values.
+    """
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
+    if row_group is not None and joined.height != row_keys.height:  # a key settled twice
+        return join_back(row_keys.gather(row_group), results, columns, schema)
     answered = pl.col("status").is_in(ANSWERED)
     output: pl.Expr
     if schema is None:
@@ -52,7 +65,8 @@ def join_back(
             pl.col("similar_to").alias(columns.similar_to),
             pl.col("similarity").alias(columns.similarity),
         ]
-    return joined.select(added)
+    selected = joined.select(added)
+    return selected if row_group is None else selected.gather(row_group)
 
 
 def status_and_error(columns: Columns) -> list[pl.Expr]:

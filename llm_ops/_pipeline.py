@@ -244,7 +244,10 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
     plan = await asyncio.to_thread(plan_frame, frame, job.spec, backend.cache)
     done = await answer_misses(plan.misses, job, backend, rows=frame.height)
     results = results_frame([plan.hits, done.settled], done.outcomes)
-    columns = await asyncio.to_thread(join_back, plan.rows, results, job.columns, job.spec.schema)
+    columns = await asyncio.to_thread(
+        join_back, plan.groups, results, job.columns, job.spec.schema, row_group=plan.row_group
+    )
+    statuses = status_counts(columns, job.columns)
     report = make_report(
         model=job.spec.model,
         endpoint=job.spec.endpoint,
@@ -254,13 +257,13 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         distinct=plan.distinct.height,
         cache_hits=plan.hits.height,
         counters=done.counters,
-        statuses=status_counts(columns, job.columns),
+        statuses=statuses,
         stopped=done.stopped,
         cost=completion_cost(job, done.counters),
         budget_stop=done.budget_stop,
         cache=backend.cache.path if backend.cache else None,
     )
-    answered = int(columns[job.columns.status].cast(pl.String).is_in(list(ANSWERED)).sum())
+    answered = sum(n for status, n in statuses.items() if status in ANSWERED)
     report = with_usage(
         report,
         job,
@@ -269,4 +272,5 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
         counters=done.counters,
     )
-    return Tier(columns, report, plan.rows.select("key"), results, done.stopped)
+    row_keys = plan.groups.select("key").gather(plan.row_group)
+    return Tier(columns, report, row_keys, results, done.stopped)

@@ -1,11 +1,15 @@
 """Plan: render every row's request from its columns, key it, dedupe, and look up the cache.
 
 Everything here is vectorised (Polars and DuckDB) and works on one frame or one batch of a
-larger input, so the same functions serve ``llm_complete`` and the streaming table jobs.
+larger input, so the same functions serve ``llm_complete`` and the streaming table jobs. Rows
+are first grouped by the values the templates read, so rendering, hashing and the join back
+run once per group; a row only gets an integer group and gathers its group's columns.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,10 +25,22 @@ from ._status import RESULTS
 
 @dataclass
 class Keyed:
-    """The rows of a frame, keyed: per-row keys and the distinct requests behind them."""
+    """The rows of a frame, keyed: per-row keys and the distinct requests behind them.
 
-    rows: pl.DataFrame  # ROW_KEYS: one per input row, in order
+    Rows are keyed per group: a group is one distinct combination of the values the templates
+    read, so a table of many repeats is rendered, hashed and joined once per group. ``groups``
+    holds the ``ROW_KEYS`` of each group and ``row_group`` the group of every input row, in
+    order; :attr:`rows` spells them out per row.
+    """
+
+    groups: pl.DataFrame  # ROW_KEYS: one per group of rows
+    row_group: pl.Series  # UInt32: the group of each input row, in order
     distinct: pl.DataFrame  # REQUESTS: one per key
+
+    @property
+    def rows(self) -> pl.DataFrame:
+        """``ROW_KEYS``: one per input row, in order."""
+        return self.groups.gather(self.row_group)
 
 
 @dataclass
@@ -36,30 +52,125 @@ class Plan(Keyed):
 
 
 def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
-    """Render every row, dedupe the rendered requests in DuckDB and key each distinct one.
+    """Group the rows by the values the templates read, render and key each group once, and
+    dedupe the rendered requests by key.
 
-    Hashing happens once per distinct request, so a table of many repeats costs little more
-    than its distinct prompts; see :mod:`llm_ops._key` for the key's definition.
+    Rendering and hashing happen once per group and no per-row text is made, so a table of
+    many repeats costs little more than its distinct prompts; see :mod:`llm_ops._key` for the
+    key's definition. A row with a null in a referenced column gets no key and a
+    ``skip_reason``.
     """
-    system = spec.system.expr() if spec.system else pl.lit(None, dtype=pl.String)
-    # with_columns broadcasts a template without column references to every row
-    texts = frame.with_columns(prompt=spec.prompt.expr(), system=system).select("prompt", "system")
-    expression, parameters = spec.key_sql()
-    row_keys, grouped = group_and_key(
-        texts, expression, parameters, spec.key, with_system=spec.system is not None
+    referenced = list(
+        dict.fromkeys([*spec.prompt.columns, *(spec.system.columns if spec.system else ())])
     )
-    referenced = [*spec.prompt.columns, *(spec.system.columns if spec.system else ())]
+    row_group, values, counts = group_rows(frame, referenced)
+    system = spec.system.expr() if spec.system else pl.lit(None, dtype=pl.String)
+    # with_columns broadcasts a template without column references to every group
+    texts = values.with_columns(prompt=spec.prompt.expr(), system=system)
+    expression, parameters = spec.key_sql()
+    keys, grouped = key_texts(
+        texts, counts, expression, parameters, spec.key, with_system=spec.system is not None
+    )
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
-    for column in reversed(list(dict.fromkeys(referenced))):
+    for column in reversed(referenced):
         skip_reason = (
             pl.when(pl.col(column).is_null())
             .then(pl.lit(f"column {column!r} is null; row not sent"))
             .otherwise(skip_reason)
         )
+    skipped = values.with_columns(skip_reason=skip_reason)["skip_reason"]
     return Keyed(
-        rows=row_keys.with_columns(frame.with_columns(skip_reason=skip_reason)["skip_reason"]),
-        distinct=grouped,
+        groups=pl.DataFrame([keys.alias("key"), skipped]), row_group=row_group, distinct=grouped
     )
+
+
+def group_rows(
+    frame: pl.DataFrame, columns: list[str]
+) -> tuple[pl.Series, pl.DataFrame, pl.Series]:
+    """Group the rows of ``frame`` by the values of ``columns``: the group of every row (UInt32,
+    groups numbered in order of first appearance), the values of each group (float columns as
+    their text, so that ``0.0`` and ``-0.0`` stay apart) and each group's row count.
+
+    Without ``columns`` every row is in group 0 (and ``values`` has a placeholder column).
+    """
+    height = frame.height
+    if not columns:
+        groups = min(height, 1)
+        return (
+            pl.zeros(height, pl.UInt32, eager=True),
+            pl.DataFrame({"group": pl.zeros(groups, pl.UInt32, eager=True)}),
+            pl.Series("rows", [height] * groups, dtype=pl.UInt32),
+        )
+    index = "row"
+    while index in columns:
+        index = f"_{index}"
+    by = [
+        pl.col(column).cast(pl.String) if frame.schema[column].is_float() else pl.col(column)
+        for column in columns
+    ]
+    grouped = (
+        frame.select(columns)
+        .with_row_index(index)
+        .group_by(by, maintain_order=True)
+        .agg(pl.col(index))
+    )
+    members = grouped.select(
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("group"), pl.col(index)
+    ).explode(index)
+    row_group = pl.zeros(height, pl.UInt32, eager=True).scatter(members[index], members["group"])
+    counts = grouped[index].list.len().cast(pl.UInt32).alias("rows")
+    return row_group, grouped.select(columns), counts
+
+
+def key_texts(
+    texts: pl.DataFrame,
+    counts: pl.Series,
+    expression: str,
+    parameters: list[str],
+    reference_key: Callable[[str | None, str], str],
+    *,
+    with_system: bool,
+) -> tuple[pl.Series, pl.DataFrame]:
+    """Key the requests of ``texts`` (columns system and prompt, standing for ``counts`` rows
+    each) in DuckDB, one hash per row of ``texts``, and dedupe equal requests by key.
+
+    Returns the key of each row of ``texts`` (null where a needed text is null: such rows are
+    not sent) and the distinct requests (key, system, prompt, rows), in order of first
+    appearance. ``reference_key`` recomputes the rare keys DuckDB's JSON escaping gets wrong
+    (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
+    """
+    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if with_system else "")
+    table = pl.DataFrame([texts["system"], texts["prompt"]]).with_row_index("text")
+    with _memory_db() as con:
+        con.register("texts", table.to_arrow())
+        keys = (
+            con.sql(
+                f"SELECT CASE WHEN {sendable} THEN {expression} END AS key "
+                "FROM texts ORDER BY text",
+                params=parameters,
+            )
+            .pl()
+            .get_column("key")
+        )
+    odd = table.select(
+        pl.any_horizontal(
+            pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
+            pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
+        ).fill_null(False)
+        & keys.is_not_null()
+    ).to_series()
+    if odd.any():
+        fixed = keys.to_list()
+        for index in odd.arg_true().to_list():
+            fixed[index] = reference_key(table["system"][index], table["prompt"][index])
+        keys = pl.Series("key", fixed, dtype=pl.String)
+    grouped = (
+        table.select(keys.alias("key"), "system", "prompt", counts.cast(pl.Int64).alias("rows"))
+        .drop_nulls("key")
+        .group_by("key", maintain_order=True)
+        .agg(pl.col("system", "prompt").first(), pl.col("rows").sum())
+    )
+    return keys, grouped
 
 
 def group_and_key(
@@ -70,38 +181,16 @@ def group_and_key(
     *,
     with_system: bool,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Dedupe ``texts`` (columns system, prompt) in DuckDB and key each distinct pair once.
+    """Dedupe ``texts`` (columns system, prompt) and key each distinct pair once.
 
     Returns the per-row keys (null where a needed text is null: such rows are not sent) and
-    the distinct requests (key, system, prompt, rows). ``reference_key`` recomputes the rare
-    keys DuckDB's JSON escaping gets wrong (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
+    the distinct requests (key, system, prompt, rows); see :func:`key_texts`.
     """
-    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if with_system else "")
-    with _memory_db() as con:
-        con.register("texts", texts.with_row_index("row").to_arrow())
-        grouped: pl.DataFrame = con.sql(
-            f"SELECT {expression} AS key, system, prompt, count(*)::BIGINT AS rows, "
-            f"list(row) AS row_ids FROM texts WHERE {sendable} GROUP BY system, prompt",
-            params=parameters,
-        ).pl()
-    odd = grouped.select(
-        pl.any_horizontal(
-            pl.col("prompt").str.contains(UPPERCASE_ESCAPE_PATTERN),
-            pl.col("system").str.contains(UPPERCASE_ESCAPE_PATTERN),
-        ).fill_null(False)
-    ).to_series()
-    if odd.any():
-        keys = grouped["key"].to_list()
-        for index in odd.arg_true().to_list():
-            keys[index] = reference_key(grouped["system"][index], grouped["prompt"][index])
-        grouped = grouped.with_columns(pl.Series("key", keys, dtype=pl.String))
-    members = grouped.select("key", "row_ids").explode("row_ids")
-    row_keys = (
-        pl.DataFrame({"row": pl.arange(0, texts.height, dtype=pl.UInt32, eager=True)})
-        .join(members, left_on="row", right_on="row_ids", how="left", maintain_order="left")
-        .select("key")
+    row_group, values, counts = group_rows(texts, ["system", "prompt"])
+    keys, grouped = key_texts(
+        values, counts, expression, parameters, reference_key, with_system=with_system
     )
-    return row_keys, grouped.select("key", "system", "prompt", "rows")
+    return keys.gather(row_group).to_frame("key"), grouped
 
 
 def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> Plan:
@@ -109,11 +198,27 @@ def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> P
     keyed = key_rows(frame, spec)
     hits = lookup_answers(cache, keyed.distinct)
     misses = keyed.distinct.join(hits.select("key"), on="key", how="anti")
-    return Plan(rows=keyed.rows, distinct=keyed.distinct, hits=hits, misses=misses)
+    return Plan(
+        groups=keyed.groups,
+        row_group=keyed.row_group,
+        distinct=keyed.distinct,
+        hits=hits,
+        misses=misses,
+    )
+
+
+_shared: tuple[int, duckdb.DuckDBPyConnection] | None = None
+_sharing = threading.Lock()
 
 
 def _memory_db() -> duckdb.DuckDBPyConnection:
-    return duckdb.connect(config=DUCKDB_CONFIG)
+    """A connection of this process's in-memory database (made once: a connection costs more
+    than keying a few thousand requests); close it after use."""
+    global _shared
+    with _sharing:
+        if _shared is None or _shared[0] != os.getpid():  # a forked child makes its own
+            _shared = (os.getpid(), duckdb.connect(config=DUCKDB_CONFIG))
+        return _shared[1].cursor()
 
 
 def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
