@@ -111,6 +111,11 @@ class EnrichConfig(BaseModel):
     batch_poll_seconds: float | None = Field(
         None, gt=0, description="with batch mode: first wait between polls (default 5 s)"
     )
+    send_order: Literal["prefix", "input"] | None = Field(
+        None,
+        description="'prefix' (default): requests sharing a prefix go out together, for the "
+        "server's prefix cache; 'input': unsorted",
+    )
     ray_address: str | None = Field(
         None,
         description="send the chunks on a Ray cluster: 'local' (started on this machine), "

@@ -148,6 +148,13 @@ def llm_complete(
     batch_poll_seconds
         With batch mode: the first wait between asking how the batches do; it grows to a
         minute.
+    send_order
+        The order the uncached requests are sent in: ``"prefix"`` (the default) by system
+        message, then prompt text (in one run per concurrent request, taken in turn), so
+        requests sharing a prefix go out close together and the server's prefix cache (vLLM,
+        SGLang, llama.cpp, OpenAI prompt caching) reuses it; ``"input"``: in the order of
+        their first rows. Only when a request is sent changes: every row's answer, status
+        and position are the same either way.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 

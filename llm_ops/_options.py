@@ -23,6 +23,7 @@ import polars as pl
 from pydantic import BaseModel
 
 from ._escalate import EscalateOption, check_escalation, escalation_rule
+from ._order import SEND_ORDERS, SendOrder
 from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
@@ -86,6 +87,7 @@ class CallOptions(ResultOptions, total=False):
     batch_max_requests: int
     batch_max_bytes: int
     batch_poll_seconds: float
+    send_order: SendOrder
 
 
 class Options(ClientOptions, CallOptions, total=False):
@@ -263,6 +265,7 @@ class Job:
     semantic: SemanticCache | None = None
     repair: bool = False
     batching: Batching | None = None  # None: live requests
+    send_order: SendOrder = "prefix"  # see llm_ops._order
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
     spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
@@ -416,6 +419,9 @@ def make_job(
             poll_seconds=options.get("batch_poll_seconds", 5.0),
             on_expired=options.get("on_expired", "resubmit"),
         )
+    send_order = options.get("send_order", "prefix")
+    if send_order not in SEND_ORDERS:
+        raise ConfigError(f"send_order must be 'prefix' or 'input', got {send_order!r}")
     escalate = options.get("escalate")
     rule = (
         escalation_rule(escalate, output, structured, len(models)) if escalate is not None else None
@@ -429,6 +435,7 @@ def make_job(
         semantic=semantic,
         repair=repair,
         batching=batching,
+        send_order=send_order,
         on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )

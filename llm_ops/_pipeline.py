@@ -27,6 +27,7 @@ from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job
+from ._order import LANES, send_order
 from ._persist import CacheSink, dispatch_durably
 from ._plan import plan_frame
 from ._pricing import CHARS_PER_TOKEN
@@ -69,11 +70,14 @@ class AnswerSink:
         )
 
 
-def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
-    """One request per distinct miss, or packs of up to ``rows_per_request`` of them."""
+def requests_for(misses: pl.DataFrame, job: Job, *, lanes: int = LANES) -> Iterator[Request]:
+    """One request per distinct miss, or packs of up to ``rows_per_request`` of them, in the
+    job's send order (see :mod:`llm_ops._order`; ``lanes``: about the requests in flight)."""
     per_request = job.packing.rows_per_request
-    if per_request > 1:  # packs share a system message
-        misses = misses.sort("system", nulls_last=False)
+    # packs share a system message: sorted in one run, or by system message alone
+    misses = send_order(misses, job.send_order, lanes=1 if per_request > 1 else lanes)
+    if per_request > 1 and job.send_order == "input":
+        misses = misses.sort("system", nulls_last=False, maintain_order=True)
     pack: list[Request] = []
     pack_system: str | None = None
     pack_chars = 0
@@ -198,7 +202,7 @@ async def dispatch(
 
     stopped = await dispatch_durably(
         sender,
-        requests_for(misses, job),
+        requests_for(misses, job, lanes=backend.engine.limits.concurrency),
         on_outcome,
         sink=sink.cache,
         tracker=tracker,

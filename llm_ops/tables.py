@@ -252,11 +252,14 @@ class Table:
                     "SET rows = requests.rows + excluded.rows"
                 )
                 con.unregister("batch_requests")
+            # Chunks are runs of the send order (llm_ops._order): byte-wise, as Polars sorts.
+            prefix = self.job.send_order == "prefix"
+            order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.key"
             with self.cache.attached(con, alias="cache"):
                 con.execute(
                     "CREATE TABLE misses AS SELECT r.* FROM requests r "
                     f"ANTI JOIN ({self.cache.answers_sql('cache', ['key'])}) c "
-                    "ON r.key = c.key ORDER BY r.key"
+                    f"ON r.key = c.key ORDER BY {order}"
                 )
             distinct, keyed_rows = con.execute(
                 "SELECT count(*), coalesce(sum(rows), 0) FROM requests"

@@ -16,6 +16,7 @@ SCENARIOS = (
     "rate limited",
     "faults",
     "memory",
+    "send order",
 )
 
 
