@@ -14,7 +14,7 @@ import polars as pl
 
 from ._backend import Backend
 from ._batch import BatchPart, BatchRunner
-from ._cache import Cache, resolve_cache_path
+from ._cache import FLUSH_EVERY, Cache, resolve_cache_path
 from ._embed import embed_frame
 from ._engine import Engine, Outcome, Request
 from ._estimate import Estimate, estimate_frame
@@ -88,7 +88,7 @@ class Client:
             rpm=options.get("rpm"),
             tpm=options.get("tpm"),
         )
-        flush_every = positive_int("flush_every", options.get("flush_every", 1024))
+        flush_every = positive_int("flush_every", options.get("flush_every", FLUSH_EVERY))
         flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))
         path = resolve_cache_path(options.get("cache"))
         self.cache = (

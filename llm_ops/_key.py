@@ -27,6 +27,7 @@ computed vectorised in DuckDB (:func:`key_sql`); a test holds the two to agreeme
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,7 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+@functools.lru_cache(maxsize=64)  # once per request otherwise: the same few URLs, every key
 def normalize_base_url(url: str) -> str:
     """The endpoint identity used in keys: ``"HTTP://Host:80/v1/"`` becomes ``"http://host/v1"``."""
     parts = urlsplit(url.strip())
