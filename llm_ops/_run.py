@@ -32,7 +32,8 @@ async def run_frame(
         await asyncio.to_thread(backend.cache.record_run, report.as_dict())
     if stopped is not None:
         if isinstance(stopped, asyncio.CancelledError | JobInterruptedError):
-            print(f"interrupted; answers so far are cached.\n{report}", file=sys.stderr)
+            kept = "answers so far are cached" if backend.cache else "the cache is off"
+            print(f"interrupted; {kept}.\n{report}", file=sys.stderr)
         raise stopped
     if job.on_error == "raise" and report.failed_rows:
         raise_failed_rows(columns, job.columns)
