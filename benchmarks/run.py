@@ -238,15 +238,19 @@ class ThreadsProfiler:
         out = io.StringIO()
         main = pstats.Stats(self.main, stream=out)
         for order in ("cumulative", "tottime"):
-            out.write(f"\n===== event-loop thread: top {top} by {order} =====\n")
+            out.write(
+                f"\n===== calling thread (it waits on the client's loop): top {top} by {order} "
+                "=====\n"
+            )
             main.sort_stats(order).print_stats(top)
         if self.others:
             pool = pstats.Stats(self.others[0], stream=out)
             for profiler in self.others[1:]:
                 pool.add(profiler)
             out.write(
-                f"\n===== the {len(self.others)} other Python threads (asyncio.to_thread: "
-                f"planning, cache writes, join back), merged: top {top} by tottime =====\n"
+                f"\n===== the {len(self.others)} other Python threads (the client's event loop, "
+                "llm-ops-client, where requests are sent, and asyncio.to_thread: planning, cache "
+                f"writes, join back), merged: top {top} by tottime =====\n"
             )
             pool.sort_stats("tottime").print_stats(top)
         text = out.getvalue()
@@ -1392,9 +1396,10 @@ def run_profile(args: argparse.Namespace, sizes: Sizes) -> None:
         f"cache file. Under the profiler: wall {result['wall']:.2f} s, client CPU "
         f"{result['cpu_ms_per_request']:.2f} ms/request (profiling adds overhead; see "
         "RESULTS.md for unprofiled figures).\n"
-        "Covers the event-loop thread and, apart, the asyncio.to_thread pool threads (planning, "
-        "cache writes); DuckDB's own C++ threads are not visible to cProfile. Times are wall "
-        "seconds per thread: the loop's idle time is select.epoll.poll, a pool thread's "
+        "Covers the calling thread and, apart, the client's event-loop thread and the "
+        "asyncio.to_thread pool threads (planning, cache writes); DuckDB's own C++ threads "
+        "are not visible to cProfile. Times are wall seconds per thread: the loop's idle time "
+        "is select.epoll.poll, a pool thread's "
         "SimpleQueue.get.\n" + result["profile"]
     )
     out = Path(args.out) if args.out else PROFILE
