@@ -197,7 +197,7 @@ def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> P
     """Render every row, key it, dedupe and anti-join the distinct requests against the cache."""
     keyed = key_rows(frame, spec)
     hits = lookup_answers(cache, keyed.distinct)
-    misses = keyed.distinct.join(hits.select("key"), on="key", how="anti")
+    misses = keyed.distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
     return Plan(
         groups=keyed.groups,
         row_group=keyed.row_group,
