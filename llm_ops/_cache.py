@@ -375,21 +375,23 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         "applied_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp)"
     )
     current = _schema_version(con)
-    for version, name, sql in MIGRATIONS:
-        if version <= current:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+    pending = [migration for migration in MIGRATIONS if migration[0] > current]
+    if not pending:
+        return current
+    # One transaction for all of them: a new file is created in one commit, and a failure
+    # leaves the file at the version it had, never in between.
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for version, name, sql in pending:
             con.execute(sql)
             con.execute(
                 "INSERT INTO llm_ops_migrations (version, name) VALUES (?, ?)", [version, name]
             )
-            con.execute("COMMIT")
-        except duckdb.Error:
-            con.execute("ROLLBACK")
-            raise
-        current = version
-    return current
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
+    return pending[-1][0]
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -587,7 +589,9 @@ class Cache:
                     found = con.sql(
                         f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
                     )
-                    return found.to_arrow_table().cast(schema)
+                    rows = found.to_arrow_table()
+                    # cast only when needed: it imports pyarrow.compute (~60 ms, once)
+                    return rows if rows.schema.equals(schema) else rows.cast(schema)
             except (CacheError, duckdb.IOException) as exc:
                 # A journal file merged and removed between listing and reading: list again.
                 if attempt == 2 or "No files found" not in str(exc):
