@@ -323,7 +323,13 @@ class Table:
                 results = _batch_results(
                     lookup_answers(self.cache, wanted), wanted.join(fresh, on="key")
                 )
-                added = join_back(keyed.rows, results, self.job.columns, self.job.spec.schema)
+                added = join_back(
+                    keyed.groups,
+                    results,
+                    self.job.columns,
+                    self.job.spec.schema,
+                    row_group=keyed.row_group,
+                )
                 for status, n in status_counts(added, self.job.columns).items():
                     counts[status] = counts.get(status, 0) + n
                 table = batch.hstack(added.get_columns()).to_arrow()
