@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -24,6 +24,7 @@ from ._options import (
     CallOptions,
     ClientOptions,
     Columns,
+    Job,
     ModelOption,
     ProgressOption,
     check_job,
@@ -188,14 +189,7 @@ class Client:
     async def _complete(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
     ) -> tuple[Frame, RunReport]:
-        job = make_job(
-            prompt=prompt,
-            model=model,
-            endpoint=self.endpoint.identity,
-            cached=self.cache is not None,
-            options=options,
-        )
-        check_job(job, schema_of(df))
+        job = self._job(df, prompt, model, options)
         frame = to_polars(df)
         backend = await self._backend()
         columns, report = await run_frame(frame, job, backend)
@@ -248,12 +242,8 @@ class Client:
         result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
         return result
 
-    # -- estimates ----------------------------------------------------------------------------
-
-    def estimate(
-        self, df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
-    ) -> Estimate:
-        """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
+    def _job(self, df: Frame, prompt: str, model: ModelOption, options: CallOptions) -> Job:
+        """The job of a call on this client, checked against the frame's columns."""
         job = make_job(
             prompt=prompt,
             model=model,
@@ -262,6 +252,15 @@ class Client:
             options=options,
         )
         check_job(job, schema_of(df))
+        return job
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    def estimate(
+        self, df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
+    ) -> Estimate:
+        """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
+        job = self._job(df, prompt, model, options)
         return estimate_frame(to_polars(df), job, self.cache)
 
     # -- provider batches -------------------------------------------------------------------
@@ -283,14 +282,7 @@ class Client:
     async def _submit(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
     ) -> list[BatchPart]:
-        job = make_job(
-            prompt=prompt,
-            model=model,
-            endpoint=self.endpoint.identity,
-            cached=self.cache is not None,
-            options=options,
-        )
-        check_job(job, schema_of(df))
+        job = self._job(df, prompt, model, options)
         backend = await self._backend()
         plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
         wanted = {request.key: request for request in requests_for(plan.misses, job)}
@@ -309,16 +301,7 @@ class Client:
 
     def refresh_batches(self, *, job_id: str | None = None) -> list[BatchPart]:
         """:meth:`batches`, with each live batch's state and counts asked of the provider."""
-        parts = self.batches(job_id=job_id)
-
-        async def refresh() -> None:
-            runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
-            with runner.provider_errors():
-                for part in parts:
-                    await runner.refresh(part)
-
-        self.run(refresh())
-        return parts
+        return self._each_batch_part(job_id, BatchRunner.refresh)
 
     def collect_batches(self, *, job_id: str | None = None) -> int:
         """Wait for the recorded batches not yet collected (of one submission, or all) and
@@ -349,15 +332,21 @@ class Client:
     def cancel_batches(self, *, job_id: str) -> list[BatchPart]:
         """Cancel a submission's live batches; collect them afterwards to keep what they
         answered."""
+        return self._each_batch_part(job_id, BatchRunner.cancel)
+
+    def _each_batch_part(
+        self, job_id: str | None, action: Callable[[BatchRunner, BatchPart], Awaitable[None]]
+    ) -> list[BatchPart]:
+        """Ask the provider to ``action`` each recorded batch part; returns the parts."""
         parts = self.batches(job_id=job_id)
 
-        async def cancel() -> None:
+        async def each() -> None:
             runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
             with runner.provider_errors():
                 for part in parts:
-                    await runner.cancel(part)
+                    await action(runner, part)
 
-        self.run(cancel())
+        self.run(each())
         return parts
 
     def _batch_runner(self, model: str, endpoint: str, backend: Backend) -> BatchRunner:
