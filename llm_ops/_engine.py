@@ -705,7 +705,7 @@ class Dispatcher:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
         # the part of the prompt the server's prefix cache served (OpenAI, vLLM); a server
         # that does not say, or says something odd, read none from a cache
-        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         try:
             cached_tokens = min(prompt_tokens, max(0, int(cached or 0)))

@@ -238,23 +238,26 @@ class Table:
         with self._plan_db() as con:
             # Counted up batch by batch, so the table never holds more than the distinct
             # requests.
+            # first: the request's rank by its first row, for send_order="input"
             con.execute(
                 "CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
-                "prompt VARCHAR, rows BIGINT)"
+                "prompt VARCHAR, rows BIGINT, first BIGINT)"
             )
-            rows = 0
+            rows = seen = 0
             for batch in _batches(self.files, self.batch_rows):
                 rows += batch.height
-                con.register("batch_requests", key_rows(batch, self.job.spec).distinct.to_arrow())
+                found = key_rows(batch, self.job.spec).distinct.with_row_index("first", seen)
+                seen += found.height
+                con.register("batch_requests", found.to_arrow())
                 con.execute(
-                    "INSERT INTO requests SELECT key, system, prompt, rows "
+                    "INSERT INTO requests SELECT key, system, prompt, rows, first "
                     "FROM batch_requests ON CONFLICT (key) DO UPDATE "
                     "SET rows = requests.rows + excluded.rows"
                 )
                 con.unregister("batch_requests")
             # Chunks are runs of the send order (llm_ops._order): byte-wise, as Polars sorts.
             prefix = self.job.send_order == "prefix"
-            order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.key"
+            order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.first"
             with self.cache.attached(con, alias="cache"):
                 con.execute(
                     "CREATE TABLE misses AS SELECT r.* FROM requests r "

@@ -93,6 +93,23 @@ def test_table_chunks_are_cut_from_the_send_order(endpoint, tmp_path):
     assert pl.concat(chunks).to_list() == GROUPED["text"].sort().to_list()
 
 
+def test_table_chunks_in_input_order_follow_the_first_rows(endpoint, tmp_path):
+    GROUPED.write_parquet(tmp_path / "in.parquet")
+    with Client(base_url=endpoint.base_url, cache=tmp_path / "c.duckdb") as client:
+        table = Table(
+            client,
+            tmp_path / "in.parquet",
+            tmp_path / "out.parquet",
+            prompt="{text}",
+            model="sim",
+            chunk_size=5,
+            batch_rows=7,  # first rows counted across input batches
+            send_order="input",
+        )
+        chunks = [pl.read_parquet(chunk)["prompt"] for chunk in table.plan().chunks]
+    assert pl.concat(chunks).to_list() == GROUPED["text"].to_list()
+
+
 @pytest.mark.parametrize("value", ["random", "", None, 1])
 def test_a_bad_send_order_is_a_config_error_before_sending(complete, endpoint, value):
     with pytest.raises(ConfigError, match="send_order must be 'prefix' or 'input'"):
