@@ -27,7 +27,7 @@ from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job
-from ._order import LANES, send_order
+from ._order import send_order
 from ._persist import CacheSink, dispatch_durably
 from ._plan import plan_frame
 from ._pricing import CHARS_PER_TOKEN
@@ -70,13 +70,11 @@ class AnswerSink:
         )
 
 
-def requests_for(misses: pl.DataFrame, job: Job, *, lanes: int = LANES) -> Iterator[Request]:
-    """One request per distinct miss, or packs of up to ``rows_per_request`` of them, in the
-    job's send order (see :mod:`llm_ops._order`; ``lanes``: about the requests in flight)."""
+def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
+    """One request per distinct miss, in the order given, or packs of up to
+    ``rows_per_request`` of them (grouped by system message, which packs share)."""
     per_request = job.packing.rows_per_request
-    # packs share a system message: sorted in one run, or by system message alone
-    misses = send_order(misses, job.send_order, lanes=1 if per_request > 1 else lanes)
-    if per_request > 1 and job.send_order == "input":
+    if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
     pack: list[Request] = []
     pack_system: str | None = None
@@ -200,9 +198,13 @@ async def dispatch(
             tracker.rows_done += member.rows
             sink.add(member, answer)
 
+    # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
+    # so members of a pack share a prefix too.
+    lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.limits.concurrency
+    ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(misses, job, lanes=backend.engine.limits.concurrency),
+        requests_for(ordered, job),
         on_outcome,
         sink=sink.cache,
         tracker=tracker,
