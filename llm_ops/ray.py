@@ -43,6 +43,7 @@ from typing import Any
 
 from ._cache import Cache
 from ._client import Client
+from ._engine import DRAIN_SECONDS
 from ._journal import JournalWriter
 from ._limits import RateLimiter, parse_duration
 from ._options import Job
@@ -147,10 +148,23 @@ def send_chunks(
             if on_chunk is not None:
                 on_chunk(len(chunks) - len(waiting) - len(running), len(chunks), total)
     finally:
-        for ref in running:
-            ray.cancel(ref, force=True)
+        _stop(running)
         table.cache.adopt(store, wait=2.0)
     return total
+
+
+def _stop(running: list[Any]) -> None:
+    """Stop the chunks still running after one failed. Gently first: a cancelled task stops
+    sending and writes what it was answered to its journal (as on Ctrl-C), which killing its
+    process would lose; only those still running after the drain are killed."""
+    if not running:
+        return
+    ray = _ray()
+    for ref in running:
+        ray.cancel(ref)
+    _, stuck = ray.wait(running, num_returns=len(running), timeout=DRAIN_SECONDS + 5)
+    for ref in stuck:
+        ray.cancel(ref, force=True)
 
 
 def _client_options(client: Client) -> dict[str, Any]:
