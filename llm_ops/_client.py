@@ -88,6 +88,8 @@ class Client:
             timeout=options.get("timeout", 60.0),
             rpm=options.get("rpm"),
             tpm=options.get("tpm"),
+            max_retry_after=options.get("max_retry_after", 120.0),
+            max_response_bytes=options.get("max_response_bytes", 8 * 2**20),
         )
         flush_every = positive_int("flush_every", options.get("flush_every", FLUSH_EVERY))
         flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import email.utils
 import functools
+import json
 import logging
 import random
 import re
@@ -26,6 +28,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlencode
 
 import httpx2
+import numpy as np
 import openai
 import orjson
 from yarl import URL
@@ -37,7 +40,14 @@ from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
 from ._spec import Endpoint, Limits
 from ._status import Status
-from ._transport import ConnectionFailed, CouldNotConnect, TimedOut, Transport, TransportError
+from ._transport import (
+    BadBody,
+    ConnectionFailed,
+    CouldNotConnect,
+    TimedOut,
+    Transport,
+    TransportError,
+)
 from .exceptions import ConfigError, JobAbortedError, JobInterruptedError
 
 Sent = Status | Literal["aborted"]
@@ -49,6 +59,11 @@ FINISHED = frozenset({"stop", "tool_calls", "function_call"})
 ``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
 finish and is retried."""
 CONNECT_FAILURES_TO_ABORT = 16  # attempts in a row that could not connect, once connected
+LONG_WAITS_TO_ABORT = 8  # answers in a row asking for a wait over max_retry_after
+ANNOUNCED_PAUSE = 5.0  # seconds of Retry-After from which a pause is logged
+MAX_TOKENS_BELIEVED = 2**31 - 1
+"""Above this, a token count in ``usage`` cannot be right (nor fit the cache's INTEGER)."""
+EMBEDDING_BYTES_PER_INPUT = 128 * 1024  # room for one vector of up to ~6,000 floats as JSON
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
 STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 """Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
@@ -148,6 +163,7 @@ class Outcome:
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
+    usage_known: bool = True  # False: the endpoint's token counts could not be right
 
 
 @dataclass
@@ -166,6 +182,7 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
+    usage_unknown: int = 0  # answers whose usage could not be right: their tokens are not here
     # the embedding requests the semantic cache made for this job, and their tokens
     embedding_requests: int = 0
     embedding_tokens: int = 0
@@ -208,6 +225,16 @@ class _RedactingFilter(logging.Filter):
 
 
 logging.getLogger("httpx2").addFilter(_RedactingFilter())
+_log = logging.getLogger("llm_ops")
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``24 h``: a wait as a person reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -231,17 +258,87 @@ class _Final(Exception):
         self.http_status = http_status
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds an answer asks to wait: ``retry-after-ms``, else ``Retry-After`` in seconds or
+    as an HTTP date; ``None`` when absent or unreadable (a date in the past is 0)."""
     millis = headers.get("retry-after-ms")
-    seconds = headers.get("retry-after")
+    if millis is not None:
+        wait = _number(millis)
+        if wait is not None:
+            return wait / 1000
+    text = headers.get("retry-after")
+    if text is None:
+        return None
+    wait = _number(text)
+    if wait is not None:
+        return wait
     try:
-        if millis is not None:
-            return float(millis) / 1000
-        if seconds is not None:
-            return float(seconds)
+        moment = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:  # HTTP dates are GMT
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
     except ValueError:
         return None
-    return None
+    return value if value >= 0 and value == value and value != float("inf") else None
+
+
+def token_count(value: object) -> int | None:
+    """A count of ``usage`` as the endpoint sent it, if it can be right: absent is 0; a
+    negative, fractional or absurd number (at least 2**31), or not a number, is ``None``."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # inf and nan too
+            return None
+        value = int(value)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
+
+
+def read_usage(usage: object) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached) tokens of an answer's ``usage``, or ``None`` when they
+    cannot be right. No usage is none billed; cached tokens that make no sense are none."""
+    if usage is None:
+        return 0, 0, 0
+    if not isinstance(usage, dict):
+        return None
+    prompt = token_count(usage.get("prompt_tokens"))
+    completion = token_count(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return prompt, completion, min(prompt, cached or 0)
+
+
+def _finite_vectors(vectors: list[Any]) -> bool:
+    """Vectors of one width, of finite numbers only: what the cache can store and search."""
+    try:
+        values = np.asarray(vectors, dtype=np.float64)
+    except (ValueError, TypeError):
+        return False
+    return values.ndim == 2 and values.shape[1] > 0 and bool(np.isfinite(values).all())
+
+
+def _load(payload: bytes) -> Any:
+    """JSON, as orjson reads it, or as the standard library does what orjson refuses (numbers
+    beyond a double, NaN): an answer must not be lost to one odd number in it."""
+    try:
+        return orjson.loads(payload)
+    except ValueError:
+        return json.loads(payload)
 
 
 def _error_body(payload: bytes) -> dict[str, Any]:
@@ -256,6 +353,11 @@ def _error_body(payload: bytes) -> dict[str, Any]:
 
 def _preview(payload: bytes, limit: int = 80) -> str:
     return _one_line(payload[:limit].decode("utf-8", "replace"), limit) or "(empty body)"
+
+
+def join_url(base: str, path: str, query: str = "") -> URL:
+    """``path`` under ``base``, whether ``base`` ends in a slash or not."""
+    return URL(f"{base.rstrip('/')}/{path}{query}", encoded=True)
 
 
 @functools.cache
@@ -285,6 +387,8 @@ class Engine:
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
         self.connect_failures = 0  # attempts in a row that could not connect
+        self.long_waits = 0  # answers in a row that asked for a wait over max_retry_after
+        self._announced_until = 0.0  # the end of the last pause logged
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()
         # The SDK: configuration, and the paths that are not hot (provider batches, files).
@@ -307,7 +411,7 @@ class Engine:
         )
 
     def url(self, path: str) -> URL:
-        return URL(f"{self.client.base_url}{path}{self._query}", encoded=True)
+        return join_url(str(self.client.base_url), path, self._query)
 
     async def check_models(self, models: Iterable[str]) -> None:
         """Raise :class:`ConfigError` for a model the endpoint does not list (``/models``),
@@ -332,17 +436,34 @@ class Engine:
                 )
 
     async def _list_models(self) -> frozenset[str]:
+        status, listed = await self._models_at(self.url("models"))
+        if status == 404 and not URL(str(self.client.base_url)).path.rstrip("/").endswith("/v1"):
+            with_v1 = join_url(str(self.client.base_url), "v1/models", self._query)
+            if (await self._models_at(with_v1))[0] == 200:
+                shown = self.endpoint.rstrip("/") + "/v1"
+                raise ConfigError(
+                    f"{self.endpoint} answers 404 for /models, but {shown}/models answers: did "
+                    f"you mean base_url={shown!r}? (OpenAI-compatible servers serve under /v1)"
+                )
+        return listed
+
+    async def _models_at(self, url: URL) -> tuple[int | None, frozenset[str]]:
+        """The HTTP status of ``GET url`` and the model ids it lists."""
         try:
-            answer = await self.http.get(self.url("models"), timeout=min(self.limits.timeout, 10.0))
+            answer = await self.http.get(
+                url,
+                timeout=min(self.limits.timeout, 10.0),
+                max_bytes=self.limits.max_response_bytes,
+            )
             body = orjson.loads(answer.body) if answer.status == 200 else {}
-            return frozenset(
+            return answer.status, frozenset(
                 str(item["id"])
                 for item in body.get("data", ())
                 if isinstance(item, dict) and "id" in item
             )
         except (TransportError, ValueError, AttributeError, TypeError):
             # A failure here is the first request's to report, with its own message.
-            return frozenset()
+            return None, frozenset()
 
     def could_not_connect(self, exc: Exception) -> tuple[str, bool]:
         """Count a connection that could not be made: its message, and whether the run of
@@ -533,12 +654,12 @@ class Dispatcher:
                 )
             try:
                 outcome = await self._attempt(request, messages, estimate)
-                if self.budget is not None:
+                if self.budget is not None and outcome.usage_known:
                     self.budget.settle(
                         expected,
                         (outcome.prompt_tokens, outcome.completion_tokens),
                         cached_input_tokens=outcome.cached_tokens,
-                    )
+                    )  # unknown usage keeps the reservation: a budget holds whatever is said
                 if (
                     outcome.status == "invalid"
                     and self.repair
@@ -621,7 +742,11 @@ class Dispatcher:
         await engine.concurrency.acquire()
         self.counters.sent += 1
         try:
-            answer = await engine.http.post(self.url, body, timeout=self.settings.timeout)
+            answer = await engine.http.post(
+                self.url, body, timeout=self.settings.timeout, max_bytes=self.max_bytes(request)
+            )
+        except BadBody as exc:
+            raise _Final("failed", redact(str(exc), *engine.secrets)) from exc
         except CouldNotConnect as exc:
             detail, give_up = engine.could_not_connect(exc)
             if give_up:
@@ -648,10 +773,18 @@ class Dispatcher:
         engine.limiter.observe(answer.headers)
         if answer.status >= 400:
             raise self._classify_status(answer.status, answer.body, answer.headers)
+        if answer.status >= 300:
+            raise self._redirected(answer.status, answer.headers)
         outcome = self._parse(request, answer.body)
         engine.concurrency.on_success()
-        engine.limiter.settle(estimate, outcome.prompt_tokens + outcome.completion_tokens)
+        engine.long_waits = 0
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        engine.limiter.settle(estimate, used if outcome.usage_known else estimate)
         return outcome
+
+    def max_bytes(self, request: Request) -> int:
+        """The most an answer to ``request`` may hold (``max_response_bytes``)."""
+        return self.settings.max_response_bytes
 
     def _classify_status(
         self, status: int, payload: bytes, headers: Mapping[str, str]
@@ -676,16 +809,86 @@ class Dispatcher:
             )
             return _Final("aborted", message)
         if status in RETRYABLE_STATUS:
-            retry_after = _retry_after(headers)
+            wait = retry_after(headers)
             if status == 429:
                 self.counters.rate_limited += 1
-                if retry_after is not None:
+            if wait is not None and wait > self.settings.max_retry_after:
+                return self._too_long_a_wait(status, wait, message)
+            if status == 429:
+                if wait is not None:
                     self.engine.concurrency.on_overload()
-                    self.engine.limiter.pause(retry_after)
+                    self._pause(wait, status)
                 else:
                     self.engine.concurrency.on_congestion()
-            return _Retryable(message, retry_after, http_status=status)
+            return _Retryable(message, wait, http_status=status)
         return _Final("rejected", message, http_status=status)
+
+    def _pause(self, seconds: float, status: int) -> None:
+        """Every sender waits ``seconds`` (a ``Retry-After``); a long pause is logged once."""
+        engine = self.engine
+        engine.limiter.pause(seconds)
+        until = time.monotonic() + seconds
+        if seconds >= ANNOUNCED_PAUSE and until > engine._announced_until + 1:
+            engine._announced_until = until
+            _log.warning(
+                "llm-ops: %s asked to wait %s (HTTP %d, Retry-After): every request pauses "
+                "until then (max_retry_after=%gs)",
+                engine.endpoint,
+                _duration(seconds),
+                status,
+                self.settings.max_retry_after,
+            )
+
+    def _too_long_a_wait(self, status: int, wait: float, message: str) -> _Final:
+        """A wait over ``max_retry_after``: this request fails, and when answers keep asking
+        for one, the job stops rather than fail every row."""
+        engine, cap = self.engine, self.settings.max_retry_after
+        engine.long_waits += 1
+        if engine.long_waits >= LONG_WAITS_TO_ABORT:
+            self._abort(
+                f"{engine.endpoint} asks every request to wait {_duration(wait)} (HTTP {status}, "
+                f"Retry-After), more than max_retry_after={cap:g}s; the job was stopped and "
+                "nothing more was sent. Rerun after that time (answers so far are cached), or "
+                "raise max_retry_after."
+            )
+        return _Final(
+            "failed",
+            f"the endpoint asked to wait {_duration(wait)} before a retry (HTTP {status}, "
+            f"Retry-After), more than max_retry_after={cap:g}s; not retried ({message})",
+            http_status=status,
+        )
+
+    def _usage(self, usage: object) -> tuple[int, int, int] | None:
+        """Count an answer (billed, whatever becomes of it) and its tokens, when they can be
+        right; tokens that cannot (negative, absurd) are counted as unknown instead."""
+        tokens = read_usage(usage)
+        self.counters.answered += 1
+        if tokens is None:
+            self.counters.usage_unknown += 1
+            return None
+        self.counters.prompt_tokens += tokens[0]
+        self.counters.completion_tokens += tokens[1]
+        self.counters.cached_tokens += tokens[2]
+        return tokens
+
+    def _redirected(self, status: int, headers: Mapping[str, str]) -> _Final:
+        """A 3xx is never followed (it could carry the key to another host): the job stops,
+        naming where the endpoint points, since every request would be sent there too."""
+        target = headers.get("location")
+        where = "without a Location"
+        if target:
+            try:
+                to = URL(str(self.engine.client.base_url)).join(URL(target))
+                where = f"to {to.origin()}{to.path}"  # no credentials, no query
+            except ValueError:
+                where = "to an address that is not a URL"
+        message = f"HTTP {status}: the endpoint redirects {where}"
+        self._abort(
+            f"{message}; redirects are not followed (they could carry the API key elsewhere), "
+            "so the job was stopped and nothing more was sent. Set base_url to the address "
+            "it points to, then rerun."
+        )
+        return _Final("aborted", message, http_status=status)
 
     def _abort(self, message: str) -> None:
         if self._aborted is None:
@@ -694,27 +897,14 @@ class Dispatcher:
     def _parse(self, request: Request, payload: bytes) -> Outcome:
         key = request.key
         try:
-            body = orjson.loads(payload)
+            body = _load(payload)
             choice = body["choices"][0]
             text = choice["message"]["content"]
             finish_reason = choice.get("finish_reason")
-            usage = body.get("usage") or {}
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            completion_tokens = int(usage.get("completion_tokens") or 0)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
-        # the part of the prompt the server's prefix cache served (OpenAI, vLLM); a server
-        # that does not say, or says something odd, read none from a cache
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        try:
-            cached_tokens = min(prompt_tokens, max(0, int(cached or 0)))
-        except (ValueError, TypeError):
-            cached_tokens = 0
-        self.counters.answered += 1  # billed, whatever became of it
-        self.counters.prompt_tokens += prompt_tokens
-        self.counters.completion_tokens += completion_tokens
-        self.counters.cached_tokens += cached_tokens
+        usage = self._usage(body.get("usage"))
+        prompt_tokens, completion_tokens, cached_tokens = usage or (0, 0, 0)
         if body.get("error"):
             error = body["error"]
             detail = error.get("message") if isinstance(error, dict) else error
@@ -744,6 +934,7 @@ class Dispatcher:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
+            usage_known=usage is not None,
         )
         if isinstance(request, Pack):
             answers = None if truncated else unpack(text, len(request.members))
@@ -760,6 +951,7 @@ class Dispatcher:
                             prompt_tokens=prompt_tokens // share,
                             completion_tokens=completion_tokens // share,
                             cached_tokens=cached_tokens // share,
+                            usage_known=outcome.usage_known,
                         ),
                     )
                     for member, answer in zip(request.members, answers, strict=True)
@@ -805,19 +997,19 @@ class EmbeddingDispatcher(Dispatcher):
     def _parse(self, request: Request, payload: bytes) -> Outcome:
         expected = len(request.inputs) if isinstance(request, Batch) else 0
         try:
-            body = orjson.loads(payload)
+            body = _load(payload)
             items = sorted(body["data"], key=lambda item: item["index"])
             vectors = [item["embedding"] for item in items]
-            usage = body.get("usage") or {}
         except (ValueError, KeyError, TypeError) as exc:
             raise _Retryable(f"malformed response body: {_preview(payload)!r}") from exc
         if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
             raise _Retryable(
                 f"the endpoint returned {len(vectors)} embeddings for {expected} inputs"
             )
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        self.counters.answered += 1
-        self.counters.prompt_tokens += prompt_tokens
+        if not _finite_vectors(vectors):
+            raise _Retryable("the endpoint returned embeddings that are not lists of numbers")
+        usage = self._usage(body.get("usage"))
+        prompt_tokens = 0 if usage is None else usage[0]
         wanted = self.params.get("dimensions")
         if wanted is not None and any(len(vector) != wanted for vector in vectors):
             raise _Final(
@@ -826,4 +1018,14 @@ class EmbeddingDispatcher(Dispatcher):
                 f"{len(vectors[0])}: it ignores dimensions=; drop it for "
                 "this endpoint",
             )
-        return Outcome(key=request.key, status="ok", vectors=vectors, prompt_tokens=prompt_tokens)
+        return Outcome(
+            key=request.key,
+            status="ok",
+            vectors=vectors,
+            prompt_tokens=prompt_tokens,
+            usage_known=usage is not None,
+        )
+
+    def max_bytes(self, request: Request) -> int:
+        inputs = len(request.inputs) if isinstance(request, Batch) else 1
+        return self.settings.max_response_bytes + EMBEDDING_BYTES_PER_INPUT * inputs

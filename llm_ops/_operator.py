@@ -98,6 +98,13 @@ def llm_complete(
     rpm, tpm
         Requests and tokens per minute to stay under. The endpoint's ``x-ratelimit-*`` headers
         are followed too; the tighter limit wins.
+    max_retry_after
+        Seconds an endpoint may ask every sender to wait (``Retry-After``, default 120); a
+        request asked to wait longer fails instead of stalling the job, and when every
+        request is, the job stops with :class:`~llm_ops.JobAbortedError`.
+    max_response_bytes
+        Bytes one answer's body may hold, compressed and decompressed (default 8 MiB; an
+        embeddings answer may hold 128 KiB more per input); a larger one fails its request.
     progress
         ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
         on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.

@@ -51,6 +51,8 @@ class ClientOptions(TypedDict, total=False):
     timeout: float
     rpm: float | None
     tpm: float | None
+    max_retry_after: float
+    max_response_bytes: int
     flush_every: int
     flush_seconds: float
 

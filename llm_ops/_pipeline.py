@@ -61,9 +61,10 @@ class AnswerSink:
                 "response_text": outcome.text,
                 "response_json": outcome.json,
                 "finish_reason": outcome.finish_reason,
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "cached_tokens": outcome.cached_tokens,
+                # unknown usage (tokens the endpoint reported that cannot be right): NULL
+                "prompt_tokens": outcome.prompt_tokens if outcome.usage_known else None,
+                "completion_tokens": outcome.completion_tokens if outcome.usage_known else None,
+                "cached_tokens": outcome.cached_tokens if outcome.usage_known else None,
                 "latency_ms": outcome.latency_ms,
                 "attempts": outcome.attempts,
             }

@@ -81,6 +81,10 @@ class RunReport:
         Of ``prompt_tokens``, those the server read from its own prefix cache (``usage.
         prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it), billed at the
         price's ``cached_input_per_million``; answers from llm-ops' cache add none.
+    usage_unknown
+        Answers whose ``usage`` could not be right (a negative or absurd token count): their
+        text is kept, their tokens are unknown (NULL in the cache) and left out of the tokens
+        and cost here, and budgets count them at their estimate.
     wall_seconds
         Time from the call to the answer, planning and cache writes included.
     outcome
@@ -118,6 +122,7 @@ class RunReport:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    usage_unknown: int = 0
     wall_seconds: float = 0.0
     outcome: str = "completed"
     error: str | None = None
@@ -175,6 +180,11 @@ class RunReport:
                     f"  model {model:<12} {usage.rows:>10,} rows · "
                     f"{usage.requests:,} requests · {dollars(usage.cost)}"
                 )
+        if self.usage_unknown:
+            lines.append(
+                f"  usage unknown      {self.usage_unknown:>10,}  answers reported token counts "
+                "that cannot be right; left out of tokens and cost"
+            )
         if self.budget_stop:
             lines.append(f"  budget stop        {self.budget_stop}")
         if self.error:
@@ -219,6 +229,7 @@ def sum_reports(
         prompt_tokens=sum(r.prompt_tokens for r in reports),
         completion_tokens=sum(r.completion_tokens for r in reports),
         cached_tokens=sum(r.cached_tokens for r in reports),
+        usage_unknown=sum(r.usage_unknown for r in reports),
         wall_seconds=wall_seconds,
         outcome=stopped.outcome if stopped else "completed",
         error=stopped.error if stopped else None,
@@ -268,6 +279,7 @@ def make_report(
         prompt_tokens=counters.prompt_tokens,
         completion_tokens=counters.completion_tokens,
         cached_tokens=counters.cached_tokens,
+        usage_unknown=counters.usage_unknown,
         wall_seconds=wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,

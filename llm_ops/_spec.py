@@ -38,6 +38,7 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_CONCURRENCY = 4096
 MAX_ATTEMPTS = 100
 MAX_SECONDS = 24 * 3600.0
+MAX_RESPONSE_BYTES = 2**31  # what one answer's body may be allowed to hold, at the most
 # An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 NO_KEY = "no-key-needed"  # what a loopback endpoint without a key is sent
@@ -176,7 +177,12 @@ def _check_api_key(key: object) -> None:
 
 @dataclass(frozen=True)
 class Limits:
-    """How hard to push an endpoint: transport settings, never part of a request key."""
+    """How hard to push an endpoint: transport settings, never part of a request key.
+
+    ``max_retry_after`` bounds the wait an endpoint may demand (``Retry-After``): a longer one
+    fails the request instead of stalling the job. ``max_response_bytes`` bounds one answer's
+    body, compressed and decompressed (an embeddings answer may hold more, by its inputs).
+    """
 
     concurrency: int = 32
     max_attempts: int = 5
@@ -185,11 +191,17 @@ class Limits:
     tpm: float | None = None
     backoff_base: float = 0.5
     backoff_max: float = 30.0
+    max_retry_after: float = 120.0
+    max_response_bytes: int = 8 * 2**20
 
     def __post_init__(self) -> None:
         positive_int("concurrency", self.concurrency, most=MAX_CONCURRENCY)
         positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
+        positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
         object.__setattr__(self, "timeout", seconds("timeout", self.timeout))
+        object.__setattr__(
+            self, "max_retry_after", seconds("max_retry_after", self.max_retry_after)
+        )
         for name, limit in (("rpm", self.rpm), ("tpm", self.tpm)):
             if limit is not None and (not is_number(limit) or limit <= 0):
                 raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")

@@ -12,12 +12,19 @@ retries without knowing the HTTP library:
 - :class:`CouldNotConnect`: no connection was made (refused, unresolvable, connect timeout);
   nothing was sent, so retrying cannot duplicate work;
 - :class:`TimedOut`: the attempt took longer than its timeout;
-- :class:`ConnectionFailed`: the connection broke while sending or reading.
+- :class:`ConnectionFailed`: the connection broke while sending or reading;
+- :class:`BadBody`: the answer's body was larger than allowed (compressed or decompressed),
+  or in an encoding we did not ask for.
+
+Bodies are read with a bound: a server (or anything between) can send a body of any size, or a
+small gzip body that inflates to gigabytes, and one answer must never take the client's memory.
+We decompress ourselves, a chunk at a time, so the bound holds for the inflated bytes too.
 """
 
 from __future__ import annotations
 
 import urllib.request
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,6 +33,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 KEEPALIVE_SECONDS = 30.0
+READ_CHUNK = 2**16
+ACCEPT_ENCODING = "gzip, deflate"  # what we can inflate with a bound (see _Inflater)
 
 
 class TransportError(Exception):
@@ -44,6 +53,11 @@ class ConnectionFailed(TransportError):
     """The connection broke while the request was sent or the answer read."""
 
 
+class BadBody(TransportError):
+    """The answer's body was too large, or in an encoding we cannot read; it was not read to
+    its end."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """An HTTP answer: its status, headers (case-insensitive) and body."""
@@ -60,6 +74,7 @@ class Transport:
     def __init__(self, *, limit: int, headers: Mapping[str, str], base_url: str):
         self.limit = limit
         self.headers = CIMultiDict(headers)
+        self.headers["Accept-Encoding"] = ACCEPT_ENCODING
         self.proxy = proxy_for(URL(base_url))
         self._session: aiohttp.ClientSession | None = None
 
@@ -68,16 +83,20 @@ class Transport:
             connector = aiohttp.TCPConnector(
                 limit=self.limit, limit_per_host=0, keepalive_timeout=KEEPALIVE_SECONDS
             )
-            self._session = aiohttp.ClientSession(connector=connector, headers=self.headers)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self.headers, auto_decompress=False
+            )
         return self._session
 
-    async def post(self, url: URL, body: bytes, *, timeout: float) -> Answer:
-        return await self._request("POST", url, body, timeout)
+    async def post(self, url: URL, body: bytes, *, timeout: float, max_bytes: int) -> Answer:
+        return await self._request("POST", url, body, timeout, max_bytes)
 
-    async def get(self, url: URL, *, timeout: float) -> Answer:
-        return await self._request("GET", url, None, timeout)
+    async def get(self, url: URL, *, timeout: float, max_bytes: int) -> Answer:
+        return await self._request("GET", url, None, timeout, max_bytes)
 
-    async def _request(self, method: str, url: URL, body: bytes | None, timeout: float) -> Answer:
+    async def _request(
+        self, method: str, url: URL, body: bytes | None, timeout: float, max_bytes: int
+    ) -> Answer:
         session = self._open()
         try:
             async with session.request(
@@ -88,8 +107,8 @@ class Transport:
                 proxy=self.proxy,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                payload = await response.read()
                 headers: CIMultiDictProxy[str] = response.headers
+                payload = await _read(response, max_bytes)
                 return Answer(response.status, headers, payload)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise CouldNotConnect(_describe(exc)) from exc
@@ -102,6 +121,71 @@ class Transport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body, inflated, of at most ``max_bytes`` either way; :class:`BadBody` beyond."""
+    length = response.content_length
+    if length is not None and length > max_bytes:
+        raise BadBody(_too_large(max_bytes, f"it announced {length:,}"))
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding in ("identity", "") and length is not None:
+        return await response.read()  # the common case: aiohttp reads exactly Content-Length
+    inflater = None if encoding in ("identity", "") else _Inflater(encoding, max_bytes)
+    parts: list[bytes] = []
+    read = 0
+    async for chunk in response.content.iter_chunked(READ_CHUNK):
+        read += len(chunk)
+        if read > max_bytes:
+            raise BadBody(_too_large(max_bytes))
+        parts.append(chunk if inflater is None else inflater.inflate(chunk))
+    return b"".join(parts)
+
+
+class _Inflater:
+    """gzip or (zlib-wrapped) deflate, inflated a chunk at a time to ``max_bytes`` in all."""
+
+    def __init__(self, encoding: str, max_bytes: int):
+        if encoding in ("gzip", "x-gzip"):
+            self.wbits = 16 + zlib.MAX_WBITS
+        elif encoding == "deflate":
+            self.wbits = zlib.MAX_WBITS
+        else:
+            raise BadBody(
+                f"the answer is in Content-Encoding {encoding!r}, which was not asked for "
+                f"(Accept-Encoding: {ACCEPT_ENCODING})"
+            )
+        self.encoding = encoding
+        self.max_bytes = max_bytes
+        self.room = max_bytes
+        self._decoder = zlib.decompressobj(self.wbits)
+
+    def inflate(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        data = chunk
+        while data:
+            try:
+                # never more than one byte past the limit, however well the data compresses
+                piece = self._decoder.decompress(data, self.room + 1)
+            except zlib.error as exc:
+                raise BadBody(f"the answer's {self.encoding} body is corrupt ({exc})") from exc
+            self.room -= len(piece)
+            if self.room < 0:
+                raise BadBody(_too_large(self.max_bytes, "inflated"))
+            out.append(piece)
+            data = self._decoder.unconsumed_tail
+            if self._decoder.eof and self._decoder.unused_data:  # another gzip member
+                data = self._decoder.unused_data + data
+                self._decoder = zlib.decompressobj(self.wbits)
+        return b"".join(out)
+
+
+def _too_large(max_bytes: int, detail: str = "") -> str:
+    suffix = f" ({detail})" if detail else ""
+    return (
+        f"response larger than {max_bytes:,} bytes{suffix}; not read to its end. Raise "
+        "max_response_bytes if such answers are expected"
+    )
 
 
 def proxy_for(url: URL) -> URL | None:

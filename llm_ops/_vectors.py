@@ -98,7 +98,7 @@ async def embed_distinct(
             assert isinstance(batch, Batch)
             tracker.rows_done += batch.rows
             vectors = result.vectors or [None] * len(batch.keys)  # type: ignore[list-item]
-            share = result.prompt_tokens // max(1, len(batch.keys))
+            share = result.prompt_tokens // max(1, len(batch.keys)) if result.usage_known else None
             for key, vector, request_json in zip(
                 batch.keys, vectors, batch.requests_json, strict=True
             ):

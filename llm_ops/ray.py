@@ -178,6 +178,8 @@ def _client_options(client: Client) -> dict[str, Any]:
         "concurrency": limits.concurrency,
         "max_attempts": limits.max_attempts,
         "timeout": limits.timeout,
+        "max_retry_after": limits.max_retry_after,
+        "max_response_bytes": limits.max_response_bytes,
     }
 
 

@@ -25,6 +25,21 @@ Per-request behaviour is set by directives inside the user message:
     these models answer unsure: a ``confidence`` number field of a structured answer is 0.2
     (else 0.9), and a text answer starts with ``unsure:``
 
+Hostile answers, for testing that nothing an endpoint sends can crash or fool a client:
+
+``[[sim:prompt_tokens=-1000000]]`` / ``[[sim:completion_tokens=1e30]]``
+    report this JSON number in ``usage`` instead of the real count
+``[[sim:retry_after=86400]]``
+    answer 429 (or ``fail_status``) with this ``Retry-After`` (seconds or an HTTP date);
+    with ``fail_times``, only the first times
+``[[sim:redirect=302]]`` (with optional ``[[sim:location=...]]``)
+    answer this 3xx status with a ``Location`` elsewhere, query string and all
+``[[sim:body_bytes=50000000]]`` (with optional ``[[sim:chunked=1]]``)
+    pad the answer's text so the body is about this many bytes; ``chunked`` sends it without a
+    ``Content-Length``
+``[[sim:gzip_bomb=2147483648]]``
+    a small body with ``Content-Encoding: gzip`` that inflates to this many zero bytes
+
 With ``SimulatorConfig.prefix_cache_tokens`` set, the simulator models a server's automatic
 prefix cache (OpenAI's prompt caching, vLLM's ``--enable-prefix-caching``): a prompt that starts
 like a recent one reports the shared part in ``usage.prompt_tokens_details.cached_tokens`` and,
@@ -35,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -648,7 +664,13 @@ class Simulator:
         elif reply.latency > 0:
             await asyncio.sleep(reply.latency)
         self._settle(reply)
-        response = web.json_response(reply.body, status=reply.status)
+        if reply.chunked:
+            return await _send_chunked(request, json.dumps(reply.body).encode())
+        if reply.raw is not None:
+            response = web.Response(body=reply.raw, status=reply.status, headers=reply.headers)
+            response.content_type = "application/json"
+        else:
+            response = web.json_response(reply.body, status=reply.status, headers=reply.headers)
         if reply.status == 200:
             response.headers.update(self._rate_headers())
         return response
@@ -731,6 +753,17 @@ class Simulator:
             )
         times = directives.get("fail_times")
         early = times is None or self.prompts[digest] <= int(times)
+        if "redirect" in directives:
+            answer.failing(int(directives["redirect"]), "moved", "redirect")
+            answer.headers["Location"] = directives.get(
+                "location", "https://elsewhere.example:8443/v1/chat/completions?token=sk-secret"
+            )
+            return answer
+        if "retry_after" in directives and early:
+            status = int(directives.get("fail_status", 429))
+            answer.failing(status, "simulated: come back later", "rate_limit_exceeded")
+            answer.headers["Retry-After"] = directives["retry_after"]
+            return answer
         odd_answer = "finish_reason" in directives or "error_in_200" in directives
         if times is not None and early and not odd_answer:
             status = int(directives.get("fail_status", 500))
@@ -764,6 +797,15 @@ class Simulator:
                 "message": "simulated: the generation failed midway",
                 "type": "server_error",
             }
+        for name in ("prompt_tokens", "completion_tokens"):
+            if name in directives:
+                answer.body["usage"][name] = json.loads(directives[name])
+        if "body_bytes" in directives:
+            choice["message"]["content"] += "x" * int(directives["body_bytes"])
+            answer.chunked = "chunked" in directives
+        if "gzip_bomb" in directives:
+            answer.raw = _gzip_bomb(int(directives["gzip_bomb"]))
+            answer.headers["Content-Encoding"] = "gzip"
         answer.digest, answer.completion_tokens = digest, completion_tokens
         return answer
 
@@ -808,10 +850,32 @@ class _Reply:
     latency: float = 0.0
     digest: str = ""
     bad_body: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # a body to send as it is, instead of ``body`` as JSON
+    chunked: bool = False  # send ``body`` without a Content-Length
 
     def failing(self, status: int, message: str, kind: str) -> _Reply:
         self.status, self.body = status, _error_body(message, kind)
         return self
+
+
+@functools.cache
+def _gzip_bomb(size: int) -> bytes:
+    """Gzip members of 1 MiB of zeros each (about 1 KB apiece), inflating to ``size`` bytes:
+    a bomb made in microseconds, where compressing gigabytes would take seconds."""
+    member = gzip.compress(bytes(min(size, 2**20)), compresslevel=9)
+    return member * max(1, size // 2**20)
+
+
+async def _send_chunked(request: web.Request, body: bytes) -> web.StreamResponse:
+    response = web.StreamResponse(status=200)
+    response.content_type = "application/json"
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    for start in range(0, len(body), 2**16):
+        await response.write(body[start : start + 2**16])
+    await response.write_eof()
+    return response
 
 
 async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
