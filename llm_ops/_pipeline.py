@@ -15,21 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from operator import itemgetter
+from typing import Any
 
 import polars as pl
 
 from ._backend import Backend
 from ._batch import BatchRunner
+from ._claims import Claims
 from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job
 from ._order import send_order
 from ._persist import CacheSink, dispatch_durably
-from ._plan import plan_frame
+from ._plan import lookup_answers, plan_frame
 from ._pricing import CHARS_PER_TOKEN
 from ._progress import Tracker
 from ._report import RunReport, make_report
@@ -39,13 +42,19 @@ from ._status import ANSWERED, CACHEABLE, RESULTS
 
 
 class AnswerSink:
-    """Collects a dispatch's outcomes and writes its cacheable answers through to the cache."""
+    """Collects a dispatch's outcomes and writes its cacheable answers through to the cache;
+    with ``claim``, it claims each request before it is sent (see :mod:`llm_ops._claims`)."""
 
-    def __init__(self, job: Job, backend: Backend):
+    def __init__(self, job: Job, backend: Backend, *, claim: bool = False):
         self.model = job.spec.model
         self.endpoint = job.spec.endpoint
         self.outcomes: list[Outcome] = []
         self.cache = None if backend.cache is None else CacheSink(backend.cache)
+        self.claims = (
+            Claims(backend.cache.journal, self.cache.writer.id)
+            if claim and self.cache is not None and backend.cache is not None
+            else None
+        )
 
     def add(self, request: Request, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
@@ -71,9 +80,16 @@ class AnswerSink:
         )
 
 
-def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
+def requests_for(
+    misses: pl.DataFrame,
+    job: Job,
+    claims: Claims | None = None,
+    *,
+    checked: frozenset[str] = frozenset(),
+) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
-    ``rows_per_request`` of them (grouped by system message, which packs share)."""
+    ``rows_per_request`` of them (grouped by system message, which packs share). With
+    ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`)."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -81,7 +97,10 @@ def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
     pack_system: str | None = None
     pack_chars = 0
     budget = (job.packing.pack_tokens or 0) * CHARS_PER_TOKEN
-    for key, system, prompt, rows in misses.iter_rows():
+    distinct: Iterable[tuple[Any, ...]] = misses.iter_rows()
+    if claims is not None:
+        distinct = claims.take(distinct, key=itemgetter(0), checked=checked)
+    for key, system, prompt, rows in distinct:
         request = job.spec.request(system, prompt)
         single = Request(
             key=key, messages=request["messages"], request_json=canonical_json(request), rows=rows
@@ -101,21 +120,21 @@ def requests_for(misses: pl.DataFrame, job: Job) -> Iterator[Request]:
 
 @dataclass
 class Dispatched:
-    """What one dispatch produced: an outcome per request sent, the counters, and why it
-    stopped early (one of :data:`~llm_ops._engine.STOPS`), if it did."""
+    """What one dispatch produced: an outcome per request sent, the counters, why it stopped
+    early (one of :data:`~llm_ops._engine.STOPS`), if it did, and in ``settled`` the misses
+    answered without sending (:data:`~llm_ops._status.RESULTS`): by another job sharing the
+    cache, which had claimed them first, or (see :class:`Answered`) by similarity."""
 
     outcomes: list[Outcome]
     counters: Counters
     stopped: BaseException | None
     budget_stop: str | None = None
+    settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
 
 
 @dataclass
 class Answered(Dispatched):
-    """A dispatch behind the semantic cache: ``settled`` holds the misses answered by
-    similarity (:data:`~llm_ops._status.RESULTS`), ``outcomes`` the requests sent."""
-
-    settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
+    """A dispatch behind the semantic cache."""
 
 
 async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int) -> Answered:
@@ -130,7 +149,7 @@ async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, row
         await backend.engine.check_models((*job.models, *semantic))
     if job.semantic is None:
         done = await dispatch(misses, job, backend, rows=rows, rows_settled=rows - _rows(misses))
-        return Answered(done.outcomes, done.counters, done.stopped, done.budget_stop)
+        return Answered(done.outcomes, done.counters, done.stopped, done.budget_stop, done.settled)
     similar = await find_similar(misses, job, backend)
     counters = similar.counters
     if similar.stopped is not None:  # the embeddings were refused: completions would be too
@@ -145,6 +164,7 @@ async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, row
     counters.add(done.counters)
     followed, resend = follow_leaders(similar.followers, done.outcomes)
     outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
+    settled = [similar.results, followed, done.settled]
     if not resend.is_empty() and stopped is None:  # their leaders got no answer
         again = await dispatch(
             resend,
@@ -156,9 +176,8 @@ async def answer_misses(misses: pl.DataFrame, job: Job, backend: Backend, *, row
         counters.add(again.counters)
         outcomes, stopped = outcomes + again.outcomes, again.stopped
         budget_stop = budget_stop or again.budget_stop
-    return Answered(
-        outcomes, counters, stopped, budget_stop, settled=pl.concat([similar.results, followed])
-    )
+        settled.append(again.settled)
+    return Answered(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
 
 
 def _rows(requests: pl.DataFrame) -> int:
@@ -166,12 +185,75 @@ def _rows(requests: pl.DataFrame) -> int:
 
 
 async def dispatch(
-    misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, rows_settled: int
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    rows: int,
+    rows_settled: int,
+    checked: frozenset[str] = frozenset(),
 ) -> Dispatched:
     """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
-    cache. ``rows`` and ``rows_settled`` are only for progress: the job's rows and those
-    already final."""
-    sink = AnswerSink(job, backend)
+    cache, except those another job sharing the cache claimed first: their answers are
+    waited for and taken from the cache, or sent here once that job is gone without one (see
+    :mod:`llm_ops._claims`; ``checked``: keys looked up since their claimers went). ``rows``
+    and ``rows_settled`` are only for progress: the job's rows and those already final."""
+    sink = AnswerSink(job, backend, claim=job.batching is None)
+    try:
+        done = await _send(misses, job, backend, sink, rows, rows_settled, checked)
+        if sink.claims is not None and sink.claims.deferred and done.stopped is None:
+            await _after_others(done, sink.claims, misses, job, backend, rows=rows)
+    finally:
+        if sink.claims is not None:
+            sink.claims.close()
+    return done
+
+
+async def _after_others(
+    done: Dispatched, claims: Claims, misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int
+) -> None:
+    """Wait for the misses other jobs claimed first: take their answers from the cache as they
+    land, and send (into ``done``) those whose claimers went without answering."""
+    assert backend.cache is not None
+    pending = set(claims.deferred)
+    delay = 0.05
+    while pending and done.stopped is None:
+        # who is gone first, then what landed: a claimer answers before it goes, if at all
+        gone = pending - claims.held_by_others(pending)
+        wanted = pl.DataFrame({"key": sorted(pending)}, schema={"key": pl.String})
+        answered = await asyncio.to_thread(lookup_answers, backend.cache, wanted)
+        done.settled = pl.concat([done.settled, answered])
+        pending.difference_update(answered["key"].to_list())
+        free = frozenset(gone & pending)
+        if free:
+            pending -= free
+            again = await dispatch(
+                misses.filter(pl.col("key").is_in(pl.Series(list(free)).implode())),
+                job.after(spent_by(job, done.counters)),
+                backend,
+                rows=rows,
+                rows_settled=rows - _rows(misses),
+                checked=free,
+            )
+            done.outcomes += again.outcomes
+            done.counters.add(again.counters)
+            done.settled = pl.concat([done.settled, again.settled])
+            done.stopped = again.stopped
+            done.budget_stop = done.budget_stop or again.budget_stop
+        elif pending:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+async def _send(
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    sink: AnswerSink,
+    rows: int,
+    rows_settled: int,
+    checked: frozenset[str],
+) -> Dispatched:
     spec = job.spec
     sender: Dispatcher | BatchRunner
     if job.batching is not None:
@@ -205,7 +287,7 @@ async def dispatch(
     ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(ordered, job),
+        requests_for(ordered, job, sink.claims, checked=checked),
         on_outcome,
         sink=sink.cache,
         tracker=tracker,
@@ -251,6 +333,8 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
     plan = await asyncio.to_thread(plan_frame, frame, job.spec, backend.cache)
     done = await answer_misses(plan.misses, job, backend, rows=frame.height)
     results = results_frame([plan.hits, done.settled], done.outcomes)
+    # answers another job sharing the cache sent while this one waited are cache hits too
+    hits = pl.concat([plan.hits, done.settled.filter(pl.col("status") != "similar")])
     columns = await asyncio.to_thread(
         join_back, plan.groups, results, job.columns, job.spec.schema, row_group=plan.row_group
     )
@@ -262,7 +346,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         wall_seconds=time.perf_counter() - clock,
         rows=frame.height,
         distinct=plan.distinct.height,
-        cache_hits=plan.hits.height,
+        cache_hits=hits.height,
         counters=done.counters,
         statuses=statuses,
         stopped=done.stopped,
@@ -276,7 +360,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         job,
         answered_rows=answered,
         cached=backend.cache is not None,
-        tallies=tally(plan.distinct, results, cache_hits=plan.hits["key"]),
+        tallies=tally(plan.distinct, results, cache_hits=hits["key"]),
         counters=done.counters,
     )
     row_keys = plan.groups.select("key").gather(plan.row_group)

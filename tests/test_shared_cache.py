@@ -1,0 +1,105 @@
+"""Jobs sharing one cache file pay for each request once: what one job has in flight, the
+other waits for, and takes over if its owner dies (real processes, real files, real HTTP)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import polars as pl
+
+from llm_ops._claims import Claims
+from llm_ops._journal import JournalWriter
+
+JOB = """
+import os, sys, time
+import polars as pl
+from llm_ops import llm_complete
+base_url, cache, go, rows, concurrency = sys.argv[1:6]
+texts = pl.DataFrame({"text": [f"shared {i}" for i in range(int(rows))]})
+while not os.path.exists(go):
+    time.sleep(0.005)
+out = texts.pipe(llm_complete, prompt="{text}", model="sim", base_url=base_url, cache=cache,
+                 concurrency=int(concurrency), progress=False)
+print(out["completion_status"].value_counts().sort("completion_status").rows())
+"""
+
+
+def _start(endpoint, cache, go, rows=600, concurrency=16):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            JOB,
+            endpoint.base_url,
+            str(cache),
+            str(go),
+            str(rows),
+            str(concurrency),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _statuses(job) -> dict[str, int]:
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err
+    return dict(eval(out))  # the (status, count) pairs it printed
+
+
+def test_two_identical_jobs_at_once_pay_for_each_request_once(endpoint, cache, tmp_path):
+    endpoint.configure(latency=0.02)
+    go = tmp_path / "go"
+    jobs = [_start(endpoint, cache, go) for _ in range(2)]
+    time.sleep(1.5)  # both have imported everything and wait for the same moment
+    go.touch()
+    for job in jobs:
+        assert sum(_statuses(job).values()) == 600  # every row, each ok or cached
+    assert endpoint.stats()["requests"] <= 600 + 2 * 16
+    assert endpoint.stats()["distinct_answered"] == 600
+
+
+def test_a_killed_owner_leaves_no_key_that_no_one_sends(endpoint, cache, tmp_path):
+    endpoint.configure(latency=0.05)
+    go = tmp_path / "go"
+    go.touch()
+    owner = _start(endpoint, cache, go, rows=200, concurrency=4)
+    while endpoint.stats()["answered"] < 20:
+        time.sleep(0.02)
+    other = _start(endpoint, cache, go, rows=200, concurrency=4)
+    time.sleep(2.0)  # the other job has claimed what the owner had not, and waits
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert _statuses(other).keys() <= {"ok", "cached"}
+    assert endpoint.stats()["distinct_answered"] == 200
+
+
+def test_a_key_claimed_by_a_live_writer_is_deferred(tmp_path):
+    first = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    second = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    keys = [f"v1:{i:064x}" for i in range(3)]
+    mine, theirs = Claims(tmp_path, first.id), Claims(tmp_path, second.id)
+    assert list(mine.take(keys[:2], key=str)) == keys[:2]
+    assert list(theirs.take(keys, key=str)) == keys[2:]
+    assert theirs.deferred == keys[:2]
+
+
+def test_a_key_whose_claimer_is_gone_is_looked_up_before_it_is_sent(tmp_path):
+    gone = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    live = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    key = "v1:" + "a" * 64
+    assert list(Claims(tmp_path, gone.id).take([key], key=str)) == [key]
+    gone.close(wait=0)
+    claims = Claims(tmp_path, live.id)
+    assert (list(claims.take([key], key=str)), claims.deferred) == ([], [key])
+    assert claims.held_by_others([key]) == set()
+    assert list(claims.take([key], key=str, checked={key})) == [key]
+
+
+def test_the_claims_log_is_removed_when_the_last_job_ends(complete, cache):
+    pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    assert not (cache.parent / "cache.duckdb.journal" / "claims.log").exists()
