@@ -7,6 +7,7 @@ Both are single-event-loop objects (no thread safety needed) and both are per en
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 import time
@@ -236,15 +237,17 @@ class RateLimiter:
                 value = float(limit)
             except ValueError:
                 continue
-            if value > 0:
-                self._learn(kind, value)
             remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            if value > 0:
+                self._learn(kind, value, _count(remaining))
             reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
             if remaining is not None and remaining.strip() == "0" and reset:
                 # The reset is the time to a full budget; one request's worth is enough.
                 self.pause(min(reset, 60 / value if kind == "requests" and value > 0 else 1.0))
 
-    def _learn(self, kind: str, per_minute: float) -> None:
+    def _learn(self, kind: str, per_minute: float, remaining: float | None) -> None:
+        """A limit the endpoint names; a new budget starts with what it says ``remaining``
+        (the burst it still allows), or empty when it does not say."""
         if kind == "requests":
             if self.learned_rpm == per_minute:
                 return
@@ -258,13 +261,25 @@ class RateLimiter:
         assert rate is not None
         if budget is None:
             budget = _Budget(rate, self.burst)
-            budget.level = 0.0  # we have no idea what was already spent: start paced
+            # What the server still allows now, less one for safety (an answer in flight may
+            # not be counted yet); without the header, start paced: we cannot know.
+            allowed = 0.0 if remaining is None else remaining - 1.0
+            budget.level = min(budget.capacity, max(0.0, allowed))
             if kind == "requests":
                 self.requests = budget
             else:
                 self.tokens = budget
         else:
             budget.set_rate(rate)
+
+
+def _count(text: str | None) -> float | None:
+    """A non-negative number of an ``x-ratelimit-remaining-*`` header, else ``None``."""
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _tighter(a: float | None, b: float | None) -> float | None:

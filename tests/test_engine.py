@@ -112,6 +112,16 @@ def test_a_pause_holds_every_sender():
     assert asyncio.run(scenario()) >= 0.2
 
 
+@pytest.mark.parametrize(("remaining", "level"), [("19", 18.0), (None, 0.0), ("-3", 0.0)])
+def test_a_learned_limit_starts_with_the_burst_the_server_still_allows(remaining, level):
+    limiter = RateLimiter(rpm=None, tpm=None)
+    headers = {"x-ratelimit-limit-requests": "1200"}
+    if remaining is not None:
+        headers["x-ratelimit-remaining-requests"] = remaining
+    limiter.observe(headers)
+    assert limiter.requests is not None and limiter.requests.level == level
+
+
 JOB = """
 import sys, polars as pl
 from llm_ops import llm_complete
