@@ -123,7 +123,8 @@ def llm_complete(
         down to single rows, so no row gets another's answer. Answers are cached per row.
     pricing
         A :class:`~llm_ops.Price`, or a dict of model name to Price, overriding
-        :data:`llm_ops.PRICES` for the report's cost and for ``max_cost``.
+        :data:`llm_ops.PRICES` for the report's cost and for ``max_cost``; ``"free"`` for
+        models you host yourself, whose cost is then $0 rather than unknown.
     max_cost, max_requests, max_tokens_total
         Stop sending once the job's projected spend (dollars, HTTP requests, tokens) would
         pass this; rows not sent are ``skipped`` with the reason, everything answered is

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from .exceptions import ConfigError
 
@@ -105,7 +106,10 @@ PRICES: dict[str, Price] = {
     "sim-embed": Price(0.02),
 }
 
-PricingOption = Price | Mapping[str, Price] | None
+PricingOption = Price | Mapping[str, Price] | Literal["free"] | None
+"""``pricing=``: one price for every model, a price per model, or ``"free"`` for models you
+host yourself (every cost is then $0, known, not unknown)."""
+FREE = Price()
 
 CHARS_PER_TOKEN = 4
 """No tokenizer can be downloaded here: prompts are estimated at about four characters a
@@ -118,16 +122,20 @@ def approx_tokens(chars: int, messages: int = 0) -> int:
 
 
 def price_for(model: str, pricing: PricingOption = None) -> Price | None:
-    """The price of ``model``: from ``pricing`` (a Price, or a table), else :data:`PRICES`."""
+    """The price of ``model``: from ``pricing`` (a Price, a table, or ``"free"``), else
+    :data:`PRICES`."""
     if isinstance(pricing, Price):
         return pricing
+    if pricing == "free":
+        return FREE
     if pricing is not None:
         if not isinstance(pricing, Mapping) or not all(
             isinstance(p, Price) for p in pricing.values()
         ):
             raise ConfigError(
-                "pricing must be a Price or a dict of model name to Price, e.g. "
-                "{'my-model': Price(input_per_million=0.5, output_per_million=1.5)}"
+                "pricing must be a Price, a dict of model name to Price, e.g. "
+                "{'my-model': Price(input_per_million=0.5, output_per_million=1.5)}, or "
+                "'free' for models you host yourself"
             )
         if model in pricing:
             return pricing[model]

@@ -180,6 +180,14 @@ class RunReport:
                     f"  model {model:<12} {usage.rows:>10,} rows · "
                     f"{usage.requests:,} requests · {dollars(usage.cost)}"
                 )
+        unpriced = [model for model, usage in self.models.items() if usage.cost is None]
+        if self.cost is None and unpriced:
+            first = unpriced[0]
+            lines.append(
+                f"  cost unknown       no price for {', '.join(map(repr, unpriced))}: pass "
+                f"pricing={{{first!r}: Price(...)}}, or pricing='free' for a model you host "
+                f"(CLI: --price {first}=IN,OUT, or {first}=0,0)"
+            )
         if self.usage_unknown:
             lines.append(
                 f"  usage unknown      {self.usage_unknown:>10,}  answers reported token counts "

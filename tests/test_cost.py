@@ -64,6 +64,22 @@ def test_an_unknown_model_has_an_unknown_cost_not_zero(complete, endpoint):
     assert report.cost is None and "cost                  unknown" in str(report)
 
 
+def test_an_unknown_cost_says_how_to_give_a_price(complete, endpoint):
+    endpoint.configure(models=("mystery",))
+    _, report = pl.DataFrame({"text": ["a"]}).pipe(
+        complete, prompt="{text}", model="mystery", return_report=True
+    )
+    assert "pricing='free' for a model you host (CLI: --price mystery=IN,OUT" in str(report)
+
+
+def test_a_free_model_costs_nothing_rather_than_an_unknown(complete, endpoint):
+    endpoint.configure(models=("my-llama",))
+    _, report = pl.DataFrame({"text": ["a"]}).pipe(
+        complete, prompt="{text}", model="my-llama", pricing="free", return_report=True
+    )
+    assert report.cost == 0.0 and "cost unknown" not in str(report)
+
+
 def test_savings_are_what_the_job_would_have_cost_without_cache_and_dedupe(complete):
     _, no_cache = DUPLICATED.pipe(complete, prompt="{text}", cache=False, return_report=True)
     DUPLICATED.pipe(complete, prompt="{text}")
