@@ -13,7 +13,9 @@ it::
 A rerun finds the parts that carry its keys and picks each up where it stopped: a part that
 never got its file is given up (nothing was paid); one whose batch may have been created
 without being recorded is looked up in the provider's batch list by its metadata; the rest are
-polled. Only keys in no live part and not cached are submitted, so nothing is paid twice.
+polled. Only keys in no live part and not cached are submitted, so nothing is paid twice. A
+create whose answer is lost (a timeout, a 5xx) is not blindly sent again either: the batch
+list is asked first, and when it cannot answer the job stops.
 
 When a batch ends, its output and error files are read whole before any answer is kept, since
 a provider may be wrong in ways only the whole file shows:
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -64,6 +67,7 @@ ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
 BATCH_ROUNDS = 3  # batches one run puts a request in before its row fails unanswered
+CREATE_ATTEMPTS = 4  # creates of one batch whose answer was lost, each after a lookup
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 Line = dict[str, Any]  # one line of an input file: custom_id, method, url, body
 
@@ -104,8 +108,10 @@ class BatchRunner:
         self.settings = job.batching
         self.cache: Cache = backend.cache
         self.engine = backend.engine
-        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After).
+        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After),
+        # except creating a batch, which is not idempotent (see _create).
         self.sdk = backend.engine.client.with_options(max_retries=4)
+        self.sdk_once = backend.engine.client.with_options(max_retries=0)
         self.parser = Dispatcher(
             backend.engine,
             model=job.spec.model,
@@ -233,14 +239,29 @@ class BatchRunner:
             yield chunk
 
     async def _create(self, part: BatchPart) -> None:
+        """Create ``part``'s batch. When the answer is lost (a timeout, a dropped connection,
+        a 5xx) the provider may have made the batch anyway: it is looked up by its metadata
+        before the create is tried again, so it is never made (and paid for) twice; a lookup
+        that fails stops the job."""
         assert part.input_file_id is not None
-        batch = await self.sdk.batches.create(
-            input_file_id=part.input_file_id,
-            endpoint=ENDPOINT,
-            completion_window="24h",
-            metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
-        )
-        part.batch_id, part.state = batch.id, "submitted"
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                batch = await self.sdk_once.batches.create(
+                    input_file_id=part.input_file_id,
+                    endpoint=ENDPOINT,
+                    completion_window="24h",
+                    metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
+                )
+                part.batch_id = batch.id
+                break
+            except (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError):
+                part.batch_id = await self._find(part)
+                if part.batch_id is not None:
+                    break
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                await asyncio.sleep(random.uniform(0.5, 1.0) * 2 ** (attempt - 1))
+        part.state = "submitted"
         await self._record(part)
 
     async def _resume(self, part: BatchPart) -> bool:

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 
 import openai
 import polars as pl
 import pytest
 
-from llm_ops import Client, llm_complete, open_cache
+from llm_ops import Client, JobAbortedError, llm_complete, open_cache
 
 DF = pl.DataFrame({"text": [f"item {i}" for i in range(6)]})
 FAST = {"batch_seconds": 0.2, "batch_validation_seconds": 0.05}
@@ -105,6 +109,54 @@ def test_a_rerun_after_a_failed_batch_submits_it_again(batch, endpoint):
     DF.pipe(batch)
     assert statuses(DF.pipe(batch)) == {"ok": 6}
     assert endpoint.stats()["batches"] == 2
+
+
+def test_a_create_whose_answer_is_lost_is_looked_up_not_made_twice(batch, endpoint):
+    endpoint.configure(**FAST, batch_create_stall="after")
+    assert statuses(DF.pipe(batch, timeout=0.5)) == {"ok": 6}
+    assert (endpoint.stats()["batches"], endpoint.stats()["batch_creates"]) == (1, 1)
+
+
+def test_a_batch_list_answering_500_stops_the_job_without_a_second_batch(batch, endpoint):
+    endpoint.configure(**FAST, batch_create_stall="after", batch_list_status=500)
+    with pytest.raises(JobAbortedError, match=r"the Batch API failed .*; rerun to pick"):
+        DF.pipe(batch, timeout=0.5)
+    stats = endpoint.stats()
+    assert (stats["batches"], stats["batch_creates"], stats["batch_lists"]) == (1, 1, 5)
+    endpoint.configure(**FAST)
+    assert statuses(DF.pipe(batch)) == {"ok": 6}
+    assert endpoint.stats()["batches"] == 1
+
+
+KILLED = """
+import sys, polars as pl
+from llm_ops import llm_complete
+df = pl.DataFrame({"text": [f"item {i}" for i in range(6)]})
+df.pipe(llm_complete, prompt="Say {text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
+        mode="batch", batch_poll_seconds=0.05, progress=False)
+"""
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stall", ["before", "after"])
+def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(
+    batch, endpoint, cache, stall
+):
+    endpoint.configure(**FAST, batch_create_stall=stall)
+    job = subprocess.Popen([sys.executable, "-c", KILLED, endpoint.base_url, str(cache)])
+    made = 1 if stall == "after" else 0
+    wait_for(lambda: (endpoint.stats()["batch_creates"], endpoint.stats()["batches"]) == (1, made))
+    job.kill()
+    job.wait()
+    endpoint.configure(**FAST)
+    assert statuses(DF.pipe(batch)) == {"ok": 6}
+    stats = endpoint.stats()
+    assert (stats["batches"], stats["lines_uploaded"]) == (1, 6)
 
 
 def test_a_line_submitted_again_by_collect_is_the_line_first_submitted(endpoint, cache):
