@@ -13,18 +13,33 @@ it::
 A rerun finds the parts that carry its keys and picks each up where it stopped: a part that
 never got its file is given up (nothing was paid); one whose batch may have been created
 without being recorded is looked up in the provider's batch list by its metadata; the rest are
-polled. Only keys in no live part and not cached are submitted, so nothing is paid twice.
-Answers are streamed into the cache as the output file is read; the error file gives rows
-their status. The part of an expired or cancelled batch that was not answered is submitted
-again, or sent live (``on_expired="live"``).
+polled. Only keys in no live part and not cached are submitted, so nothing is paid twice. A
+create whose answer is lost (a timeout, a 5xx) is not blindly sent again either: the batch
+list is asked first, and when it cannot answer the job stops.
+
+When a batch ends, its output and error files are read whole before any answer is kept, since
+a provider may be wrong in ways only the whole file shows:
+
+- a ``custom_id`` answered twice the same way is taken once; answered twice differently,
+  neither answer is trusted: the row is ``failed`` and says so (a rerun asks again);
+- a line whose ``custom_id`` names no request of that batch is ignored, never cached under any
+  key, and counted in one warning;
+- the requests a batch did not answer (it expired, was cancelled, or said ``completed`` and
+  left lines out) are submitted again, or sent live (``on_expired="live"``); a request is put
+  in at most :data:`BATCH_ROUNDS` batches by one run, then its row is ``failed``;
+- a batch that ended ``failed`` (the provider refused its file; nothing was paid) gives each
+  of its rows the provider's reason, ``rejected`` when it named a line of the file as invalid,
+  else ``failed``; it is not resubmitted by the same run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -51,7 +66,12 @@ from .exceptions import JobAbortedError, JobInterruptedError
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
+BATCH_ROUNDS = 3  # batches one run puts a request in before its row fails unanswered
+CREATE_ATTEMPTS = 4  # creates of one batch whose answer was lost, each after a lookup
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
+Line = dict[str, Any]  # one line of an input file: custom_id, method, url, body
+
+_log = logging.getLogger("llm_ops")
 
 
 @dataclass
@@ -88,8 +108,10 @@ class BatchRunner:
         self.settings = job.batching
         self.cache: Cache = backend.cache
         self.engine = backend.engine
-        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After).
+        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After),
+        # except creating a batch, which is not idempotent (see _create).
         self.sdk = backend.engine.client.with_options(max_retries=4)
+        self.sdk_once = backend.engine.client.with_options(max_retries=0)
         self.parser = Dispatcher(
             backend.engine,
             model=job.spec.model,
@@ -100,6 +122,8 @@ class BatchRunner:
         self.counters = self.parser.counters
         self.budget = self.parser.budget
         self.remainder: list[Request] = []  # what an expired batch left, for live requests
+        self.rounds: dict[str, int] = {}  # batches this runner put each request key in
+        self.stray_lines = 0  # output lines naming no request of their batch, ignored
         self._stopping = False
 
     def stop(self) -> None:
@@ -149,7 +173,15 @@ class BatchRunner:
         fresh = [request for key, request in wanted.items() if key not in covered]
         return parts + await self._submit(fresh, on_outcome)
 
-    async def _submit(self, requests: list[Request], on_outcome: OnOutcome) -> list[BatchPart]:
+    async def _submit(
+        self,
+        requests: list[Request],
+        on_outcome: OnOutcome,
+        *,
+        again: Mapping[str, Line] | None = None,
+    ) -> list[BatchPart]:
+        """New parts for ``requests``; those in ``again`` are sent as the lines they were
+        first sent as (what their keys say), not rebuilt from this runner's job."""
         lines: list[tuple[str, bytes]] = []
         for request in requests:
             expected = self.parser._expected_tokens(request, self.parser.estimate_tokens(request))
@@ -164,8 +196,13 @@ class BatchRunner:
                     ),
                 )
                 continue
-            body = self.parser._body(request, request.messages)
-            line = {"custom_id": request.key, "method": "POST", "url": ENDPOINT, "body": body}
+            line = (again or {}).get(request.key) or {
+                "custom_id": request.key,
+                "method": "POST",
+                "url": ENDPOINT,
+                "body": self.parser._body(request, request.messages),
+            }
+            self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
             lines.append((request.key, json.dumps(line, ensure_ascii=False).encode() + b"\n"))
         job_id = f"llmops-{uuid.uuid4().hex[:16]}"
         parts = []
@@ -202,14 +239,29 @@ class BatchRunner:
             yield chunk
 
     async def _create(self, part: BatchPart) -> None:
+        """Create ``part``'s batch. When the answer is lost (a timeout, a dropped connection,
+        a 5xx) the provider may have made the batch anyway: it is looked up by its metadata
+        before the create is tried again, so it is never made (and paid for) twice; a lookup
+        that fails stops the job."""
         assert part.input_file_id is not None
-        batch = await self.sdk.batches.create(
-            input_file_id=part.input_file_id,
-            endpoint=ENDPOINT,
-            completion_window="24h",
-            metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
-        )
-        part.batch_id, part.state = batch.id, "submitted"
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                batch = await self.sdk_once.batches.create(
+                    input_file_id=part.input_file_id,
+                    endpoint=ENDPOINT,
+                    completion_window="24h",
+                    metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
+                )
+                part.batch_id = batch.id
+                break
+            except (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError):
+                part.batch_id = await self._find(part)
+                if part.batch_id is not None:
+                    break
+                if attempt == CREATE_ATTEMPTS:
+                    raise
+                await asyncio.sleep(random.uniform(0.5, 1.0) * 2 ** (attempt - 1))
+        part.state = "submitted"
         await self._record(part)
 
     async def _resume(self, part: BatchPart) -> bool:
@@ -307,48 +359,124 @@ class BatchRunner:
     async def _collect(
         self, part: BatchPart, batch: Any, wanted: dict[str, Request], on_outcome: OnOutcome
     ) -> list[BatchPart]:
-        """Stream the part's output and error files into outcomes; what the batch did not
-        answer (expired, cancelled) is submitted again, or kept for live requests. Returns the
-        parts submitted again."""
-        requests = {r.key: r for r in await self._requests_of(part)}
+        """Turn the part's output and error files into outcomes; what the batch did not
+        answer is submitted again, kept for live requests, or failed (see the module's
+        notes). Returns the parts submitted again."""
+        lines = await self._lines_of(part)
+        requests = {key: request for key, (request, _) in lines.items()}
         if self.parser.validate is None and requests:
             self.parser.validate = _validator(next(iter(requests.values())))
-        answered: set[str] = set()
+        outcomes = await self._results(part, requests)
+        for key, outcome in outcomes.items():
+            await self._settle(wanted.get(key, requests[key]), outcome, on_outcome)
+        rest = [request for key, request in requests.items() if key not in outcomes]
+        again: list[BatchPart] = []
+        if rest and part.state == "failed":  # the provider refused the file itself
+            status, reason = _batch_failure(batch)
+            reason = _one_line(redact(reason, *self.engine.secrets))
+            hint = "fix the request and rerun" if status == "rejected" else "rerun to submit again"
+            for request in rest:
+                await self._settle(
+                    wanted.get(request.key, request),
+                    Outcome(
+                        key=request.key,
+                        status=status,
+                        attempts=self.rounds.get(request.key, 1),
+                        error=f"the batch {part.batch_id} failed ({reason}); nothing was paid "
+                        f"for it: {hint}",
+                    ),
+                    on_outcome,
+                )
+        elif rest:
+            again = await self._unanswered(part, rest, lines, wanted, on_outcome)
+        part.state = "collected"
+        await self._record(part)
+        return again
+
+    async def _results(self, part: BatchPart, requests: dict[str, Request]) -> dict[str, Outcome]:
+        """The outcome of each request the part's files answer, read whole first: a request
+        answered twice differently is failed, and lines for no request are only counted."""
+        outcomes: dict[str, Outcome] = {}
+        ambiguous: set[str] = set()
+        stray = 0
         for file_id in (part.output_file_id, part.error_file_id):
             if file_id is None:
                 continue
             async for line in self._lines(file_id):
-                result = json.loads(line)
-                request = requests.get(result.get("custom_id"))
+                result = _json_object(line)
+                custom_id = result.get("custom_id")
+                request = requests.get(custom_id) if isinstance(custom_id, str) else None
                 if request is None:
+                    stray += 1
                     continue
-                answered.add(request.key)
                 outcome = self._outcome(request, result)
-                self.counters.by_status[outcome.status] = (
-                    self.counters.by_status.get(outcome.status, 0) + 1
-                )
-                await on_outcome(wanted.get(request.key, request), outcome)
-        rest = [request for key, request in requests.items() if key not in answered]
-        again: list[BatchPart] = []
-        if rest and part.state == "failed":  # the provider refused the file itself
-            message = _batch_errors(batch)
-            for request in rest:
-                await on_outcome(
-                    wanted.get(request.key, request),
-                    Outcome(
-                        key=request.key,
-                        status="failed",
-                        attempts=1,
-                        error=f"the batch {part.batch_id} failed: {message}",
-                    ),
-                )
-        elif rest and self.settings.on_expired == "live":
-            self.remainder += [wanted.get(r.key, r) for r in rest]
-        elif rest:
-            again = await self._submit(rest, on_outcome)
-        part.state = "collected"
-        await self._record(part)
-        return again
+                outcome.attempts = self.rounds.get(request.key, 1)
+                first = outcomes.setdefault(request.key, outcome)
+                if first is not outcome and _answer(first) != _answer(outcome):
+                    ambiguous.add(request.key)
+        for key in ambiguous:
+            outcomes[key] = Outcome(
+                key=key,
+                status="failed",
+                attempts=outcomes[key].attempts,
+                error=f"the batch {part.batch_id} returned two different answers for this "
+                "request, so neither was kept: rerun to ask again",
+            )
+        if stray:
+            self.stray_lines += stray
+            _log.warning(
+                "the batch %s returned %d line(s) that name no request it was sent (an unknown "
+                "custom_id, or not JSON); they were ignored",
+                part.batch_id,
+                stray,
+            )
+        return outcomes
+
+    async def _unanswered(
+        self,
+        part: BatchPart,
+        rest: list[Request],
+        lines: dict[str, tuple[Request, Line]],
+        wanted: dict[str, Request],
+        on_outcome: OnOutcome,
+    ) -> list[BatchPart]:
+        """What a batch that ended without answering ``rest`` leaves: they are submitted
+        again (or kept for live requests, ``on_expired="live"``), unless they have been in
+        :data:`BATCH_ROUNDS` batches already: then their rows fail, so a provider that never
+        answers a line cannot keep a job going for ever."""
+        how = {
+            "expired": "expired",
+            "cancelled": "was cancelled",
+        }.get(part.state, "ended without answering it")
+        retry = []
+        for request in rest:
+            rounds = self.rounds.get(request.key, 1)
+            if rounds < BATCH_ROUNDS or self.settings.on_expired == "live":
+                retry.append(request)
+                continue
+            await self._settle(
+                wanted.get(request.key, request),
+                Outcome(
+                    key=request.key,
+                    status="failed",
+                    attempts=rounds,
+                    error=f"no answer after {rounds} batches (the last, {part.batch_id}, {how}): "
+                    "rerun to ask again, or pass on_expired='live' to send it live",
+                ),
+                on_outcome,
+            )
+        if self.settings.on_expired == "live":
+            self.remainder += [wanted.get(r.key, r) for r in retry]
+            return []
+        if not retry:
+            return []
+        for request in retry:  # a part resumed from another run was this run's first round
+            self.rounds.setdefault(request.key, 1)
+        return await self._submit(retry, on_outcome, again={r.key: lines[r.key][1] for r in retry})
+
+    async def _settle(self, request: Request, outcome: Outcome, on_outcome: OnOutcome) -> None:
+        self.counters.by_status[outcome.status] = self.counters.by_status.get(outcome.status, 0) + 1
+        await on_outcome(request, outcome)
 
     async def _lines(self, file_id: str) -> AsyncIterator[str]:
         async with self.sdk.files.with_streaming_response.content(file_id) as response:
@@ -356,11 +484,11 @@ class BatchRunner:
                 if line.strip():
                     yield line
 
-    async def _requests_of(self, part: BatchPart) -> list[Request]:
-        """The part's requests, read back from its input file: collecting needs nothing else,
-        so it works in any process, for any job's batches."""
+    async def _lines_of(self, part: BatchPart) -> dict[str, tuple[Request, Line]]:
+        """The part's requests and their lines, read back from its input file, in its order:
+        collecting needs nothing else, so it works in any process, for any job's batches."""
         assert part.input_file_id is not None
-        requests = []
+        requests = {}
         async for line in self._lines(part.input_file_id):
             item = json.loads(line)
             body = dict(item["body"])
@@ -368,16 +496,18 @@ class BatchRunner:
             request = build_request(
                 endpoint=part.endpoint, model=model, messages=messages, params=body
             )
-            requests.append(
+            requests[item["custom_id"]] = (
                 Request(
                     key=item["custom_id"], messages=messages, request_json=canonical_json(request)
-                )
+                ),
+                item,
             )
         return requests
 
     def _outcome(self, request: Request, result: dict[str, Any]) -> Outcome:
         """One line of an output or error file, classified as a live answer would be."""
-        response = result.get("response") or {}
+        response = result.get("response")
+        response = response if isinstance(response, dict) else {}
         status, body = response.get("status_code"), response.get("body")
         if result.get("error") or status is None:
             error = result.get("error") or {}
@@ -418,7 +548,30 @@ def _validator(request: Request) -> Callable[[str], str] | None:
     return output_schema(response_format["json_schema"]["schema"]).validate
 
 
-def _batch_errors(batch: Any) -> str:
-    errors = getattr(batch, "errors", None)
-    data = getattr(errors, "data", None) or []
-    return "; ".join(str(getattr(e, "message", e)) for e in data[:3]) or "no reason given"
+def _batch_failure(batch: Any) -> tuple[Literal["failed", "rejected"], str]:
+    """The status a failed batch gives its rows, and the provider's reason: ``rejected``
+    when it named a line of the input file as invalid (a deterministic refusal)."""
+    data = getattr(getattr(batch, "errors", None), "data", None) or []
+    reasons = []
+    for error in data[:3]:
+        code, line = getattr(error, "code", None), getattr(error, "line", None)
+        reason = str(getattr(error, "message", None) or error)
+        reasons.append(
+            (f"{code}: " if code else "") + reason + (f" (line {line})" if line is not None else "")
+        )
+    named_a_line = any(getattr(error, "line", None) is not None for error in data)
+    return ("rejected" if named_a_line else "failed"), "; ".join(reasons) or "no reason given"
+
+
+def _json_object(line: str) -> dict[str, Any]:
+    """A line of an output file as a JSON object (``{}`` when it is not one)."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _answer(outcome: Outcome) -> tuple[Any, ...]:
+    """What two outcomes of one request must share to be the same answer."""
+    return (outcome.status, outcome.text, outcome.json, outcome.finish_reason, outcome.error)

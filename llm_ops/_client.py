@@ -305,9 +305,10 @@ class Client:
         """:meth:`batches`, with each live batch's state and counts asked of the provider."""
         return self._each_batch_part(job_id, BatchRunner.refresh)
 
-    def collect_batches(self, *, job_id: str | None = None) -> int:
+    def collect_batches(self, *, job_id: str | None = None, batch_poll_seconds: float = 5.0) -> int:
         """Wait for the recorded batches not yet collected (of one submission, or all) and
-        stream their answers into the cache; returns how many requests were collected."""
+        stream their answers into the cache; returns how many requests were collected.
+        ``batch_poll_seconds``: the first wait between polls (it grows to a minute)."""
         parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
 
         async def collect() -> int:
@@ -315,7 +316,9 @@ class Client:
             collected = 0
             for model in sorted({part.model for part in parts}):
                 same = [part for part in parts if part.model == model]
-                runner = self._batch_runner(model, same[0].endpoint, backend)
+                runner = self._batch_runner(
+                    model, same[0].endpoint, backend, poll_seconds=batch_poll_seconds
+                )
                 sink = AnswerSink(runner.job, backend)
 
                 async def keep(request: Request, outcome: Outcome, sink: AnswerSink = sink) -> None:
@@ -351,7 +354,9 @@ class Client:
         self.run(each())
         return parts
 
-    def _batch_runner(self, model: str, endpoint: str, backend: Backend) -> BatchRunner:
+    def _batch_runner(
+        self, model: str, endpoint: str, backend: Backend, *, poll_seconds: float = 5.0
+    ) -> BatchRunner:
         """A runner for batches made by any job: only the model and endpoint matter to
         collecting them (the requests are read back from the batches' input files)."""
         job = make_job(
@@ -359,7 +364,7 @@ class Client:
             model=model,
             endpoint=endpoint,
             cached=True,
-            options={"mode": "batch", "progress": False},
+            options={"mode": "batch", "progress": False, "batch_poll_seconds": poll_seconds},
         )
         return BatchRunner(job, backend)
 

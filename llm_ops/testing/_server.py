@@ -143,6 +143,24 @@ class SimulatorConfig:
     prefill_seconds_per_1k_tokens
         Extra seconds per 1,000 prompt tokens not served by the prefix cache (the prefill),
         so reusing a prefix shortens the wait.
+    batch_fail, batch_fail_line
+        A hostile Batches API: batches end ``failed`` after validating, with an ``errors``
+        list holding this code (naming that 1-based line of the input file, if set).
+    batch_duplicate_lines, batch_duplicate_differ
+        Each completed batch's first so many answers appear twice in its output file, the
+        second time with a different text (unless ``batch_duplicate_differ`` is off).
+    batch_unknown_lines
+        Answers each completed batch adds for ``custom_id``s it was never sent.
+    batch_drop_lines
+        Lines each completed batch leaves out of its output and error files (its last ones),
+        while its status and counts say they were answered.
+    batch_hostile_first
+        The four above apply to the first so many batches; ``None``: to every batch.
+    batch_list_status
+        ``GET /v1/batches`` answers this HTTP status (say 500), with ``retry-after-ms: 10``.
+    batch_create_stall
+        ``"before"`` or ``"after"``: ``POST /v1/batches`` never answers, before or after it
+        made the batch.
     """
 
     latency: float = 0.0
@@ -171,6 +189,15 @@ class SimulatorConfig:
     batch_expire_first: int = 1
     prefix_cache_tokens: int = 0
     prefill_seconds_per_1k_tokens: float = 0.0
+    batch_fail: str | None = None
+    batch_fail_line: int | None = None
+    batch_duplicate_lines: int = 0
+    batch_duplicate_differ: bool = True
+    batch_unknown_lines: int = 0
+    batch_drop_lines: int = 0
+    batch_hostile_first: int | None = None
+    batch_list_status: int | None = None
+    batch_create_stall: str | None = None
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
