@@ -52,6 +52,14 @@ def test_negative_usage_never_makes_cost_negative_nor_defeats_max_cost(complete)
     assert out["completion_status"].value_counts().height == 2  # ok and skipped
 
 
+def test_an_absurd_token_count_in_a_batch_line_keeps_the_answer(complete, endpoint):
+    endpoint.configure(batch_seconds=0.1, batch_validation_seconds=0.05)
+    row, report = _one(
+        complete, "hi [[sim:prompt_tokens=1e30]]", mode="batch", batch_poll_seconds=0.05
+    )
+    assert (row["completion_status"], report.usage_unknown) == ("ok", 1)
+
+
 def test_unknown_usage_is_said_in_the_report(complete):
     _, report = _one(complete, "hi [[sim:prompt_tokens=-5]]")
     assert "usage unknown               1  answers reported token counts" in str(report)
