@@ -26,7 +26,8 @@ What is shared, and how:
   journal files of its own in ``<out>.work/answers/`` as they arrive (durable if the worker
   dies), and the driver merges them into the cache as chunks finish, and whatever a dead worker
   left before it plans again. A chunk retried on another worker skips what its earlier attempt
-  answered, so nothing answered is sent again beyond what was in flight.
+  answered, so nothing answered is sent again beyond what was in flight. When a chunk fails,
+  the others stop as on SIGTERM: they keep what they had in flight.
 * **One report.** Each chunk returns its counters; the report adds them up, and ``on_chunk``
   (the flow's progress artifact and logs) hears about every chunk as it ends.
 """
@@ -34,6 +35,8 @@ What is shared, and how:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +51,7 @@ from ._journal import JournalWriter
 from ._limits import RateLimiter, parse_duration
 from ._options import Job
 from ._report import RunReport
+from ._signals import graceful_sigterm, stopping_gently
 from ._spec import Limits
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, Table, send_chunk
@@ -155,8 +159,9 @@ def send_chunks(
 
 def _stop(running: list[Any]) -> None:
     """Stop the chunks still running after one failed. Gently first: a cancelled task stops
-    sending and writes what it was answered to its journal (as on Ctrl-C), which killing its
-    process would lose; only those still running after the drain are killed."""
+    sending, lets what is in flight be answered and writes its answers to its journal (see
+    :func:`_stopped_gently_on_cancel`), which killing its process would lose; only those still
+    running after the drain are killed."""
     if not running:
         return
     ray = _ray()
@@ -210,7 +215,25 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
         Path(work.answers), flush_every=work.flush_every, flush_seconds=work.flush_seconds
     )
     with client:
-        return send_chunk(client, work.job, store, chunk)
+        return _stopped_gently_on_cancel(lambda: send_chunk(client, work.job, store, chunk))
+
+
+def _stopped_gently_on_cancel(send: Callable[[], Counters]) -> Counters:
+    """``send()``, on a thread of its own: Ray cancels a task with a KeyboardInterrupt in the
+    main thread, which a client takes for Ctrl-C and drops what is in flight, answers the
+    endpoint gave (and bills) included. Here it stops the chunk as SIGTERM does instead:
+    nothing new is sent, what is in flight is answered and journalled, within the drain time
+    the driver waits before it kills the worker."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, graceful_sigterm():
+        sending = pool.submit(send)
+        try:
+            while True:  # a KeyboardInterrupt is only raised between waits
+                with contextlib.suppress(concurrent.futures.TimeoutError):
+                    return sending.result(timeout=0.1)
+        except KeyboardInterrupt:
+            with stopping_gently():
+                concurrent.futures.wait([sending])
+            raise
 
 
 class WorkerStore(Cache):

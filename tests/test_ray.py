@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import polars as pl
 import pytest
 
@@ -34,6 +36,13 @@ def _table(client, source, tmp_path, **options):
 
     options = {"chunk_size": 10, **options}
     return Table(client, source, tmp_path / "out.parquet", prompt="{text}", model="sim", **options)
+
+
+def _wait_until(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "gave up waiting"
+        time.sleep(0.01)
 
 
 def test_chunks_run_on_two_workers_and_every_row_is_answered_in_order(
@@ -76,7 +85,9 @@ def test_a_failed_run_reruns_without_sending_anything_answered_again(
 ):
     from llm_ops.ray import run_on_ray
 
-    endpoint.configure(quota_requests=25)  # a worker's chunk is refused midway
+    # A worker's chunk is refused midway; the other worker's, refused too or stopped by the
+    # driver, keeps what it had in flight: the count does not depend on which comes first.
+    endpoint.configure(quota_requests=25)
     with (
         Client(base_url=endpoint.base_url, cache=cache, concurrency=4) as client,
         pytest.raises(JobAbortedError, match="out of quota"),
@@ -89,6 +100,30 @@ def test_a_failed_run_reruns_without_sending_anything_answered_again(
     assert report.statuses["ok"] + report.statuses["cached"] == len(TEXTS)
     assert endpoint.stats()["answered"] == 60  # the first run's answers were kept
     assert answered == 25
+
+
+def test_chunks_stopped_after_another_failed_keep_the_answers_they_had_in_flight(
+    cluster, endpoint, cache, tmp_path
+):
+    from llm_ops.ray import run_on_ray
+
+    source = tmp_path / "two.parquet"
+    pl.DataFrame({"text": ["[[sim:latency=1]] slow", "fast"]}).write_parquet(source)
+
+    # The fast chunk ends first; failing then stops the other chunk as a chunk's failure
+    # would, while its request is at the endpoint, which answers (and bills) it a second later.
+    def fail_while_the_slow_one_is_in_flight(done, total, counters):
+        _wait_until(lambda: endpoint.stats()["requests"] == 2)
+        raise RuntimeError("a chunk failed")
+
+    with (
+        Client(base_url=endpoint.base_url, cache=cache) as client,
+        pytest.raises(RuntimeError, match="a chunk failed"),
+    ):
+        table = _table(client, source, tmp_path, chunk_size=1)
+        run_on_ray(table, workers=2, on_chunk=fail_while_the_slow_one_is_in_flight)
+    with open_cache(cache) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
 
 
 def test_the_flow_runs_its_chunks_on_ray(prefect, cluster, endpoint, cache, source, tmp_path):
