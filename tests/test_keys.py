@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import datetime
+import enum
+import hashlib
+import itertools
 import json
+import uuid
 
 import duckdb
+import orjson
 import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from llm_ops import canonical_json, request_key
+from llm_ops import _key, canonical_json, request_key
 from llm_ops._key import normalize_base_url
 
 TRICKY = [
@@ -75,3 +86,314 @@ def test_base_url_normalisation():
         "https://api.example.com/v1"
     )
     assert normalize_base_url("http://127.0.0.1:8765/v1") == "http://127.0.0.1:8765/v1"
+
+
+# Keys live in users' caches: a key that changes loses every answer stored under it. These
+# were computed once and must never change; a failure here means the canonical form moved.
+PINNED_KEYS = [
+    (
+        {
+            "endpoint": "https://api.openai.com/v1",
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "Summarise: the cat sat on the mat."}],
+        },
+        "v1:5b90141056b141287b51850f235485ecbf50407b7420963f40b449d308962702",
+    ),
+    (
+        {
+            "endpoint": "http://127.0.0.1:8765/v1",
+            "model": "sim",
+            "messages": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Classify: great product"},
+            ],
+            "max_tokens": 64,
+            "temperature": 0.0,
+            "top_p": 0.9,
+            "seed": 42,
+            "stop": ["\n\n", "END"],
+        },
+        "v1:0a6543a791c05cf300a1c9652dfe51b94f149b10e0a7b45eddfe1105f0a4b1b2",
+    ),
+    (
+        {
+            "endpoint": "vllm-prod",
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "Review",
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "score": {"type": "number", "minimum": 0.5, "maximum": 1e16},
+                            "label": {"type": "string", "enum": ["bon", "très bon", "日本"]},
+                        },
+                        "required": ["score", "label"],
+                    },
+                },
+            },
+        },
+        "v1:4393aa6c5c31004e03978826d9297ce6da3ec94d1bc29a476884655f3da02592",
+    ),
+    (
+        {
+            "endpoint": "http://127.0.0.1:8765/v1",
+            "model": "emb",
+            "input": "hello",
+            "dimensions": 256,
+        },
+        "v1:193d992c281de72b0453df130083bf1d07836dd50b3869e8cc991b22b46187bb",
+    ),
+    (
+        {
+            "endpoint": "e",
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": 'é 日本 😀 שלום \u2028 \x7f \x00 \x1f e\u0301 \t\n"\\',
+                }
+            ],
+            "temperature": 1e-07,
+            "top_p": 5e-324,
+            "seed": 2**64,
+            "x": [10**30, -(2**63) - 1, 1.7976931348623157e308, -0.0, 1e-05],
+            "Z": {"b": 1, "B": 2, "é": 3, "e": 4, "😀": 5, "": 6},
+        },
+        "v1:e66d7c3514aad0228123f7fcfa59fe29ce462f417c0788e6508add7598611c0c",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_", "key"), PINNED_KEYS, ids=range(len(PINNED_KEYS)))
+def test_known_requests_keep_their_keys(request_, key):
+    assert request_key(request_) == key
+
+
+def test_odd_values_have_their_pinned_canonical_json():
+    assert canonical_json(PINNED_KEYS[-1][0]) == (
+        '{"Z":{"":6,"B":2,"b":1,"e":4,"é":3,"😀":5},"endpoint":"e","messages":[{"content":'
+        '"é 日本 😀 שלום \u2028 \x7f \\u0000 \\u001f e\u0301 \\t\\n\\"\\\\","role":"user"}],'
+        '"model":"m","seed":18446744073709551616,"temperature":1e-07,"top_p":5e-324,"x":['
+        "1000000000000000000000000000000,-9223372036854775809,1.7976931348623157e+308,-0.0,"
+        "1e-05]}"
+    )
+
+
+# The canonical form by definition, spelt out here so that no change to llm_ops can move it.
+def reference(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def outcome(function, value):
+    """What ``function`` returns for ``value``, or the error it raises, to compare two."""
+    try:
+        return function(value)
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+def reference_key(value):
+    return "v1:" + hashlib.sha256(reference(value).encode("utf-8")).hexdigest()
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Size(enum.StrEnum):
+    SMALL = "s"
+
+
+class Text(str):
+    pass
+
+
+class Number(float):
+    def __repr__(self):
+        return "not json's"
+
+
+class Tiny(float, enum.Enum):
+    VALUE = 1e-7
+
+
+class Hiding(dict):
+    """json writes what ``items()`` gives, orjson what the dict holds."""
+
+    def items(self):
+        return [(k, v) for k, v in super().items() if k != "secret"]
+
+
+class Replaying(list):
+    """json writes what iterating gives, orjson what the list holds."""
+
+    def __iter__(self):
+        return iter(["replayed"])
+
+
+def _nested(depth):
+    value = "leaf"
+    for level in range(depth):
+        value = {"level": level, "inner": [value, 0.5]}
+    return value
+
+
+ODD = {
+    "1e16": 1e16,
+    "1e-7": 1e-7,
+    "1e-5": 1e-05,
+    "1e-4": 1e-4,
+    "1e15": 1e15,
+    "0.1": 0.1,
+    "-0.0": -0.0,
+    "0.0": 0.0,
+    "5e-324": 5e-324,
+    "max float": 1.7976931348623157e308,
+    "nan": float("nan"),
+    "infinities": [float("inf"), float("-inf")],
+    "floats in a request": {"temperature": 0.7, "top_p": 1e-05, "x": [2.0, 1e-7, 1e22]},
+    "2**53+1": 2**53 + 1,
+    "2**63": 2**63,
+    "2**64-1": 2**64 - 1,
+    "2**64": 2**64,
+    "-2**63": -(2**63),
+    "-2**63-1": -(2**63) - 1,
+    "10**30": 10**30,
+    "ints in a list": [0, -1, 2**64, True, False, None],
+    "emoji": "😀 👩‍👩‍👧 🇫🇷 \U0010ffff",
+    "rtl": "שלום مرحبا \u202e override",
+    "line separators": "\u2028\u2029",
+    "del and nul": "\x7f\u0000",
+    "every ascii control": "".join(map(chr, range(0x20))),
+    "combining marks": "e\u0301 a\u0308\u0323 \u0915\u094d\u0937",
+    "bom and noncharacters": "\ufeff\ufffe\uffff",
+    "quotes and backslashes": 'a"b\\c/d \\u001F </script>',
+    "nested": {"a": [{"b": [[], {}, [{"c": None}]]}], "d": {"e": {"f": ["g", 1, 2.5]}}},
+    "deep orjson nests": _nested(30),
+    "deeper than the fast path walks": _nested(100),
+    "tuples": (1, ("a", (2.5,)), []),
+    "keys across case and scripts": {
+        k: k for k in ["b", "B", "a", "A", "é", "e", "É", "😀", "\uffff", "", " ", "10", "9"]
+    },
+    "int enum": {"seed": Color.RED},
+    "str enum": {"stop": [Size.SMALL]},
+    "str subclass": {Text("key"): Text("value")},
+    "float subclass": {"temperature": Number(0.5)},
+    "float enum": {"temperature": Tiny.VALUE},
+    "dict subclass": {"params": Hiding(a=1, secret=2)},
+    "list subclass": {"stop": Replaying(["a", "b"])},
+    "ordered dict": collections.OrderedDict([("b", 1), ("a", 2)]),
+    "non-str keys": {1: "a", 2: "b"},
+    "float and bool keys": {1.5: "a", True: "b"},
+    "lone surrogate": "\ud800 and \udfff",
+}
+
+
+@pytest.mark.parametrize("value", ODD.values(), ids=ODD.keys())
+def test_canonical_json_is_json_dumps_for_odd_values(value):
+    assert outcome(canonical_json, value) == outcome(reference, value)
+
+
+@pytest.mark.parametrize("value", ODD.values(), ids=ODD.keys())
+def test_request_key_hashes_json_dumps_for_odd_values(value):
+    assert outcome(request_key, value) == outcome(reference_key, value)
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+def _circular():
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+REFUSED = {
+    "enum": enum.Enum("Plain", "A").A,
+    "uuid": uuid.UUID(int=1),
+    "datetime": datetime.datetime(2026, 1, 1),
+    "dataclass": Point(1),
+    "set": {1},
+    "bytes": b"x",
+    "orjson fragment": orjson.Fragment(b"1"),
+    "mixed key types": {1: "a", "b": 2},
+    "circular": _circular(),
+}
+
+
+@pytest.mark.parametrize("value", REFUSED.values(), ids=REFUSED.keys())
+def test_what_json_refuses_canonical_json_refuses_with_the_same_error(value):
+    assert outcome(canonical_json, value) == outcome(reference, value)
+    assert isinstance(outcome(canonical_json, value), tuple)
+
+
+def _every_code_point():
+    return "".join(map(chr, itertools.chain(range(0xD800), range(0xE000, 0x110000))))
+
+
+def test_orjson_escapes_every_code_point_as_json_does():
+    text = _every_code_point()
+    assert orjson.dumps(text) == reference(text).encode()
+
+
+def test_canonical_json_writes_every_code_point_as_json_does_in_keys_and_values():
+    text = _every_code_point()
+    chunks = {text[i : i + 997]: [text[i : i + 997]] for i in range(0, len(text), 997)}
+    assert canonical_json(chunks) == reference(chunks)
+
+
+def test_the_installed_orjson_passes_the_import_probe():
+    assert _key._ORJSON_AGREES
+
+
+@pytest.mark.parametrize(("request_", "key"), PINNED_KEYS[:4], ids=range(4))
+def test_common_requests_are_written_by_orjson(request_, key):
+    assert _key._orjson_canonical(request_) == reference(request_).encode()
+
+
+TRICKY_CHARS = '\x00\x08\x0b\x1f\x7f"\\/\u2028\ufeffé😀\ud800'
+texts = st.text() | st.text(st.characters()) | st.text(st.sampled_from(TRICKY_CHARS))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**65), max_value=2**65)
+    | st.floats()
+    | texts
+)
+
+
+def _containers(children):
+    return st.lists(children) | st.lists(children).map(tuple) | st.dictionaries(texts, children)
+
+
+def _any_keys(children):
+    keys = texts | st.integers() | st.floats() | st.booleans() | st.none()
+    return st.lists(children) | st.dictionaries(keys, children)
+
+
+json_values = st.recursive(scalars, _containers, max_leaves=25)
+checks = settings(max_examples=200, deadline=None, database=None)
+
+
+@checks
+@given(json_values)
+def test_canonical_json_is_json_dumps_for_any_json_value(value):
+    assert outcome(canonical_json, value) == outcome(reference, value)
+
+
+@checks
+@given(json_values)
+def test_request_key_hashes_json_dumps_for_any_json_value(value):
+    assert outcome(request_key, value) == outcome(reference_key, value)
+
+
+@checks
+@given(st.recursive(scalars, _any_keys, max_leaves=20))
+def test_canonical_json_is_json_dumps_whatever_the_dict_keys(value):
+    assert outcome(canonical_json, value) == outcome(reference, value)
