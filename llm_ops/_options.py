@@ -53,6 +53,7 @@ class ClientOptions(TypedDict, total=False):
     tpm: float | None
     flush_every: int
     flush_seconds: float
+    merge_wait: float
 
 
 class ResultOptions(TypedDict, total=False):

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import inspect
-import logging
 import os
 import re
 import sys
@@ -545,9 +544,6 @@ def _sql(args: argparse.Namespace) -> int:
             _merge_journal(cache)  # so that cache.llm_cache holds finished jobs' answers
             stack.callback(_merge_journal, cache)  # this query's, once the cache is detached
             stack.enter_context(cache.attached(con, alias="cache"))
-            quiet, logger = _MergedAfterwards(cache.journal), logging.getLogger("llm_ops")
-            logger.addFilter(quiet)
-            stack.callback(logger.removeFilter, quiet)
         _register_functions(con, args, key, path)
         try:
             result = con.sql(query)
@@ -568,19 +564,6 @@ def _sql(args: argparse.Namespace) -> int:
                 result.write_parquet(str(out))
             print(f"wrote {out}")
     return 0
-
-
-class _MergedAfterwards(logging.Filter):
-    """While this process holds the cache attached read-only, the answers llm_complete gets
-    cannot be merged into it (DuckDB opens a file once per process) and wait in the journal:
-    drop the warning that says so, as ``sql`` merges them itself once the query is done."""
-
-    def __init__(self, journal: Path):
-        super().__init__()
-        self.journal = journal
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.args, tuple) and self.journal in record.args)
 
 
 def _merge_journal(cache: Cache) -> None:
