@@ -408,7 +408,7 @@ _DAMAGE = (
 def _is_damage(exc: BaseException, path: Path) -> bool:
     text = str(exc)
     named = re.search(r'file "([^"]+)"', text)
-    if named and not named.group(1).startswith(str(path)):
+    if named and not os.path.abspath(named.group(1)).startswith(os.path.abspath(path)):
         return False  # another file's damage (say, a job's own work database)
     return any(sign in text.lower() for sign in _DAMAGE)
 

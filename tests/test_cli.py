@@ -189,6 +189,20 @@ def test_cache_merge_exits_1_while_the_file_is_held(job, tmp_path, cache, hold, 
     assert "2 answer(s) still wait in the journal" in capsys.readouterr().err
 
 
+def test_a_damaged_cache_is_one_line_that_says_what_to_do(
+    job, tmp_path, cache, endpoint, capsys, monkeypatch
+):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"])
+    os.truncate(cache, cache.stat().st_size // 2)
+    monkeypatch.chdir(tmp_path)  # the cache named as people type it: DuckDB says it in full
+    endpoint.reset()
+    assert main(["run", *job[:-1], cache.name, "--out", "again.parquet", "--no-progress"]) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("llm-ops: error: the cache cache.duckdb cannot be read: it is damaged")
+    assert "Move it aside" in said and said.count("\n") == 1
+    assert endpoint.stats()["requests"] == 0
+
+
 def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(Exception, match="no input file matches"):
         main(["--debug", "estimate", str(tmp_path / "nope"), "--prompt", "x", "--model", "m"])
