@@ -789,7 +789,7 @@ class Cache:
             files = self._journal_files(table)
             if not self.path.exists() and not files:
                 return schema.empty_table()
-            query = self._table_sql(table, columns)
+            query = self._table_sql(table, columns, files)
             if files:
                 query = f"SELECT DISTINCT ON (key) * FROM ({query})"
             try:
@@ -803,7 +803,8 @@ class Cache:
                     return rows if rows.schema.equals(schema) else rows.cast(schema)
             except (CacheError, duckdb.IOException) as exc:
                 # A journal file merged and removed between listing and reading: list again.
-                if attempt == 2 or "No files found" not in str(exc):
+                gone = ("No files found", "needs at least one file")
+                if attempt == 2 or not any(sign in str(exc) for sign in gone):
                     raise
         raise AssertionError("unreachable")
 
@@ -950,10 +951,13 @@ class Cache:
             ).fetchall()
         return [row[0] for row in rows]
 
-    def _table_sql(self, table: str, columns: Sequence[str]) -> str:
-        """A query over ``table`` and what the journal holds for it."""
+    def _table_sql(
+        self, table: str, columns: Sequence[str], files: Sequence[Path] | None = None
+    ) -> str:
+        """A query over ``table`` and what the journal holds for it (``files``, listed
+        now if not given)."""
         listed = ", ".join(columns)
-        files = self._journal_files(table)
+        files = self._journal_files(table) if files is None else files
         if not self.path.exists():
             return self._journal_sql(table, columns, files)
         if not files:
