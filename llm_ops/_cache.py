@@ -8,9 +8,12 @@ included, and a reader that holds the file locks writers out. So an answer is ne
 straight into the file: every row a job writes is first appended to the journal (see
 :mod:`llm_ops._journal`), which survives a crash of the process, and merged from there into the
 file whenever it is free. A lock can delay that merge, never lose an answer or stop a job:
-lookups read the journal too, and journal files left behind (by a crash, or by a reader that
-held the file until the job ended) are merged on the next open. Merging is idempotent: a key
-already present keeps its first row.
+lookups read the journal too, a job's end waits a while (``merge_wait``) for a reader to let go,
+and journal files left behind (by a crash, or by a reader that held the file past that) are
+merged on the next open or by ``llm-ops cache merge``. Merging is idempotent: a key already
+present keeps its first row. A journal line cut short (a crash, a full disk) is skipped with a
+warning; a full disk or a damaged file stops the job with one :class:`CacheError` that says what
+to do, since waiting does not help there.
 
 The schema only changes through the numbered migrations in :data:`MIGRATIONS`; the versions
 applied are recorded in ``llm_ops_migrations``. All SQL on these tables lives in this module.
@@ -19,24 +22,32 @@ applied are recorded in ``llm_ops_migrations``. All SQL on these tables lives in
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
+import re
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
 import pyarrow as pa
 
-from ._journal import JournalWriter, held
+from ._journal import JournalWriter, finished, held, is_out_of_space, out_of_space
 from .exceptions import CacheError, CacheLockedError, ConfigError
 
+_log = logging.getLogger("llm_ops")
+
 CACHE_ENV = "LLM_OPS_CACHE"
+MERGE_WAIT = 30.0
+"""Seconds the end of a job waits, by default, for a reader holding the cache file to let go,
+so that its answers are in the file (not only in the journal) when it returns."""
 FLUSH_EVERY = 8192
 """Answers per merge from the journal into the file, at most: answers are durable in the
 journal already, and each merge costs 40-130 ms of CPU, which at 1,024 per merge was a fifth
@@ -293,6 +304,34 @@ _COLUMNS: dict[str, dict[str, str]] = {
         "cached_tokens": "BIGINT",
     },
 }
+# The columns a journal line must hold (NOT NULL in its table): a line without them is one a
+# crash or a full disk cut short, or garbage, and is skipped; merging it would fail the merge.
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "llm_cache": ("key", "model", "endpoint", "request", "status"),
+    "llm_embeddings": ("key", "model", "endpoint", "request", "dimensions", "embedding"),
+    "llm_semantic_index": ("key", "scope", "embedding_key"),
+    "llm_batches": ("key", "job_id", "part", "state", "endpoint", "model", "requests"),
+    "llm_batch_requests": ("key", "job_id", "part", "request_key"),
+    "llm_runs": (
+        "run_id",
+        "started_at",
+        "finished_at",
+        "model",
+        "endpoint",
+        "rows",
+        "distinct_requests",
+        "cache_hits",
+        "requests_sent",
+        "retries",
+        "statuses",
+        "prompt_tokens",
+        "completion_tokens",
+        "wall_seconds",
+        "outcome",
+    ),
+}
+_ANSWERS = ("llm_cache", "llm_embeddings")  # the tables whose journal rows are answers
+_JSON = {"llm_cache": ("request", "response_json"), "llm_embeddings": ("request",)}
 _KEYS = {
     "llm_cache": "key",
     "llm_embeddings": "key",
@@ -352,11 +391,108 @@ def _open(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 
 def _is_lock_error(exc: duckdb.Error) -> bool:
-    return "lock" in str(exc).lower()
+    # not just "lock": DuckDB's word for a corrupt block is "block"
+    text = str(exc).lower()
+    return "could not set lock" in text or "conflicting lock" in text
+
+
+_DAMAGE = (
+    "corrupt database file",
+    "corrupt wal file",
+    "could not read enough bytes",
+    "not a valid duckdb database file",
+    "failure while replaying wal",
+)
+
+
+def _is_damage(exc: BaseException, path: Path) -> bool:
+    text = str(exc)
+    named = re.search(r'file "([^"]+)"', text)
+    if named and not os.path.abspath(named.group(1)).startswith(os.path.abspath(path)):
+        return False  # another file's damage (say, a job's own work database)
+    return any(sign in text.lower() for sign in _DAMAGE)
+
+
+def _is_full(exc: BaseException) -> bool:
+    return "no space left on device" in str(exc).lower() or "disk quota exceeded" in str(exc)
+
+
+def _damaged(path: Path, exc: BaseException) -> str:
+    detail = str(exc).split("\n", 1)[0].removeprefix("IO Error: ")
+    return (
+        f"the cache {path} cannot be read: it is damaged or not a DuckDB file ({detail}), and "
+        "no answer is taken from it. Move it aside (with its .wal file, if any) and rerun: a new "
+        "cache is made, the answers its journal holds are merged in, and only what is missing "
+        "is sent; or put back a copy made with llm-ops cache snapshot"
+    )
+
+
+def _fatal(path: Path, exc: BaseException) -> CacheError | None:
+    """The error to stop on when ``exc`` means the file is damaged or its disk is full:
+    waiting for the file does not help then."""
+    if _is_damage(exc, path):
+        return CacheError(_damaged(path, exc))
+    if _is_full(exc):
+        return CacheError(out_of_space(path))
+    return None
 
 
 def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def _lock_of(journal_file: Path) -> Path:
+    """The lock its writer holds while it lives: ``<writer>.lock`` beside the file."""
+    return journal_file.with_name(journal_file.name.split(".", 1)[0] + ".lock")
+
+
+def _read_journal(table: str, files: Sequence[Path], *, filename: bool = False) -> str:
+    spec = ", ".join(
+        f"{_sql_string(name)}: {_sql_string(kind)}" for name, kind in _COLUMNS[table].items()
+    )
+    paths = ", ".join(_sql_string(str(f)) for f in files)
+    return (
+        f"read_json([{paths}], format='newline_delimited', columns={{{spec}}}, "
+        f"ignore_errors=true{', filename=true' if filename else ''})"
+    )
+
+
+def _valid(table: str) -> str:
+    return " AND ".join(f"{name} IS NOT NULL" for name in _REQUIRED[table])
+
+
+def _check_lines(table: str, files: Sequence[Path]) -> None:
+    """Warn, once per file, of lines in journal files of finished writers that cannot be read
+    (a crash or a full disk cuts the last line short; a damaged disk leaves garbage): they are
+    skipped, and the answers they held are sent again; every other line is kept."""
+    sizes = {}
+    for file in files:
+        with contextlib.suppress(OSError):
+            sizes[file] = file.stat().st_size
+    sizes = {file: size for file, size in sizes.items() if (file, size) not in _CHECKED}
+    if not sizes:
+        return
+    query = (
+        f"SELECT filename, count(*) FILTER (WHERE NOT ({_valid(table)})), "
+        f"count(*) FILTER (WHERE {_valid(table)}) "
+        f"FROM {_read_journal(table, list(sizes), filename=True)} GROUP BY filename"
+    )
+    try:
+        with duckdb.connect(config=DUCKDB_CONFIG) as con:
+            counts = con.sql(query).fetchall()
+    except duckdb.Error:
+        return  # a file merged and removed meanwhile: its merge checked it
+    for name, bad, good in counts:
+        if bad:
+            _log.warning(
+                "llm-ops: skipped %d unreadable line(s) of the journal file %s and kept its %d "
+                "other(s); a crash or a full disk leaves such a line, and a rerun sends again "
+                "what it held",
+                bad,
+                name,
+                good,
+            )
+    _CHECKED.update(sizes.items())
 
 
 # Connections of this process are taken one at a time: DuckDB shares one database instance per
@@ -365,6 +501,53 @@ def _sql_string(text: str) -> str:
 _IN_PROCESS = threading.RLock()
 # Files (path, inode) this process has brought up to date: checking on every write costs ms.
 _MIGRATED: set[tuple[Path, int]] = set()
+# Journal files of finished writers (path, size) this process has checked for broken lines.
+_CHECKED: set[tuple[Path, int]] = set()
+_CLOSE_FIRST = 0.5  # seconds :meth:`Cache.settle` tries before it says it waits for a reader
+_WRITERS_AT_ONCE = 256  # finished writers merged in one transaction (each holds a lock open)
+
+
+def _is_answers(file: Path) -> bool:
+    return file.name.rsplit(".", 2)[-2] in _ANSWERS
+
+
+def _lines(files: Iterator[Path] | Sequence[Path]) -> int:
+    """Lines in ``files`` (those gone meanwhile count none)."""
+    count = 0
+    for file in files:
+        with contextlib.suppress(OSError), open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                count += chunk.count(b"\n")
+    return count
+
+
+@dataclass
+class Merged:
+    """What a merge of the journal did.
+
+    Attributes
+    ----------
+    rows
+        Rows taken into each table (keys already there are not counted).
+    files
+        Journal files merged, and deleted.
+    waiting
+        Answers (``llm_cache`` and ``llm_embeddings`` rows) still in journal files of
+        finished jobs, because the cache file stayed held.
+    running
+        Journal files of jobs still running, which merge their own.
+    reason
+        Why some could not be merged, or ``None``.
+    held
+        Whether that is because another process holds the file (waiting may help).
+    """
+
+    rows: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+    waiting: int = 0
+    running: int = 0
+    reason: str | None = None
+    held: bool = False
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
@@ -423,12 +606,14 @@ class Cache:
         flush_every: int = FLUSH_EVERY,
         flush_seconds: float = 2.0,
         lock_timeout: float = 30.0,
+        merge_wait: float = MERGE_WAIT,
     ):
         self.path = Path(path)
         self.journal = self.path.with_name(self.path.name + ".journal")
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
         self.lock_timeout = lock_timeout
+        self.merge_wait = merge_wait
 
     def __repr__(self) -> str:
         return f"Cache({str(self.path)!r})"
@@ -447,9 +632,13 @@ class Cache:
         try:
             self.journal.mkdir(parents=True, exist_ok=True)
             probe = self.journal / f".probe-{uuid.uuid4().hex}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            try:
+                probe.write_bytes(b"{}\n")  # not empty: a full disk takes an empty file
+            finally:
+                probe.unlink(missing_ok=True)
         except OSError as exc:
+            if is_out_of_space(exc):
+                raise CacheError(out_of_space(self.path)) from exc
             raise CacheError(
                 f"cannot use the cache {self.path}: {exc.strerror or exc} "
                 f"({exc.filename or self.journal}); {hint}"
@@ -489,6 +678,9 @@ class Cache:
                 return _open(self.path, read_only=read_only)
             except duckdb.Error as exc:
                 if not _is_lock_error(exc):
+                    fatal = _fatal(self.path, exc)
+                    if fatal is not None:
+                        raise fatal from exc
                     raise CacheError(f"cannot open the cache {self.path}: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise CacheLockedError(
@@ -519,9 +711,12 @@ class Cache:
                     _MIGRATED.add(identity)
                 yield con
             except duckdb.Error as exc:
-                raise CacheError(f"cache {self.path}: {exc}") from exc
+                raise _fatal(self.path, exc) or CacheError(f"cache {self.path}: {exc}") from exc
             finally:
-                con.close()
+                try:
+                    con.close()
+                except duckdb.Error as exc:  # say, a checkpoint on a full disk
+                    raise _fatal(self.path, exc) or CacheError(f"cache {self.path}: {exc}") from exc
 
     @contextmanager
     def attached(self, con: duckdb.DuckDBPyConnection, *, alias: str) -> Iterator[None]:
@@ -534,30 +729,44 @@ class Cache:
                 break
             except duckdb.Error as exc:
                 if not _is_lock_error(exc) or time.monotonic() >= deadline:
+                    fatal = _fatal(self.path, exc)
+                    if fatal is not None:
+                        raise fatal from exc
                     raise CacheError(f"cannot attach the cache {self.path}: {exc}") from exc
                 time.sleep(0.05)
         try:
             yield
+        except duckdb.Error as exc:  # a query over the attached file read a damaged block
+            fatal = _fatal(self.path, exc) if _is_damage(exc, self.path) else None
+            if fatal is None:
+                raise
+            raise fatal from exc
         finally:
             con.execute(f"DETACH {alias}")
 
     # -- reading ------------------------------------------------------------------------------
 
     def _journal_files(self, table: str) -> list[Path]:
+        """The journal files of ``table``; those of finished writers are checked for broken
+        lines (once each)."""
         if not self.journal.is_dir():
             return []
-        return sorted(self.journal.glob(f"*.{table}.jsonl"))
+        files = sorted(self.journal.glob(f"*.{table}.jsonl"))
+        unchecked = []
+        for file in files:
+            with contextlib.suppress(OSError):  # merged and removed meanwhile
+                if (file, file.stat().st_size) not in _CHECKED:
+                    unchecked.append(file)
+        if unchecked:  # a live writer's last line may be half-written: only finished ones
+            gone = {lock for lock in {_lock_of(file) for file in unchecked} if finished(lock)}
+            _check_lines(table, [file for file in unchecked if _lock_of(file) in gone])
+        return files
 
     def _journal_sql(self, table: str, columns: Sequence[str], files: Sequence[Path]) -> str:
-        spec = ", ".join(
-            f"{_sql_string(name)}: {_sql_string(_COLUMNS[table][name])}" for name in _COLUMNS[table]
-        )
-        paths = ", ".join(_sql_string(str(f)) for f in files)
-        # ignore_errors: the last line of a file being appended to may be incomplete
+        # ignore_errors: a line cut short by a crash (or being appended to right now) reads
+        # as nulls, and is skipped with every line that lacks what its table requires
         return (
-            f"SELECT {', '.join(columns)} FROM read_json([{paths}], "
-            f"format='newline_delimited', columns={{{spec}}}, ignore_errors=true) "
-            f"WHERE {_KEYS[table]} IS NOT NULL"
+            f"SELECT {', '.join(columns)} FROM {_read_journal(table, files)} WHERE {_valid(table)}"
         )
 
     def answers_sql(self, alias: str, columns: Sequence[str]) -> str:
@@ -580,7 +789,7 @@ class Cache:
             files = self._journal_files(table)
             if not self.path.exists() and not files:
                 return schema.empty_table()
-            query = self._table_sql(table, columns)
+            query = self._table_sql(table, columns, files)
             if files:
                 query = f"SELECT DISTINCT ON (key) * FROM ({query})"
             try:
@@ -594,7 +803,8 @@ class Cache:
                     return rows if rows.schema.equals(schema) else rows.cast(schema)
             except (CacheError, duckdb.IOException) as exc:
                 # A journal file merged and removed between listing and reading: list again.
-                if attempt == 2 or "No files found" not in str(exc):
+                gone = ("No files found", "needs at least one file")
+                if attempt == 2 or not any(sign in str(exc) for sign in gone):
                     raise
         raise AssertionError("unreachable")
 
@@ -649,18 +859,25 @@ class Cache:
         of ``flush_every``."""
         return JournalWriter(self.journal, merge=self.merge_files, merge_every=self.flush_every)
 
-    def _write(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Write ``rows`` through a writer of their own (journal, then a brief merge)."""
+    def _write(
+        self, table: str, rows: Sequence[Mapping[str, Any]], *, wait: float | None = 2.0
+    ) -> None:
+        """Write ``rows`` through a writer of their own: to the journal, then a brief merge
+        (none with ``wait=None``); what the file does not take waits for the job's end."""
         if not rows:
             return
         writer = self.writer()
         for row in rows:
             writer.add(table, row)
-        writer.close(wait=2.0)
+        writer.close(wait=wait)
 
-    def record_run(self, run: Mapping[str, Any]) -> None:
-        """Append one row to ``llm_runs`` (from a report's fields, those it has columns for)."""
-        self._write("llm_runs", [{name: run.get(name) for name in _COLUMNS["llm_runs"]}])
+    def record_run(self, run: Mapping[str, Any], *, wait: float | None = None) -> int:
+        """Append one row to ``llm_runs`` (from a report's fields, those it has columns for),
+        at a job's end: with it, what the job's writers left in the journal is merged
+        (:meth:`settle`, waiting up to ``wait``, else :attr:`merge_wait`, seconds for a
+        reader to let go of the file). Returns the answers still waiting in the journal."""
+        self._write("llm_runs", [{name: run.get(name) for name in _COLUMNS["llm_runs"]}], wait=None)
+        return self.settle(wait=self.merge_wait if wait is None else wait).waiting
 
     def index_for_similarity(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Make answers findable by the semantic cache: key, scope, embedding_key."""
@@ -734,10 +951,13 @@ class Cache:
             ).fetchall()
         return [row[0] for row in rows]
 
-    def _table_sql(self, table: str, columns: Sequence[str]) -> str:
-        """A query over ``table`` and what the journal holds for it."""
+    def _table_sql(
+        self, table: str, columns: Sequence[str], files: Sequence[Path] | None = None
+    ) -> str:
+        """A query over ``table`` and what the journal holds for it (``files``, listed
+        now if not given)."""
         listed = ", ".join(columns)
-        files = self._journal_files(table)
+        files = self._journal_files(table) if files is None else files
         if not self.path.exists():
             return self._journal_sql(table, columns, files)
         if not files:
@@ -746,48 +966,151 @@ class Cache:
 
     def merge_files(self, files: Sequence[Path], wait: float) -> str | None:
         """Insert journal ``files`` into their tables and delete them; why not (nothing is
-        deleted then) when the file stays locked for ``wait`` seconds or cannot be written."""
+        deleted then) when the file stays locked for ``wait`` seconds or cannot be written.
+        Raises :class:`CacheError` when waiting cannot help: the file is damaged, or its disk
+        is full (the files stay then too)."""
+        merged = self._merge(files, wait)
+        return merged.reason if isinstance(merged, Merged) else None
+
+    def _merge(self, files: Sequence[Path], wait: float) -> dict[str, int] | Merged:
+        """Rows inserted per table, or a :class:`Merged` saying why none were."""
         by_table: dict[str, list[Path]] = {}
         for file in files:
             by_table.setdefault(file.name.rsplit(".", 2)[-2], []).append(file)
         try:
             with self.connect(read_only=False, wait=wait) as con:
-                con.execute("BEGIN TRANSACTION")
-                for table, paths in by_table.items():
-                    present = [p for p in paths if p.exists()]
-                    if not present:
-                        continue
-                    names = list(_COLUMNS[table])
-                    con.execute(
-                        f"INSERT INTO {table} ({', '.join(names)}) "
-                        f"{self._journal_sql(table, names, present)} "
-                        "ON CONFLICT DO NOTHING"
-                    )
-                con.execute("COMMIT")
+                try:
+                    rows = self._insert(con, by_table, strict=False)
+                except duckdb.ConversionException:
+                    # a line whose JSON value is garbage would fail every merge for ever
+                    con.execute("ROLLBACK")
+                    rows = self._insert(con, by_table, strict=True)
         except CacheError as exc:
-            return str(exc)
+            if not isinstance(exc, CacheLockedError) and _fatal(self.path, exc.__cause__ or exc):
+                raise
+            return Merged(reason=str(exc), held=isinstance(exc, CacheLockedError))
         for file in files:
             file.unlink(missing_ok=True)
-        return None
+        return rows
+
+    def _insert(
+        self, con: duckdb.DuckDBPyConnection, by_table: Mapping[str, list[Path]], *, strict: bool
+    ) -> dict[str, int]:
+        """Insert the lines of journal files into their tables, in one transaction; rows
+        inserted per table. ``strict`` also skips (with a warning) lines whose JSON values
+        are not valid JSON: a cost every merge need not pay."""
+        rows: dict[str, int] = {}
+        con.execute("BEGIN TRANSACTION")
+        for table, paths in by_table.items():
+            present = [p for p in paths if p.exists()]
+            if not present:
+                continue
+            names = list(_COLUMNS[table])
+            lines = self._journal_sql(table, names, present)
+            if strict and _JSON.get(table):
+                valid = " AND ".join(f"({c} IS NULL OR json_valid({c}))" for c in _JSON[table])
+                skipped = con.execute(f"SELECT count(*) FROM ({lines}) WHERE NOT ({valid})")
+                count = int(skipped.fetchall()[0][0])
+                if count:
+                    _log.warning(
+                        "llm-ops: skipped %d line(s) of the journal file(s) %s whose %s is not "
+                        "valid JSON; a rerun sends again what they held",
+                        count,
+                        ", ".join(map(str, present)),
+                        " or ".join(_JSON[table]),
+                    )
+                lines = f"SELECT * FROM ({lines}) WHERE {valid}"
+            inserted = con.execute(
+                f"INSERT INTO {table} ({', '.join(names)}) {lines} ON CONFLICT DO NOTHING"
+            ).fetchall()
+            rows[table] = rows.get(table, 0) + int(inserted[0][0])
+        con.execute("COMMIT")
+        return rows
 
     def merge_orphans(self, *, wait: float, directory: Path | None = None) -> int:
         """Merge the journal files of writers that are gone (crashed, or ended while the file
         was held), in the cache's journal or in ``directory`` (where a cluster's workers
         write theirs); returns how many files were merged."""
+        return self._merge_finished(wait=wait, directory=directory).files
+
+    def _merge_finished(self, *, wait: float, directory: Path | None = None) -> Merged:
+        """:meth:`merge_orphans`, in one transaction per :data:`_WRITERS_AT_ONCE` writers,
+        all within ``wait`` seconds."""
         folder = self.journal if directory is None else directory
+        done = Merged()
         if not folder.is_dir():
-            return 0
-        merged = 0
-        writers = {f.name.split(".", 1)[0] for f in folder.glob("*.jsonl")}
-        for writer_id in sorted(writers):
-            lock = folder / f"{writer_id}.lock"
-            with held(lock, blocking=False) as free:
-                if not free:
-                    continue  # a live job: it merges its own files
-                files = sorted(folder.glob(f"{writer_id}.*.jsonl"))
-                if self.merge_files(files, wait) is None:
-                    merged += len(files)
+            return done
+        deadline = time.monotonic() + wait
+        by_writer: dict[str, list[Path]] = {}
+        for file in sorted(folder.glob("*.jsonl")):
+            by_writer.setdefault(file.name.split(".", 1)[0], []).append(file)
+        writers = list(by_writer)
+        for start in range(0, len(writers), _WRITERS_AT_ONCE):
+            with contextlib.ExitStack() as stack:
+                locks, files = [], []
+                for writer_id in writers[start : start + _WRITERS_AT_ONCE]:
+                    lock = folder / f"{writer_id}.lock"
+                    mine = by_writer[writer_id]
+                    if not stack.enter_context(held(lock, blocking=False)):
+                        done.running += len(mine)  # a live job: it merges its own files
+                        continue
+                    locks.append(lock)
+                    files += mine
+                if not files:
+                    continue
+                for table in {f.name.rsplit(".", 2)[-2] for f in files}:
+                    _check_lines(table, [f for f in files if f.name.endswith(f".{table}.jsonl")])
+                merged = self._merge(files, max(0.0, deadline - time.monotonic()))
+                if isinstance(merged, Merged):  # held: count what waits, and stop trying
+                    done.reason, done.held = merged.reason, merged.held
+                    done.waiting += _lines(f for f in files if _is_answers(f))
+                    done.waiting += _lines(
+                        f
+                        for writer_id in writers[start + _WRITERS_AT_ONCE :]
+                        if finished(folder / f"{writer_id}.lock")
+                        for f in by_writer[writer_id]
+                        if _is_answers(f)
+                    )
+                    return done
+                for table, count in merged.items():
+                    done.rows[table] = done.rows.get(table, 0) + count
+                done.files += len(files)
+                for lock in locks:
                     lock.unlink(missing_ok=True)
+        return done
+
+    def settle(self, *, wait: float, warn: bool = True) -> Merged:
+        """Merge what finished writers left in the journal (a job's end: its answers and its
+        run). When the file is held and answers wait, say so and wait up to ``wait`` seconds
+        for it; what is left after that (a warning says so, unless ``warn=False``) is merged
+        by any later job or open, or by ``llm-ops cache merge``, and is read by lookups until
+        then."""
+        merged = self._merge_finished(wait=min(wait, _CLOSE_FIRST))
+        if merged.held and merged.waiting and wait > _CLOSE_FIRST:
+            _log.warning(
+                "llm-ops: waiting up to %.0f s for a reader of %s to let go of it, to merge "
+                "the %d answer(s) waiting in its journal %s",
+                wait,
+                self.path,
+                merged.waiting,
+                self.journal,
+            )
+            rest = self._merge_finished(wait=wait - _CLOSE_FIRST)
+            for table, count in merged.rows.items():
+                rest.rows[table] = rest.rows.get(table, 0) + count
+            rest.files += merged.files
+            merged = rest
+        if merged.waiting and warn:
+            _log.warning(
+                "llm-ops: %d answer(s) wait in the journal %s, not yet in %s, which %s. They "
+                "are cache hits already; `llm-ops cache merge --cache %s` (or any llm-ops job) "
+                "merges them into the file once it is free",
+                merged.waiting,
+                self.journal,
+                self.path,
+                "another process holds" if merged.held else f"refused them ({merged.reason})",
+                self.path,
+            )
         return merged
 
     def adopt(self, directory: Path, *, wait: float) -> None:

@@ -14,7 +14,7 @@ import polars as pl
 
 from ._backend import Backend
 from ._batch import BatchPart, BatchRunner
-from ._cache import FLUSH_EVERY, Cache, resolve_cache_path
+from ._cache import FLUSH_EVERY, MERGE_WAIT, Cache, resolve_cache_path
 from ._embed import embed_frame
 from ._engine import Engine, Outcome, Request
 from ._estimate import Estimate, estimate_frame
@@ -36,7 +36,7 @@ from ._progress import resolve_progress
 from ._report import RunReport
 from ._run import run_frame
 from ._signals import graceful_sigterm
-from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int, seconds
+from ._spec import EmbeddingSpec, Endpoint, Limits, is_number, positive_int, seconds
 from .exceptions import ConfigError
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ class Client:
     ----------
     **options
         ``base_url``, ``api_key``, ``cache``, ``concurrency``, ``max_attempts``, ``timeout``,
-        ``rpm``, ``tpm``, ``flush_every``, ``flush_seconds``: as for
+        ``rpm``, ``tpm``, ``flush_every``, ``flush_seconds``, ``merge_wait``: as for
         :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
 
     Examples
@@ -93,11 +93,16 @@ class Client:
         )
         flush_every = positive_int("flush_every", options.get("flush_every", FLUSH_EVERY))
         flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))
+        merge_wait = options.get("merge_wait", MERGE_WAIT)
+        if not (is_number(merge_wait) and merge_wait == 0):  # 0: do not wait for a reader
+            merge_wait = seconds("merge_wait", merge_wait)
         path = resolve_cache_path(options.get("cache"))
         self.cache = (
             None
             if path is None
-            else Cache(path, flush_every=flush_every, flush_seconds=flush_seconds)
+            else Cache(
+                path, flush_every=flush_every, flush_seconds=flush_seconds, merge_wait=merge_wait
+            )
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

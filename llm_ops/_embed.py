@@ -52,7 +52,9 @@ async def embed_frame(
         cache=backend.cache.path if backend.cache else None,
     )
     if backend.cache is not None:
-        await asyncio.to_thread(backend.cache.record_run, report.as_dict())
+        await asyncio.to_thread(
+            backend.cache.record_run, report.as_dict(), wait=None if done.stopped is None else 2.0
+        )
     if done.stopped is not None:
         raise done.stopped
     if on_error == "raise" and report.failed_rows:

@@ -10,8 +10,9 @@ writer whose lock is free belong to a finished or dead process and may be merged
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
-import logging
 import os
 import socket
 import threading
@@ -32,7 +33,36 @@ it could not (the files then stay), or ``None`` once they are merged and deleted
 JOURNAL_BATCH = 32
 """Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
 killed job loses at most C + 32 answers it had received."""
-_log = logging.getLogger("llm_ops")
+
+
+def is_out_of_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def out_of_space(where: Path) -> str:
+    """What to say when the disk of the cache (or of its journal) is full."""
+    return (
+        f"no space left on the disk of {where}: the answers received until now are kept in the "
+        "cache's journal (a rerun does not send them again); free some space, or point cache= "
+        "(or LLM_OPS_CACHE) at another disk, and rerun: only what is missing is sent"
+    )
+
+
+def finished(lock: Path) -> bool:
+    """Whether the writer of ``lock`` is gone (a crashed or finished job): no one holds it."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 @contextmanager
@@ -56,6 +86,20 @@ def held(path: Path, *, blocking: bool) -> Iterator[bool]:
 
 def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot journal a {type(value).__name__}")
+
+
+def _append(file: Any, data: bytes) -> None:
+    """Append ``data`` whole, or not at all: a write cut short (a full disk) is taken back, so
+    no half-written line is left for the next write to run into."""
+    start = file.seek(0, os.SEEK_END)  # not tell(): a truncation leaves it past the end
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[file.write(view) :]
+    except OSError:
+        with contextlib.suppress(OSError):
+            file.truncate(start)
+        raise
 
 
 class JournalWriter:
@@ -120,10 +164,12 @@ class JournalWriter:
             file = self._files.get(table)
             if file is None:
                 path = self.directory / f"{self.id}.{self._segment:06d}.{table}.jsonl"
-                file = self._files[table] = open(path, "ab")  # noqa: SIM115
-            file.write(b"\n".join(lines) + b"\n")
-            file.flush()  # into the OS: it survives the death of this process
+                # unbuffered: each batch goes to the OS at once, and survives this process
+                file = self._files[table] = open(path, "ab", buffering=0)  # noqa: SIM115
+            _append(file, b"\n".join(lines) + b"\n")
         except OSError as exc:
+            if is_out_of_space(exc):
+                raise CacheError(out_of_space(self.directory)) from exc
             raise CacheError(
                 f"cannot write the cache's journal {self.directory}: {exc.strerror or exc}"
             ) from exc
@@ -131,14 +177,16 @@ class JournalWriter:
 
     def _seal(self) -> list[Path]:
         with self._lock:
-            for table in list(self._buffer):
-                self._write(table)
-            for file in self._files.values():
-                file.close()
-                self._sealed.append(Path(file.name))
-            self._files.clear()
-            self._segment += 1
-            self.unmerged = 0
+            try:
+                for table in list(self._buffer):
+                    self._write(table)
+            finally:  # what was written is sealed even when the rest cannot be
+                for file in self._files.values():
+                    file.close()
+                    self._sealed.append(Path(file.name))
+                self._files.clear()
+                self._segment += 1
+                self.unmerged = 0
             return list(self._sealed)
 
     def merge(self, *, wait: float) -> bool:
@@ -154,22 +202,21 @@ class JournalWriter:
                 self._sealed = [f for f in self._sealed if f not in files]
             return True
 
-    def close(self, *, wait: float) -> None:
-        """Merge what is left, waiting up to ``wait`` seconds for the file; what cannot be
-        merged stays in the journal, is read by lookups, and is merged by the next open."""
+    def close(self, *, wait: float | None) -> bool:
+        """Merge what is left, waiting up to ``wait`` seconds for the file (``None``: leave it
+        to the job's end); ``False`` when some is not merged: it stays in the journal, is read
+        by lookups, and is merged by the job's end (:meth:`~llm_ops.Cache.settle`) or the
+        next open."""
         merged = False
         try:
-            merged = self.merge(wait=wait)
+            if wait is None:
+                self._seal()
+            else:
+                merged = self.merge(wait=wait)
         finally:
             if self._lock_fd is not None:
                 if merged:
                     (self.directory / f"{self.id}.lock").unlink(missing_ok=True)
                 os.close(self._lock_fd)  # from now on, anyone may merge what is left
                 self._lock_fd = None
-        if not merged:
-            _log.warning(
-                "llm-ops: the cache could not take the journal's answers yet (%s); they are "
-                "safe in %s and are merged when the cache is next opened",
-                self.last_error,
-                self.directory,
-            )
+        return merged

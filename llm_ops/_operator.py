@@ -95,6 +95,11 @@ def llm_complete(
         Answers go to the cache's journal at once (at most 32, or ``flush_every``, behind), so
         a killed job keeps what it paid for, and are merged into the DuckDB file once this
         many are pending or this many seconds passed.
+    merge_wait
+        Seconds the end of the job waits for a reader holding the cache file to let go of it
+        (30 by default; 0: no wait), so its answers are in the file when the job returns;
+        what is left waits in the journal (``report.journal_pending``), still cache hits,
+        until ``llm-ops cache merge`` or any later job.
     rpm, tpm
         Requests and tokens per minute to stay under. The endpoint's ``x-ratelimit-*`` headers
         are followed too; the tighter limit wins.

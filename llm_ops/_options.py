@@ -55,6 +55,7 @@ class ClientOptions(TypedDict, total=False):
     max_response_bytes: int
     flush_every: int
     flush_seconds: float
+    merge_wait: float
 
 
 class ResultOptions(TypedDict, total=False):

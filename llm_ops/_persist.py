@@ -17,7 +17,8 @@ from ._engine import STOPS, Outcome, Request
 from ._progress import ProgressCallback, TerminalDisplay, Tracker
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
-CLOSE_WAIT = 2.0  # at the end; what still cannot be merged stays in the journal
+CLOSE_WAIT = 0.5  # at the end of a dispatch; what the file does not take then waits for the
+# job's end, which waits longer (Cache.settle, merge_wait) for all of the job's writers at once
 
 
 class CacheSink:

@@ -106,6 +106,12 @@ class RunReport:
         ``"live"``, or ``"batch"`` when the requests went through the provider's Batch API.
     cache
         The cache file's path (``None``: caching was off); not stored in ``llm_runs``.
+    journal_pending
+        Answers still in the cache's journal when the job ended, not yet in the DuckDB file,
+        because another process (a reader) held it for longer than ``merge_wait``. They are
+        cache hits for every job already; ``llm-ops cache merge`` (or any later job) merges
+        them once the file is free, and other tools see them from then on. Not stored in
+        ``llm_runs``.
     """
 
     run_id: str
@@ -133,6 +139,7 @@ class RunReport:
     models: dict[str, ModelUsage] = field(default_factory=dict)
     mode: str = "live"
     cache: str | None = None
+    journal_pending: int = 0
 
     @property
     def failed_rows(self) -> int:
@@ -197,6 +204,13 @@ class RunReport:
             lines.append(f"  budget stop        {self.budget_stop}")
         if self.error:
             lines.append(f"  error              {self.error}")
+        if self.journal_pending:
+            lines.append(
+                f"  journal            {self.journal_pending:,} answers wait in the journal, not "
+                "yet in the cache file (a reader held it); run `llm-ops cache merge"
+                f"{'' if self.cache is None else ' --cache ' + self.cache}` (or any llm-ops "
+                "job) once the reader closes it"
+            )
         return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 
 import polars as pl
 
@@ -29,7 +30,11 @@ async def run_frame(
         tier = await run_once(frame, job, backend)
         columns, report, stopped = tier.columns, tier.report, tier.stopped
     if record and backend.cache is not None:
-        await asyncio.to_thread(backend.cache.record_run, report.as_dict())
+        # a stopped job ends soon: it tries the file briefly, and leaves the rest in the journal
+        waiting = await asyncio.to_thread(
+            backend.cache.record_run, report.as_dict(), wait=None if stopped is None else 2.0
+        )
+        report = replace(report, journal_pending=waiting)
     if stopped is not None:
         if isinstance(stopped, asyncio.CancelledError | JobInterruptedError):
             kept = "answers so far are cached" if backend.cache else "the cache is off"

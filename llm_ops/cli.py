@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import inspect
-import logging
 import os
 import re
 import sys
@@ -25,7 +24,14 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._cache import CACHE_ENV, DUCKDB_CONFIG, Cache, default_cache_path, resolve_cache_path
+from ._cache import (
+    CACHE_ENV,
+    DUCKDB_CONFIG,
+    MERGE_WAIT,
+    Cache,
+    default_cache_path,
+    resolve_cache_path,
+)
 from ._client import Client
 from ._operator import llm_complete
 from ._options import Options, split_options
@@ -302,6 +308,21 @@ def _parser() -> argparse.ArgumentParser:
         help="rewrite the file to reclaim space",
         description="Rewrite the cache file to reclaim the space of deleted rows.",
     )
+    merge = actions.add_parser(
+        "merge",
+        parents=[cache_path],
+        help="merge answers waiting in the journal into the file",
+        description="Merge into the cache file what finished jobs left in its journal (say, "
+        "because a reader held the file when they ended), so that every tool sees it; jobs "
+        "still running merge their own. Exits 1 when the file stays held.",
+    )
+    merge.add_argument(
+        "--wait",
+        type=float,
+        default=MERGE_WAIT,
+        metavar="SECONDS",
+        help=f"how long to wait for a reader to let go of the file (default {MERGE_WAIT:.0f})",
+    )
     return parser
 
 
@@ -545,9 +566,6 @@ def _sql(args: argparse.Namespace) -> int:
             _merge_journal(cache)  # so that cache.llm_cache holds finished jobs' answers
             stack.callback(_merge_journal, cache)  # this query's, once the cache is detached
             stack.enter_context(cache.attached(con, alias="cache"))
-            quiet, logger = _MergedAfterwards(cache.journal), logging.getLogger("llm_ops")
-            logger.addFilter(quiet)
-            stack.callback(logger.removeFilter, quiet)
         _register_functions(con, args, key, path)
         try:
             result = con.sql(query)
@@ -568,19 +586,6 @@ def _sql(args: argparse.Namespace) -> int:
                 result.write_parquet(str(out))
             print(f"wrote {out}")
     return 0
-
-
-class _MergedAfterwards(logging.Filter):
-    """While this process holds the cache attached read-only, the answers llm_complete gets
-    cannot be merged into it (DuckDB opens a file once per process) and wait in the journal:
-    drop the warning that says so, as ``sql`` merges them itself once the query is done."""
-
-    def __init__(self, journal: Path):
-        super().__init__()
-        self.journal = journal
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.args, tuple) and self.journal in record.args)
 
 
 def _merge_journal(cache: Cache) -> None:
@@ -641,10 +646,38 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(cache: Cache, wait: float) -> int:
+    if wait < 0:
+        raise ConfigError(f"--wait must be 0 or more seconds, got {wait:g}")
+    if not cache.path.exists() and not cache.journal.is_dir():
+        raise ConfigError(
+            f"there is no cache at {cache.path} yet; run a job first, or pass the path "
+            f"of an existing cache (--cache or {CACHE_ENV})"
+        )
+    merged = cache.settle(wait=wait, warn=False)
+    if merged.files:
+        rows = ", ".join(f"{table} {count:,}" for table, count in sorted(merged.rows.items()))
+        print(f"merged {merged.files:,} journal file(s) into {cache.path}: {rows or 'no new rows'}")
+    elif not merged.waiting:
+        print(f"nothing waits in the journal of {cache.path}")
+    if merged.running:
+        print(f"left {merged.running:,} journal file(s) of running jobs to them")
+    if merged.waiting:
+        print(
+            f"llm-ops: {merged.waiting:,} answer(s) still wait in the journal: {cache.path} "
+            "is held by another process; close it and run llm-ops cache merge again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def _cache_command(args: argparse.Namespace) -> int:
     path = resolve_cache_path(args.cache)
     assert path is not None
     cache = Cache(path)
+    if args.action == "merge":
+        return _merge(cache, args.wait)
     if args.action != "snapshot" and not path.exists():
         raise ConfigError(
             f"there is no cache at {path} yet; run a job first, or pass the path "

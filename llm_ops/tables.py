@@ -386,7 +386,7 @@ class Table:
             tallies=written.tallies,
             counters=counters,
         )
-        self.cache.record_run(report.as_dict())
+        report = replace(report, journal_pending=self.cache.record_run(report.as_dict()))
         shutil.rmtree(self.work_dir, ignore_errors=True)
         return report
 
@@ -428,7 +428,8 @@ class Table:
             model=" > ".join(self.job.models),
             wall_seconds=time.perf_counter() - clock,
         )
-        self.cache.record_run(total.as_dict())
+        waiting = self.cache.record_run(total.as_dict(), wait=None if stopped is None else 2.0)
+        total = replace(total, journal_pending=waiting)
         if stopped is not None:
             raise stopped
         partial.replace(self.output)

@@ -221,3 +221,48 @@ def llama() -> Iterator[LlamaServer]:
 def llama_embed() -> Iterator[LlamaServer]:
     """llama.cpp serving 64-dimensional embeddings; inputs over 512 tokens fail with a 500."""
     yield from _llama("tiny-embed", "--embeddings", "--pooling", "mean")
+
+
+_HOLD = """
+import sys, duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+class Reader:
+    """Another process holding a DuckDB file open read-only, as the DuckDB CLI would: no
+    one can write the file until :meth:`release`."""
+
+    def __init__(self, path: Path):
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _HOLD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline() == "holding\n"
+
+    def release(self) -> None:
+        if self.process.poll() is None:
+            self.process.communicate("")
+
+
+@pytest.fixture
+def hold() -> Iterator[Callable[[Path], Reader]]:
+    """``reader = hold(path)``: a reader holding ``path`` until ``reader.release()`` (or the
+    end of the test)."""
+    readers: list[Reader] = []
+
+    def start(path: Path) -> Reader:
+        readers.append(Reader(path))
+        return readers[-1]
+
+    yield start
+    for reader in readers:
+        reader.release()

@@ -28,6 +28,7 @@ COMMANDS = [
     ["cache", "prune"],
     ["cache", "snapshot"],
     ["cache", "vacuum"],
+    ["cache", "merge"],
 ]
 
 
@@ -147,6 +148,59 @@ def test_cache_snapshot_is_a_copy_to_hold_open(job, tmp_path, cache, capsys):
     assert main(["cache", "--cache", str(cache), "snapshot", str(tmp_path / "copy.duckdb")]) == 0
     with duckdb.connect(str(tmp_path / "copy.duckdb"), read_only=True) as copy:
         assert copy.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
+
+
+def _answered_while_held(job, tmp_path, cache, hold) -> None:
+    """Run a job, then another whose 2 answers stay in the journal (a reader holds the file
+    until it ends)."""
+    main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"])
+    reader = hold(cache)
+    titles = [*job[:2], "Title: {text}", *job[3:]]
+    out = tmp_path / "titles.parquet"
+    main(["run", *titles, "--out", str(out), "--no-progress", "--merge-wait", "0.1"])
+    reader.release()
+    with duckdb.connect(str(cache), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
+
+
+def test_run_says_when_answers_wait_in_the_journal(job, tmp_path, cache, hold, capsys):
+    _answered_while_held(job, tmp_path, cache, hold)
+    said = capsys.readouterr().out
+    assert "2 answers wait in the journal" in said
+    assert f"run `llm-ops cache merge --cache {cache}`" in said
+
+
+def test_cache_merge_merges_what_jobs_left_in_the_journal(job, tmp_path, cache, hold, capsys):
+    _answered_while_held(job, tmp_path, cache, hold)
+    capsys.readouterr()
+    assert main(["cache", "merge", "--cache", str(cache)]) == 0
+    assert "llm_cache 2, llm_runs 1" in capsys.readouterr().out
+    with duckdb.connect(str(cache), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(4,)]
+    assert main(["cache", "merge", "--cache", str(cache)]) == 0
+    assert "nothing waits in the journal" in capsys.readouterr().out
+
+
+def test_cache_merge_exits_1_while_the_file_is_held(job, tmp_path, cache, hold, capsys):
+    _answered_while_held(job, tmp_path, cache, hold)
+    hold(cache)
+    capsys.readouterr()
+    assert main(["cache", "merge", "--cache", str(cache), "--wait", "0.1"]) == 1
+    assert "2 answer(s) still wait in the journal" in capsys.readouterr().err
+
+
+def test_a_damaged_cache_is_one_line_that_says_what_to_do(
+    job, tmp_path, cache, endpoint, capsys, monkeypatch
+):
+    main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"])
+    os.truncate(cache, cache.stat().st_size // 2)
+    monkeypatch.chdir(tmp_path)  # the cache named as people type it: DuckDB says it in full
+    endpoint.reset()
+    assert main(["run", *job[:-1], cache.name, "--out", "again.parquet", "--no-progress"]) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("llm-ops: error: the cache cache.duckdb cannot be read: it is damaged")
+    assert "Move it aside" in said and said.count("\n") == 1
+    assert endpoint.stats()["requests"] == 0
 
 
 def test_debug_shows_the_traceback(tmp_path):

@@ -76,7 +76,9 @@ def test_a_reader_holding_the_file_costs_no_answer_and_no_job(complete, endpoint
     ROWS.head(1).pipe(complete, prompt="{text}")  # the file exists, so a reader can hold it
     reader = _hold(cache)
     try:
-        out = ROWS.pipe(complete, prompt="{text}", flush_every=16, flush_seconds=0.1)
+        out = ROWS.pipe(
+            complete, prompt="{text}", flush_every=16, flush_seconds=0.1, merge_wait=0.1
+        )
     finally:
         reader.communicate("")
     assert out["completion_status"].to_list() == ["cached"] + ["ok"] * 199
@@ -91,9 +93,9 @@ def test_answers_in_the_journal_are_cache_hits_before_they_are_merged(complete, 
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = _hold(cache)
     try:
-        ROWS.pipe(complete, prompt="{text}")
+        ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
         endpoint.reset()
-        again = ROWS.pipe(complete, prompt="{text}")
+        again = ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
     finally:
         reader.communicate("")
     assert again["completion_status"].to_list() == ["cached"] * 200
@@ -194,7 +196,7 @@ def test_a_snapshot_holds_what_the_journal_holds(complete, cache, tmp_path):
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = _hold(cache)
     try:
-        ROWS.pipe(complete, prompt="{text}")
+        ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
         Cache(cache).snapshot(tmp_path / "copy.duckdb")
     finally:
         reader.communicate("")
