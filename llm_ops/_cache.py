@@ -45,6 +45,9 @@ from .exceptions import CacheError, CacheLockedError, ConfigError
 _log = logging.getLogger("llm_ops")
 
 CACHE_ENV = "LLM_OPS_CACHE"
+LIST_ATTEMPTS = 10
+"""Lookups list the journal, then read it: a file merged (or, on a cluster, moved into the
+cache's journal) in between is listed again, this many times at most."""
 MERGE_WAIT = 30.0
 """Seconds the end of a job waits, by default, for a reader holding the cache file to let go,
 so that its answers are in the file (not only in the journal) when it returns."""
@@ -785,7 +788,7 @@ class Cache:
 
     def _rows_for_keys(self, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
         columns = list(schema.names)
-        for attempt in range(3):
+        for attempt in range(LIST_ATTEMPTS):
             files = self._journal_files(table)
             if not self.path.exists() and not files:
                 return schema.empty_table()
@@ -804,8 +807,9 @@ class Cache:
             except (CacheError, duckdb.IOException) as exc:
                 # A journal file merged and removed between listing and reading: list again.
                 gone = ("No files found", "needs at least one file")
-                if attempt == 2 or not any(sign in str(exc) for sign in gone):
+                if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
                     raise
+                time.sleep(0.01 * random.uniform(0.5, 1.5))
         raise AssertionError("unreachable")
 
     @contextmanager
