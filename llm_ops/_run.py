@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 
 import polars as pl
 
@@ -17,11 +18,18 @@ from .exceptions import JobInterruptedError
 
 
 async def run_frame(
-    frame: pl.DataFrame, job: Job, backend: Backend, *, record: bool = True
+    frame: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    record: bool = True,
+    on_report: Callable[[RunReport], None] | None = None,
 ) -> tuple[pl.DataFrame, RunReport]:
     """The whole pipeline over one in-memory frame; returns the added columns and the report.
 
-    ``record=False`` leaves ``llm_runs`` alone (the SQL functions run once per vector).
+    ``record=False`` leaves ``llm_runs`` alone (the SQL functions run once per vector);
+    ``on_report`` gets the report before anything is raised (the ``llm`` expressions add up
+    their batches' reports and record them together).
     """
     if job.cascade is not None:
         columns, report, stopped = await run_cascade(frame, job, backend)
@@ -30,6 +38,8 @@ async def run_frame(
         columns, report, stopped = tier.columns, tier.report, tier.stopped
     if record and backend.cache is not None:
         await asyncio.to_thread(backend.cache.record_run, report.as_dict())
+    if on_report is not None:
+        on_report(report)
     if stopped is not None:
         if isinstance(stopped, asyncio.CancelledError | JobInterruptedError):
             kept = "answers so far are cached" if backend.cache else "the cache is off"
