@@ -8,7 +8,7 @@ expression can ask a model::
 Each expression is a batch function (``map_batches(..., is_elementwise=True)``): Polars hands
 it the whole column of an eager frame, or one batch at a time on the streaming engine, and each
 batch runs through the same pipeline, client and cache keys as :func:`llm_ops.llm_complete`
-(plan, dedupe, cache lookup, dispatch, join back). Batches of one expression run one after the
+(plan, dedupe, cache lookup, dispatch, join back). Batches on one client run one after the
 other, so a value repeated in a later batch is answered by the cache (or, with ``cache=False``,
 by what the expression remembers of its earlier batches): one request per distinct value.
 
@@ -745,10 +745,17 @@ class Completions(Batches):
         )
 
     def prepare(self, values: pl.Series) -> tuple[pl.DataFrame, Job]:
+        reserved = self.job.columns.names
         if isinstance(values.dtype, pl.Struct):
             frame, key, name = values.struct.unnest(), None, ""
+            taken = [field for field in frame.columns if field in reserved]
+            if taken:
+                raise ConfigError(
+                    f"{self.what}: the struct's field {taken[0]!r} is a name the answer's "
+                    f"columns use ({', '.join(reserved)}); rename it inside the struct, e.g. "
+                    f"pl.struct(pl.col({taken[0]!r}).alias('{taken[0]}_'), ...)"
+                )
         else:
-            reserved = Columns(str(self.options.get("output"))).names
             name = value_name(values.name, reserved)
             frame, key = values.alias(name).to_frame(), name
         job = self._jobs.get(key)
