@@ -12,13 +12,15 @@ from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
 from ._estimate import Estimate
+from ._expr import ExprOptions, LlmNamespace, last_report
 from ._key import canonical_json, request_key
 from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
-from ._options import CallOptions, ClientOptions, EmbedOptions, Options
+from ._options import CallOptions, ClientOptions, EmbedOptions, Options, RequestOptions
 from ._pricing import PRICES, Price
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._semantic import SemanticCache
+from ._semantic_ops import llm_classify, llm_extract, llm_filter
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from .exceptions import (
@@ -51,14 +53,17 @@ __all__ = [
     "ConfigError",
     "EmbedOptions",
     "Estimate",
+    "ExprOptions",
     "JobAbortedError",
     "JobInterruptedError",
+    "LlmNamespace",
     "LlmOpsError",
     "MissingApiKeyError",
     "ModelUsage",
     "Options",
     "Price",
     "Progress",
+    "RequestOptions",
     "RowsFailedError",
     "RunReport",
     "Saving",
@@ -69,9 +74,13 @@ __all__ = [
     "confidence_below",
     "default_cache_path",
     "estimate",
+    "last_report",
+    "llm_classify",
     "llm_complete",
     "llm_complete_async",
     "llm_embed",
+    "llm_extract",
+    "llm_filter",
     "open_cache",
     "request_key",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import polars as pl
@@ -12,7 +13,7 @@ from ._backend import Backend
 from ._join import raise_failed_rows, status_and_error, status_counts
 from ._options import Columns
 from ._progress import ProgressCallback
-from ._report import make_report
+from ._report import RunReport, make_report
 from ._spec import EmbeddingSpec
 from ._vectors import distinct_texts, embed_distinct
 from .exceptions import ConfigError
@@ -28,8 +29,10 @@ async def embed_frame(
     batch_size: int,
     on_error: str,
     progress: ProgressCallback | None,
+    on_report: Callable[[RunReport], None] | None = None,
 ) -> pl.DataFrame:
-    """The vector, status and error columns for ``column`` of ``frame``; the run is recorded."""
+    """The vector, status and error columns for ``column`` of ``frame``; the run is recorded
+    in ``llm_runs``, or given to ``on_report`` instead (before anything is raised)."""
     started_at, clock = datetime.now(UTC), time.perf_counter()
     row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, column, spec)
     done = await embed_distinct(
@@ -51,7 +54,9 @@ async def embed_frame(
         stopped=done.stopped,
         cache=backend.cache.path if backend.cache else None,
     )
-    if backend.cache is not None:
+    if on_report is not None:
+        on_report(report)
+    elif backend.cache is not None:
         await asyncio.to_thread(
             backend.cache.record_run, report.as_dict(), wait=None if done.stopped is None else 2.0
         )

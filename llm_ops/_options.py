@@ -65,10 +65,10 @@ class ResultOptions(TypedDict, total=False):
     progress: ProgressOption
 
 
-class CallOptions(ResultOptions, total=False):
-    """What one completion call says besides its prompt and model."""
+class RequestOptions(ResultOptions, total=False):
+    """What one completion call says besides its prompt, model and output column: what the
+    ``llm`` expression namespace takes too (where the output is the expression's name)."""
 
-    output: str
     system: str | None
     max_tokens: int | None
     temperature: float | None
@@ -91,6 +91,12 @@ class CallOptions(ResultOptions, total=False):
     batch_max_bytes: int
     batch_poll_seconds: float
     send_order: SendOrder
+
+
+class CallOptions(RequestOptions, total=False):
+    """What one completion call says besides its prompt and model."""
+
+    output: str
 
 
 class Options(ClientOptions, CallOptions, total=False):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import polars as pl
@@ -18,11 +19,18 @@ from .exceptions import JobInterruptedError
 
 
 async def run_frame(
-    frame: pl.DataFrame, job: Job, backend: Backend, *, record: bool = True
+    frame: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    record: bool = True,
+    on_report: Callable[[RunReport], None] | None = None,
 ) -> tuple[pl.DataFrame, RunReport]:
     """The whole pipeline over one in-memory frame; returns the added columns and the report.
 
-    ``record=False`` leaves ``llm_runs`` alone (the SQL functions run once per vector).
+    ``record=False`` leaves ``llm_runs`` alone (the SQL functions run once per vector);
+    ``on_report`` gets the report before anything is raised (the ``llm`` expressions add up
+    their batches' reports and record them together).
     """
     if job.cascade is not None:
         columns, report, stopped = await run_cascade(frame, job, backend)
@@ -35,6 +43,8 @@ async def run_frame(
             backend.cache.record_run, report.as_dict(), wait=None if stopped is None else 2.0
         )
         report = replace(report, journal_pending=waiting)
+    if on_report is not None:
+        on_report(report)
     if stopped is not None:
         if isinstance(stopped, asyncio.CancelledError | JobInterruptedError):
             kept = "answers so far are cached" if backend.cache else "the cache is off"

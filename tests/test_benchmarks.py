@@ -86,3 +86,17 @@ def test_batch_benchmark_prints_live_and_batch_side_by_side() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| llm_ops, batch | 200 | 200 | 1 |" in done.stdout
     assert "| 200 | 0.50x |" in done.stdout
+
+
+def test_streaming_benchmark_sends_each_distinct_prompt_once_at_every_size() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "streaming.py"), "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| `.llm.complete` | 20,000 | 500 | 500 | 1.00 | 20,000 | 0 |" in done.stdout
+    assert "| `.llm.complete` | 100,000 | 500 | 500 | 1.00 | 100,000 | 0 |" in done.stdout

@@ -200,3 +200,23 @@ def test_the_prefect_flow_enriches_a_file(prefect, llama, reviews, tmp_path, cac
     assert statuses[1] == "skipped"
     assert set(statuses[:1] + statuses[2:]) <= {"ok", "truncated"}
     assert (report["distinct_requests"], report["requests_sent"]) == (3, 3)
+
+
+def test_a_classify_expression_gets_only_the_labels_from_the_servers_grammar(llama, cache):
+    import llm_ops
+
+    labels = ["clothing", "colour"]
+    asked = pl.col("text").llm.classify(
+        labels,
+        output="struct",
+        model=llama.model,
+        base_url=llama.base_url,
+        cache=cache,
+        max_tokens=32,
+        concurrency=4,
+        progress=False,
+    )
+    out = pl.DataFrame({"text": TEXTS}).lazy().select(asked).collect().unnest("text")
+    assert set(out["status"]) <= {"ok", "cached"}, out["error"].to_list()  # cached: a batch on
+    assert out.schema["answer"] == pl.Enum(labels) and out["answer"].null_count() == 0
+    assert llm_ops.last_report().requests_sent == 3  # one per distinct text

@@ -17,8 +17,9 @@ Per-request behaviour is set by directives inside the user message:
 ``[[sim:error_in_200=1]]``
     answer HTTP 200 with both ``choices`` and an ``error`` object (with ``fail_times``, only
     the first times)
-``[[sim:invalid=json]]`` / ``[[sim:invalid=schema]]``
-    with a ``json_schema`` response format: answer prose, or an object missing its fields
+``[[sim:invalid=json]]`` / ``[[sim:invalid=schema]]`` / ``[[sim:invalid=enum]]``
+    with a ``json_schema`` response format: answer prose, an object missing its fields, or
+    choices outside a field's ``enum`` (as a model that ignores the schema would)
 ``[[sim:fail_for=sim-small]]``
     these models (comma-separated) refuse the prompt with HTTP 400; others answer it
 ``[[sim:unsure_for=sim-small]]``
@@ -340,7 +341,7 @@ def structured_reply(
     Strings are the first three words of the last user message, numbers and choices come from
     a digest of the messages, arrays hold two items; a number field named ``confidence`` is
     0.9, or 0.2 when ``unsure``. ``broken="json"`` answers prose instead of JSON,
-    ``broken="schema"`` an empty object.
+    ``broken="schema"`` an empty object, ``broken="enum"`` a choice no ``enum`` lists.
     """
     if broken == "json":
         return "Sure! Here is the JSON you asked for."
@@ -348,7 +349,7 @@ def structured_reply(
         return "{}"
     words = _user_text(messages).split()[:3]
     number = int(_digest(messages)[:8], 16)
-    answer = _instance(schema, schema, " ".join(words) or "text", number)
+    answer = _instance(schema, schema, " ".join(words) or "text", number, broken == "enum")
     if (
         isinstance(answer, dict)
         and schema.get("properties", {}).get("confidence", {}).get("type") == "number"
@@ -357,7 +358,9 @@ def structured_reply(
     return json.dumps(answer)
 
 
-def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int) -> Any:
+def _instance(
+    node: dict[str, Any], root: dict[str, Any], text: str, number: int, off_enum: bool = False
+) -> Any:
     while "$ref" in node:
         target: Any = root
         for part in node["$ref"][2:].split("/"):
@@ -366,19 +369,21 @@ def _instance(node: dict[str, Any], root: dict[str, Any], text: str, number: int
     options = node.get("anyOf") or node.get("oneOf")
     if options:
         usable = [o for o in options if o.get("type") != "null"] or options
-        return _instance(usable[0], root, text, number)
+        return _instance(usable[0], root, text, number, off_enum)
     kind = node.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if "enum" in node:
-        return node["enum"][number % len(node["enum"])]
+        return "none of these" if off_enum else node["enum"][number % len(node["enum"])]
     if kind == "object":
         return {
-            name: _instance(sub, root, text, number)
+            name: _instance(sub, root, text, number, off_enum)
             for name, sub in (node.get("properties") or {}).items()
         }
     if kind == "array":
-        return [_instance(node.get("items", {}), root, text, number + i) for i in range(2)]
+        return [
+            _instance(node.get("items", {}), root, text, number + i, off_enum) for i in range(2)
+        ]
     if kind == "integer":
         return number % 100
     if kind == "number":
