@@ -59,6 +59,8 @@ FINISHED = frozenset({"stop", "tool_calls", "function_call"})
 ``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
 finish and is retried."""
 CONNECT_FAILURES_TO_ABORT = 16  # attempts in a row that could not connect, once connected
+REFUSAL_ROUND_TRIPS = 4  # a refusal comes back within so many /models round trips
+REFUSAL_FLOOR = 0.05  # seconds, at least: a local server answers /models in a millisecond
 LONG_WAITS_TO_ABORT = 8  # answers in a row asking for a wait over max_retry_after
 ANNOUNCED_PAUSE = 5.0  # seconds of Retry-After from which a pause is logged
 MAX_TOKENS_BELIEVED = 2**31 - 1
@@ -386,6 +388,9 @@ class Engine:
         # quota or an unreachable endpoint then costs one request, not a wave of them.
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
+        # How long a refusal takes to come back: a few times what /models took to answer.
+        # A first request still unanswered after that was accepted and is being answered.
+        self.refusal_seconds: float | None = None
         self.connect_failures = 0  # attempts in a row that could not connect
         self.long_waits = 0  # answers in a row that asked for a wait over max_retry_after
         self._announced_until = 0.0  # the end of the last pause logged
@@ -450,17 +455,22 @@ class Engine:
     async def _models_at(self, url: URL) -> tuple[int | None, frozenset[str]]:
         """The HTTP status of ``GET url`` and the model ids it lists."""
         try:
+            started = time.perf_counter()
             answer = await self.http.get(
                 url,
                 timeout=min(self.limits.timeout, 10.0),
                 max_bytes=self.limits.max_response_bytes,
             )
             body = orjson.loads(answer.body) if answer.status == 200 else {}
-            return answer.status, frozenset(
+            listed = frozenset(
                 str(item["id"])
                 for item in body.get("data", ())
                 if isinstance(item, dict) and "id" in item
             )
+            if listed:  # it answered, and took the credentials
+                took = time.perf_counter() - started
+                self.refusal_seconds = max(REFUSAL_FLOOR, REFUSAL_ROUND_TRIPS * took)
+            return answer.status, listed
         except (TransportError, ValueError, AttributeError, TypeError):
             # A failure here is the first request's to report, with its own message.
             return None, frozenset()
@@ -728,13 +738,27 @@ class Dispatcher:
     ) -> Outcome:
         body = orjson.dumps(self._body(request, messages))
         engine = self.engine
-        if not engine.connected.is_set():
-            async with engine.alone:
-                if self._aborted is not None:
-                    raise _Final("aborted", str(self._aborted))
-                if not engine.connected.is_set():
-                    return await self._send(request, body, estimate)
-        return await self._send(request, body, estimate)
+        if engine.connected.is_set():
+            return await self._send(request, body, estimate)
+        async with engine.alone:
+            if self._aborted is not None:
+                raise _Final("aborted", str(self._aborted))
+            if engine.connected.is_set():
+                first = None
+            else:
+                first = asyncio.ensure_future(self._send(request, body, estimate))
+                if engine.refusal_seconds is not None:
+                    try:
+                        await asyncio.wait((first,), timeout=engine.refusal_seconds)
+                    except asyncio.CancelledError:
+                        first.cancel()  # wait() leaves what it waits for running
+                        raise
+                if first.done() or engine.refusal_seconds is None:
+                    return await first
+                # Not refused as fast as a refusal comes back: the others may go now, while
+                # this one is being answered.
+                engine.connected.set()
+        return await (self._send(request, body, estimate) if first is None else first)
 
     async def _send(self, request: Request, body: bytes, estimate: int) -> Outcome:
         engine = self.engine

@@ -70,6 +70,18 @@ def test_a_request_larger_than_the_token_budget_fails_at_once(complete, endpoint
     assert endpoint.stats()["requests"] == 0
 
 
+def test_a_slow_first_answer_does_not_hold_the_other_requests_back(complete, endpoint):
+    endpoint.configure(latency=0.5)
+    _rows(8).pipe(complete, prompt="{text}", concurrency=8)
+    assert endpoint.stats()["max_in_flight"] == 8  # the first was not refused in time: sent
+
+
+def test_an_endpoint_without_a_model_list_gets_one_request_first(complete, endpoint):
+    endpoint.configure(latency=0.2, models=())
+    _rows(8).pipe(complete, prompt="{text}", concurrency=8)
+    assert endpoint.stats()["max_in_flight"] == 7  # the first, then the seven others
+
+
 def test_insufficient_quota_stops_the_job(complete, endpoint):
     endpoint.configure(insufficient_quota=True)
     with pytest.raises(JobAbortedError, match="out of quota"):
