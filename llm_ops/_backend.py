@@ -10,7 +10,13 @@ from ._engine import Engine
 
 @dataclass(frozen=True)
 class Backend:
-    """The client's engine (on the client's event loop) and its cache, if any."""
+    """The client's engine (on the client's event loop) and its cache, if any.
+
+    ``settles``: the job merges its writers' journal files into the cache at its end, with
+    its run record, in one transaction (:meth:`~llm_ops.Cache.settle`), so a dispatch ending
+    before then need not merge its own.
+    """
 
     engine: Engine
     cache: Cache | None
+    settles: bool = False

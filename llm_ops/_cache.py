@@ -39,7 +39,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from ._journal import JournalWriter, finished, held, is_out_of_space, out_of_space
+from ._journal import WHOLE, JournalWriter, finished, held, is_out_of_space, out_of_space
 from .exceptions import CacheError, CacheLockedError, ConfigError
 
 _log = logging.getLogger("llm_ops")
@@ -504,8 +504,9 @@ def _check_lines(table: str, files: Sequence[Path]) -> None:
 _IN_PROCESS = threading.RLock()
 # Files (path, inode) this process has brought up to date: checking on every write costs ms.
 _MIGRATED: set[tuple[Path, int]] = set()
-# Journal files of finished writers (path, size) this process has checked for broken lines.
-_CHECKED: set[tuple[Path, int]] = set()
+# Journal files of finished writers (path, size) this process has checked for broken lines,
+# or wrote whole itself.
+_CHECKED = WHOLE
 _CLOSE_FIRST = 0.5  # seconds :meth:`Cache.settle` tries before it says it waits for a reader
 _WRITERS_AT_ONCE = 256  # finished writers merged in one transaction (each holds a lock open)
 

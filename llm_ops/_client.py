@@ -389,11 +389,16 @@ class Client:
     async def _backend(self) -> Backend:
         """The engine (made on this client's loop, once) and the cache, made ready to use
         before anything is paid for."""
-        if self._engine is None:
-            limiter = None if self._limiter is None else self._limiter(self.limits)
-            self._engine = Engine(self.endpoint, self.limits, limiter)
-        if self.cache is not None:
-            await asyncio.to_thread(self.cache.prepare)
+        # the cache's file work (DuckDB, off the GIL) overlaps the engine's first imports
+        loop = asyncio.get_running_loop()
+        prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
+        try:
+            if self._engine is None:
+                limiter = None if self._limiter is None else self._limiter(self.limits)
+                self._engine = Engine(self.endpoint, self.limits, limiter)
+        finally:
+            if prepared is not None:
+                await prepared
         return Backend(self._engine, self.cache)
 
     async def _check_models(self, models: Sequence[str]) -> None:

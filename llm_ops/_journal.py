@@ -30,6 +30,10 @@ Merge = Callable[[Sequence[Path], float], str | None]
 """Merge journal files into the database, waiting up to so many seconds for it; returns why
 it could not (the files then stay), or ``None`` once they are merged and deleted."""
 
+WHOLE: set[tuple[Path, int]] = set()
+"""Journal files (path, size) known to hold only whole lines: sealed by a writer of this
+process, or checked (see :func:`llm_ops._cache.Cache.merge_orphans`)."""
+
 JOURNAL_BATCH = 32
 """Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
 killed job loses at most C + 32 answers it had received."""
@@ -177,13 +181,19 @@ class JournalWriter:
 
     def _seal(self) -> list[Path]:
         with self._lock:
+            whole = False
             try:
                 for table in list(self._buffer):
                     self._write(table)
+                whole = True
             finally:  # what was written is sealed even when the rest cannot be
                 for file in self._files.values():
                     file.close()
-                    self._sealed.append(Path(file.name))
+                    path = Path(file.name)
+                    self._sealed.append(path)
+                    if whole:  # every line of it written in full: no merge needs to check it
+                        with contextlib.suppress(OSError):
+                            WHOLE.add((path, path.stat().st_size))
                 self._files.clear()
                 self._segment += 1
                 self.unmerged = 0

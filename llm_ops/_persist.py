@@ -24,8 +24,9 @@ CLOSE_WAIT = 0.5  # at the end of a dispatch; what the file does not take then w
 class CacheSink:
     """The cache writer of one dispatch, driven from its event loop."""
 
-    def __init__(self, cache: Cache):
+    def __init__(self, cache: Cache, *, merge_at_close: bool = True):
         self.writer = cache.writer()
+        self.merge_at_close = merge_at_close
         self.merge_every = cache.flush_every
         self.merge_seconds = cache.flush_seconds
         self._merge: asyncio.Future[bool] | None = None
@@ -64,7 +65,8 @@ class CacheSink:
             if self._merge is not None:
                 await self._merge
         finally:
-            await asyncio.to_thread(self.writer.close, wait=CLOSE_WAIT)
+            wait = CLOSE_WAIT if self.merge_at_close else None  # None: sealed for the job's end
+            await asyncio.to_thread(self.writer.close, wait=wait)
 
 
 class Sender(Protocol):

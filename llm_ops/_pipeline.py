@@ -49,7 +49,11 @@ class AnswerSink:
         self.model = job.spec.model
         self.endpoint = job.spec.endpoint
         self.outcomes: list[Outcome] = []
-        self.cache = None if backend.cache is None else CacheSink(backend.cache)
+        self.cache = (
+            None
+            if backend.cache is None
+            else CacheSink(backend.cache, merge_at_close=not backend.settles)
+        )
         self.claims = (
             Claims(backend.cache.journal, self.cache.writer.id)
             if claim and self.cache is not None and backend.cache is not None

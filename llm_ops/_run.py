@@ -32,6 +32,8 @@ async def run_frame(
     ``on_report`` gets the report before anything is raised (the ``llm`` expressions add up
     their batches' reports and record them together).
     """
+    if record and backend.cache is not None:
+        backend = replace(backend, settles=True)  # one merge at the end, with the run record
     if job.cascade is not None:
         columns, report, stopped = await run_cascade(frame, job, backend)
     else:

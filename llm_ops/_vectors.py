@@ -91,7 +91,11 @@ async def embed_distinct(
         phase="embedding",
     )
     answered: list[tuple[str, list[float] | None, str, str | None]] = []
-    sink = None if backend.cache is None else CacheSink(backend.cache)
+    sink = (
+        None
+        if backend.cache is None
+        else CacheSink(backend.cache, merge_at_close=not backend.settles)
+    )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for batch, result in outcome.items or [(request, outcome)]:  # split batches: halves
