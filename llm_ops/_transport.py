@@ -23,6 +23,7 @@ We decompress ourselves, a chunk at a time, so the bound holds for the inflated 
 
 from __future__ import annotations
 
+import functools
 import urllib.request
 import zlib
 from collections.abc import Mapping
@@ -89,14 +90,15 @@ class Transport:
         return self._session
 
     async def post(self, url: URL, body: bytes, *, timeout: float, max_bytes: int) -> Answer:
-        return await self._request("POST", url, body, timeout, max_bytes)
+        return await self.request("POST", url, body, timeout, max_bytes)
 
     async def get(self, url: URL, *, timeout: float, max_bytes: int) -> Answer:
-        return await self._request("GET", url, None, timeout, max_bytes)
+        return await self.request("GET", url, None, timeout, max_bytes)
 
-    async def _request(
+    async def request(
         self, method: str, url: URL, body: bytes | None, timeout: float, max_bytes: int
     ) -> Answer:
+        """One attempt: its answer, its body read to at most ``max_bytes``."""
         session = self._open()
         try:
             async with session.request(
@@ -105,7 +107,7 @@ class Transport:
                 data=body,
                 allow_redirects=False,
                 proxy=self.proxy,
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                timeout=_timeout(timeout),
             ) as response:
                 headers: CIMultiDictProxy[str] = response.headers
                 payload = await _read(response, max_bytes)
@@ -121,6 +123,11 @@ class Transport:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+@functools.lru_cache(maxsize=8)  # the same one or two, for every request
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=seconds)
 
 
 async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
