@@ -79,13 +79,19 @@ class EnrichConfig(BaseModel):
         None,
         description="DuckDB cache file; default: LLM_OPS_CACHE, then ~/.cache/llm-ops/cache.duckdb",
     )
-    concurrency: int = 32
+    concurrency: int | None = Field(
+        None, ge=1, description="requests in flight; default: as llm_complete"
+    )
     rpm: float | None = None
     tpm: float | None = None
     max_tokens: int | None = None
     temperature: float | None = None
-    timeout: float = 60.0
-    max_attempts: int = 5
+    timeout: float | None = Field(
+        None, gt=0, description="seconds per attempt; default: as llm_complete"
+    )
+    max_attempts: int | None = Field(
+        None, ge=1, description="attempts per request; default: as llm_complete"
+    )
     chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")
     batch_rows: int = Field(100_000, ge=1, description="rows per read batch and row group")
     max_failure_ratio: float | None = Field(

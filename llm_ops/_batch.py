@@ -59,6 +59,7 @@ from ._engine import (
 )
 from ._key import build_request, canonical_json
 from ._options import Job
+from ._pricing import Budget
 from ._schema import output_schema
 from ._signals import stopped_by_signals
 from .exceptions import JobAbortedError, JobInterruptedError
@@ -102,7 +103,8 @@ class BatchRunner:
     """Sends one dispatch's requests as batches and collects their answers; it stands where a
     live :class:`~llm_ops._engine.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
 
-    def __init__(self, job: Job, backend: Backend):
+    def __init__(self, job: Job, backend: Backend, *, budget: Budget | None = None):
+        """``budget``: the job's, shared with its other dispatches (else the job's own)."""
         assert job.batching is not None and backend.cache is not None
         self.job = job
         self.settings = job.batching
@@ -117,7 +119,7 @@ class BatchRunner:
             model=job.spec.model,
             params=job.spec.params,
             validate=job.spec.schema.validate if job.spec.schema else None,
-            budget=job.budget(),
+            budget=job.budget() if budget is None else budget,
         )
         self.counters = self.parser.counters
         self.budget = self.parser.budget

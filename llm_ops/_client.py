@@ -14,29 +14,32 @@ import polars as pl
 
 from ._backend import Backend
 from ._batch import BatchPart, BatchRunner
-from ._cache import FLUSH_EVERY, MERGE_WAIT, Cache, resolve_cache_path
+from ._cache import Cache, resolve_cache_path
+from ._dispatch import requests_for
 from ._embed import embed_frame
 from ._engine import Engine, Outcome, Request
 from ._estimate import Estimate, estimate_frame
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import Limiter
 from ._options import (
+    LIMIT_OPTIONS,
     CallOptions,
     ClientOptions,
     Columns,
     Job,
     ModelOption,
-    ProgressOption,
+    ResultOptions,
+    cache_options,
     check_job,
     make_job,
 )
-from ._pipeline import AnswerSink, requests_for
+from ._persist import AnswerSink
 from ._plan import plan_frame
 from ._progress import resolve_progress
 from ._report import RunReport
 from ._run import run_frame
 from ._signals import graceful_sigterm
-from ._spec import EmbeddingSpec, Endpoint, Limits, is_number, positive_int, seconds
+from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
 from .exceptions import ConfigError
 
 T = TypeVar("T")
@@ -72,7 +75,12 @@ class Client:
     ['text', 'title', 'title_status', 'title_error']
     """
 
-    def __init__(self, **options: Unpack[ClientOptions]) -> None:
+    def __init__(
+        self,
+        *,
+        limiter: Callable[[Limits], Limiter] | None = None,
+        **options: Unpack[ClientOptions],
+    ) -> None:
         unknown = set(options) - ClientOptions.__optional_keys__
         if unknown:
             raise ConfigError(
@@ -82,35 +90,20 @@ class Client:
         self.endpoint = Endpoint.resolve(
             options.get("base_url"), options.get("api_key"), name=options.get("endpoint_name")
         )
-        self.limits = Limits(
-            concurrency=options.get("concurrency", 32),
-            max_attempts=options.get("max_attempts", 5),
-            timeout=options.get("timeout", 60.0),
-            rpm=options.get("rpm"),
-            tpm=options.get("tpm"),
-            max_retry_after=options.get("max_retry_after", 120.0),
-            max_response_bytes=options.get("max_response_bytes", 8 * 2**20),
-        )
-        flush_every = positive_int("flush_every", options.get("flush_every", FLUSH_EVERY))
-        flush_seconds = seconds("flush_seconds", options.get("flush_seconds", 2.0))
-        merge_wait = options.get("merge_wait", MERGE_WAIT)
-        if not (is_number(merge_wait) and merge_wait == 0):  # 0: do not wait for a reader
-            merge_wait = seconds("merge_wait", merge_wait)
+        self.options: ClientOptions = ClientOptions(**options)
+        """The options the client was made with (a cluster's workers are made with them)."""
+        # Defaults live in one place each: Limits for the transport, Cache for the file.
+        limits: dict[str, Any] = {k: v for k, v in options.items() if k in LIMIT_OPTIONS}
+        self.limits = Limits(**limits)
         path = resolve_cache_path(options.get("cache"))
-        self.cache = (
-            None
-            if path is None
-            else Cache(
-                path, flush_every=flush_every, flush_seconds=flush_seconds, merge_wait=merge_wait
-            )
-        )
+        self.cache = None if path is None else Cache(path, **cache_options(options))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._starting = threading.Lock()
         # A limiter shared beyond this process (a cluster's quota: see llm_ops.ray), made on
         # the client's loop with the engine; None: the engine's own.
-        self._limiter: Callable[[Limits], Limiter] | None = None
+        self.limiter = limiter
 
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
@@ -198,7 +191,7 @@ class Client:
     ) -> tuple[Frame, RunReport]:
         job = self._job(df, prompt, model, options)
         frame = to_polars(df)
-        backend = await self._backend()
+        backend = await self.prepare(models=job.endpoint_models)
         columns, report = await run_frame(frame, job, backend)
         return same_kind(df, frame.hstack(columns.get_columns())), report
 
@@ -214,10 +207,10 @@ class Client:
         output: str = "embedding",
         dimensions: int | None = None,
         batch_size: int = 256,
-        on_error: Literal["null", "raise"] = "null",
-        progress: ProgressOption = None,
+        **options: Unpack[ResultOptions],
     ) -> Frame:
         """:func:`llm_ops.llm_embed` on this client (same arguments but the client's)."""
+        on_error = options.get("on_error", "null")
         if not isinstance(column, str) or not column:
             raise ConfigError(f"column must name the text column to embed, got {column!r}")
         if column not in schema_of(df):
@@ -234,7 +227,7 @@ class Client:
         frame = to_polars(df)
 
         async def run() -> pl.DataFrame:
-            backend = await self._backend()
+            backend = await self.prepare()
             return await embed_frame(
                 frame,
                 column,
@@ -243,7 +236,7 @@ class Client:
                 columns=columns,
                 batch_size=batch_size,
                 on_error=on_error,
-                progress=resolve_progress(progress),
+                progress=resolve_progress(options.get("progress")),
             )
 
         result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
@@ -290,7 +283,7 @@ class Client:
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
     ) -> list[BatchPart]:
         job = self._job(df, prompt, model, options)
-        backend = await self._backend()
+        backend = await self.prepare()
         plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
         wanted = {request.key: request for request in requests_for(plan.misses, job)}
 
@@ -317,7 +310,7 @@ class Client:
         parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
 
         async def collect() -> int:
-            backend = await self._backend()
+            backend = await self.prepare()
             collected = 0
             for model in sorted({part.model for part in parts}):
                 same = [part for part in parts if part.model == model]
@@ -351,7 +344,7 @@ class Client:
         parts = self.batches(job_id=job_id)
 
         async def each() -> None:
-            runner = self._batch_runner("any", self.endpoint.identity, await self._backend())
+            runner = self._batch_runner("any", self.endpoint.identity, await self.prepare())
             with runner.provider_errors():
                 for part in parts:
                     await action(runner, part)
@@ -386,24 +379,27 @@ class Client:
                 self._loop, self._thread = loop, thread
             return self._loop
 
-    async def _backend(self) -> Backend:
-        """The engine (made on this client's loop, once) and the cache, made ready to use
-        before anything is paid for."""
+    async def prepare(self, *, models: Sequence[str] = ()) -> Backend:
+        """What every job of this client runs on: the engine (made once, on this client's
+        loop: its connection pool, rate limiter and adaptive concurrency) and the cache, made
+        ready to use before anything is paid for, with ``models`` checked against the models
+        the endpoint lists (:class:`~llm_ops.ConfigError` for one it lacks).
+
+        Tables, SQL functions and cluster workers drive the pipeline through it; run it on
+        this client's loop (:meth:`run`, :meth:`run_async`)."""
         # the cache's file work (DuckDB, off the GIL) overlaps the engine's first imports
         loop = asyncio.get_running_loop()
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
         try:
             if self._engine is None:
-                limiter = None if self._limiter is None else self._limiter(self.limits)
+                limiter = None if self.limiter is None else self.limiter(self.limits)
                 self._engine = Engine(self.endpoint, self.limits, limiter)
         finally:
             if prepared is not None:
                 await prepared
+        if models:
+            await self._engine.check_models(models)
         return Backend(self._engine, self.cache)
-
-    async def _check_models(self, models: Sequence[str]) -> None:
-        """Raise :class:`~llm_ops.ConfigError` for a model the endpoint does not list."""
-        await (await self._backend()).engine.check_models(models)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop and wait for it, from sync code (a

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from ._cache import Cache
+from ._dispatch import requests_for
 from ._options import Job
-from ._pipeline import requests_for
 from ._plan import plan_frame
 from ._pricing import PRICES, Price, add_costs, approx_tokens, cost_or_none
 from ._report import dollars

@@ -321,7 +321,7 @@ class Runtime:
         """The engine (made on this loop, once) and the client's cache, made ready to use
         before anything is paid for."""
         if self._engine is None:
-            made = self.client._limiter  # a cluster's shared limiter (llm_ops.ray), if any
+            made = self.client.limiter  # a cluster's shared limiter (llm_ops.ray), if any
             self._engine = Engine(
                 self.client.endpoint,
                 self.client.limits,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import polars as pl
 
 from ._engine import Outcome
@@ -31,6 +33,20 @@ def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.Da
         schema=RESULTS,
     )
     return pl.concat([*earlier, answered])
+
+
+async def join(
+    row_keys: pl.DataFrame,
+    results: pl.DataFrame,
+    columns: Columns,
+    schema: OutputSchema | None,
+    *,
+    row_group: pl.Series | None = None,
+) -> pl.DataFrame:
+    """:func:`join_back`, on a worker thread (Polars leaves the event loop free)."""
+    return await asyncio.to_thread(
+        join_back, row_keys, results, columns, schema, row_group=row_group
+    )
 
 
 def join_back(

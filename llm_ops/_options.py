@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict, cast
 
 import polars as pl
@@ -28,7 +28,7 @@ from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
-from ._spec import RequestSpec, is_number, positive_int, seconds
+from ._spec import Limits, RequestSpec, is_number, positive_int, seconds
 from ._template import check_columns, parse_template
 from .exceptions import ConfigError
 
@@ -108,6 +108,23 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
+LIMIT_OPTIONS = CLIENT_OPTIONS & {item.name for item in fields(Limits)}
+"""The client options that are fields of :class:`~llm_ops._spec.Limits` (which holds their
+defaults and checks them)."""
+
+
+def cache_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The cache file's options among ``options``, checked; the others keep the defaults of
+    :class:`~llm_ops.Cache`."""
+    given = {k: options[k] for k in ("flush_every", "flush_seconds", "merge_wait") if k in options}
+    if "flush_every" in given:
+        positive_int("flush_every", given["flush_every"])
+    if "flush_seconds" in given:
+        given["flush_seconds"] = seconds("flush_seconds", given["flush_seconds"])
+    wait = given.get("merge_wait")
+    if wait is not None and not (is_number(wait) and wait == 0):  # 0: do not wait for a reader
+        given["merge_wait"] = seconds("merge_wait", wait)
+    return given
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[ClientOptions, CallOptions]:
@@ -282,6 +299,11 @@ class Job:
     @property
     def models(self) -> tuple[str, ...]:
         return self.cascade.models if self.cascade else (self.spec.model,)
+
+    @property
+    def endpoint_models(self) -> tuple[str, ...]:
+        """Every model the job may ask the endpoint for: a cascade's, the semantic cache's."""
+        return (*self.models, *(() if self.semantic is None else (self.semantic.model,)))
 
     @property
     def price(self) -> Price | None:

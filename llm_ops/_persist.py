@@ -12,9 +12,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from ._backend import Backend
 from ._cache import Cache
+from ._claims import Claims
 from ._engine import STOPS, Outcome, Request
+from ._options import Job
 from ._progress import ProgressCallback, TerminalDisplay, Tracker
+from ._status import CACHEABLE
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
 CLOSE_WAIT = 0.5  # at the end of a dispatch; what the file does not take then waits for the
@@ -67,6 +71,49 @@ class CacheSink:
         finally:
             wait = CLOSE_WAIT if self.merge_at_close else None  # None: sealed for the job's end
             await asyncio.to_thread(self.writer.close, wait=wait)
+
+
+class AnswerSink:
+    """Collects a dispatch's outcomes and writes its cacheable answers through to the cache;
+    with ``claim``, it claims each request before it is sent (see :mod:`llm_ops._claims`)."""
+
+    def __init__(self, job: Job, backend: Backend, *, claim: bool = False):
+        self.model = job.spec.model
+        self.endpoint = job.spec.endpoint
+        self.outcomes: list[Outcome] = []
+        self.cache = (
+            None
+            if backend.cache is None
+            else CacheSink(backend.cache, merge_at_close=not backend.settles)
+        )
+        self.claims = (
+            Claims(backend.cache.journal, self.cache.writer.id)
+            if claim and self.cache is not None and backend.cache is not None
+            else None
+        )
+
+    def add(self, request: Request, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.cache is None or outcome.status not in CACHEABLE:
+            return
+        self.cache.answer(
+            {
+                "key": outcome.key,
+                "model": self.model,
+                "endpoint": self.endpoint,
+                "request": request.request_json,
+                "status": outcome.status,
+                "response_text": outcome.text,
+                "response_json": outcome.json,
+                "finish_reason": outcome.finish_reason,
+                # unknown usage (tokens the endpoint reported that cannot be right): NULL
+                "prompt_tokens": outcome.prompt_tokens if outcome.usage_known else None,
+                "completion_tokens": outcome.completion_tokens if outcome.usage_known else None,
+                "cached_tokens": outcome.cached_tokens if outcome.usage_known else None,
+                "latency_ms": outcome.latency_ms,
+                "attempts": outcome.attempts,
+            }
+        )
 
 
 class Sender(Protocol):

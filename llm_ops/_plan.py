@@ -8,6 +8,7 @@ run once per group; a row only gets an integer group and gathers its group's col
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Callable
@@ -191,6 +192,11 @@ def group_and_key(
         values, counts, expression, parameters, reference_key, with_system=with_system
     )
     return keys.gather(row_group).to_frame("key"), grouped
+
+
+async def plan(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> Plan:
+    """:func:`plan_frame` on a worker thread (DuckDB and Polars leave the event loop free)."""
+    return await asyncio.to_thread(plan_frame, frame, spec, cache)
 
 
 def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> Plan:

@@ -188,6 +188,12 @@ class Budget:
     def limited(self) -> bool:
         return any(v is not None for v in (self.max_cost, self.max_requests, self.max_tokens_total))
 
+    def charge(self, cost: float, requests: int, tokens: int) -> None:
+        """Count what other work of the job spent (say, the semantic cache's embeddings)."""
+        self.spent_cost += cost
+        self.spent_requests += requests
+        self.spent_tokens += tokens
+
     def reserve(self, input_tokens: int, output_tokens: int) -> bool:
         """Count one request of about this size against the limits, if it fits."""
         if self.exhausted is not None:

@@ -13,13 +13,61 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 
 import polars as pl
 
 from ._engine import Counters
 from ._options import Job
 from ._pricing import Price, add_costs, cost_or_none, subtract_costs
-from ._report import ModelUsage, RunReport, Saving
+from ._report import ModelUsage, RunReport, Saving, make_report
+from ._status import ANSWERED
+
+
+def account(
+    job: Job,
+    *,
+    started_at: datetime,
+    wall_seconds: float,
+    rows: int,
+    distinct: pl.DataFrame,
+    hits: pl.DataFrame,
+    results: pl.DataFrame,
+    statuses: dict[str, int],
+    counters: Counters,
+    stopped: BaseException | None,
+    budget_stop: str | None,
+    cache: Path | None,
+) -> RunReport:
+    """The report of one model's pass: counts, tokens and cost, per model and per lever.
+
+    ``distinct`` holds the pass's distinct requests, ``hits`` the cache's answers to them (the
+    exact cache's, and those another job sharing it sent meanwhile), ``results`` every settled
+    request (:data:`~llm_ops._status.RESULTS`)."""
+    report = make_report(
+        model=job.spec.model,
+        endpoint=job.spec.endpoint,
+        started_at=started_at,
+        wall_seconds=wall_seconds,
+        rows=rows,
+        distinct=distinct.height,
+        cache_hits=hits.height,
+        counters=counters,
+        statuses=statuses,
+        stopped=stopped,
+        cost=completion_cost(job, counters),
+        budget_stop=budget_stop,
+        cache=cache,
+    )
+    return with_usage(
+        report,
+        job,
+        answered_rows=sum(n for status, n in statuses.items() if status in ANSWERED),
+        cached=cache is not None,
+        tallies=tally(distinct, results, cache_hits=hits["key"]),
+        counters=counters,
+    )
 
 
 def completion_cost(job: Job, counters: Counters) -> float | None:

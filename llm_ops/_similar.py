@@ -27,9 +27,12 @@ import numpy as np
 import polars as pl
 
 from ._backend import Backend
+from ._dispatch import Dispatched, dispatch, rows_of
 from ._engine import Counters, Outcome
 from ._options import Job
 from ._plan import lookup_answers
+from ._pricing import Budget
+from ._savings import embedding_cost
 from ._semantic import MISS_BLOCK, normalised, scope_of, search
 from ._spec import EmbeddingSpec
 from ._status import RESULTS
@@ -41,6 +44,46 @@ _SLICE = 8_192  # misses embedded and searched together
 _FOLLOWERS = pl.DataFrame(
     schema={"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
 )
+
+
+async def answer_by_similarity(
+    misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, budget: Budget | None
+) -> Dispatched:
+    """The misses answered by the semantic cache where a similar answer is found, the rest
+    sent (:func:`~llm_ops._dispatch.dispatch`): ``settled`` holds the similar answers.
+
+    Misses that follow another miss of the job (see :func:`find_similar`) wait for its answer;
+    if it got none, they are sent themselves. ``rows`` is the job's row count, for progress;
+    the embeddings are paid from ``budget``, as the completions are.
+    """
+    similar = await find_similar(misses, job, backend)
+    counters = similar.counters
+    if similar.stopped is not None:  # the embeddings were refused: completions would be too
+        return Dispatched([], counters, similar.stopped, settled=similar.results)
+    if budget is not None:
+        spent = embedding_cost(job, counters) or 0.0
+        budget.charge(spent, counters.embedding_requests, counters.embedding_tokens)
+    done = await dispatch(
+        similar.misses,
+        job,
+        backend,
+        rows=rows,
+        rows_settled=rows - rows_of(similar.misses) - rows_of(similar.followers),
+        budget=budget,
+    )
+    counters.add(done.counters)
+    followed, resend = follow_leaders(similar.followers, done.outcomes)
+    outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
+    settled = [similar.results, followed, done.settled]
+    if not resend.is_empty() and stopped is None:  # their leaders got no answer
+        again = await dispatch(
+            resend, job, backend, rows=rows, rows_settled=rows - rows_of(resend), budget=budget
+        )
+        counters.add(again.counters)
+        outcomes, stopped = outcomes + again.outcomes, again.stopped
+        budget_stop = budget_stop or again.budget_stop
+        settled.append(again.settled)
+    return Dispatched(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
 
 
 @dataclass

@@ -209,8 +209,7 @@ class _Work:
 def _send_chunk(work: _Work, chunk: str) -> Counters:
     """One chunk, on a worker: its answers go to the work directory, its requests under the
     cluster's quota."""
-    client = Client(**work.client_options)
-    client._limiter = lambda limits: LeasedLimiter(work.quota, limits)
+    client = Client(limiter=lambda limits: LeasedLimiter(work.quota, limits), **work.client_options)
     store = WorkerStore(
         Path(work.answers), flush_every=work.flush_every, flush_seconds=work.flush_seconds
     )

@@ -235,5 +235,5 @@ def _keyer(client: Client) -> Callable[..., pa.Array]:
 
 
 async def _answer(client: Client, texts: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:
-    backend: Backend = await client._backend()
+    backend: Backend = await client.prepare(models=job.endpoint_models)
     return await run_frame(texts, job, backend, record=False)

@@ -48,12 +48,13 @@ from ._batch import BatchPart, BatchRunner
 from ._cache import DUCKDB_CONFIG, Cache
 from ._cascade import run_cascade
 from ._client import Client
+from ._dispatch import requests_for
 from ._engine import Counters, Outcome, Request
 from ._estimate import Estimate, price_plan
 from ._frames import from_arrow
 from ._join import join_back, status_counts
 from ._options import CallOptions, Job, ModelOption, check_job, make_job
-from ._pipeline import answer_misses, requests_for
+from ._pipeline import answer_misses
 from ._plan import key_rows, lookup_answers
 from ._progress import ChunkedProgress
 from ._report import RunReport, add_spending, make_report, sum_reports
@@ -277,7 +278,7 @@ class Table:
                 chunks.append(str(path))
             misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
         if misses:  # a misspelled model fails the plan, not every chunk task after it
-            self.client.run(self.client._check_models(self.job.models))
+            self.client.run(self.client.prepare(models=self.job.models))
         return TablePlan(
             rows=rows,
             distinct=int(distinct),
@@ -540,7 +541,7 @@ async def _answer(
 ) -> tuple[pl.DataFrame, Counters]:
     """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and
     the counters."""
-    backend = replace(await client._backend(), cache=cache)
+    backend = replace(await client.prepare(), cache=cache)
     done = await answer_misses(misses, job, backend, rows=rows)
     if done.stopped is not None:
         raise done.stopped
@@ -564,13 +565,13 @@ async def _submit(client: Client, job: Job, misses: pl.DataFrame) -> list[BatchP
     async def not_sent(request: Request, outcome: Outcome) -> None:
         """A budget kept it from the batch; run_chunk says so in the results file."""
 
-    return await BatchRunner(job, await client._backend()).submit(wanted, not_sent)
+    return await BatchRunner(job, await client.prepare()).submit(wanted, not_sent)
 
 
 async def _cascade(
     client: Client, batch: pl.DataFrame, job: Job
 ) -> tuple[pl.DataFrame, RunReport, BaseException | None]:
-    return await run_cascade(batch, job, await client._backend())
+    return await run_cascade(batch, job, await client.prepare())
 
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:

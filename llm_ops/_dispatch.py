@@ -1,0 +1,232 @@
+"""Dispatch: a job's uncached requests sent, and their answers written through to the cache.
+
+Requests go out in the job's send order (:mod:`llm_ops._order`), built a distinct miss at a time
+(:func:`requests_for`, packed when the packing lever is on), to a live
+:class:`~llm_ops._engine.Dispatcher` or, in batch mode, a :class:`~llm_ops._batch.BatchRunner`;
+every answer is persisted as it arrives (:mod:`llm_ops._persist`). Requests another job sharing
+the cache claimed first are waited for instead (:mod:`llm_ops._claims`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
+from typing import Any
+
+import polars as pl
+
+from ._backend import Backend
+from ._batch import BatchRunner
+from ._claims import Claims
+from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
+from ._key import canonical_json
+from ._options import Job
+from ._order import send_order
+from ._persist import AnswerSink, dispatch_durably
+from ._plan import lookup_answers
+from ._pricing import CHARS_PER_TOKEN, Budget
+from ._progress import Tracker
+from ._status import RESULTS
+
+
+def requests_for(
+    misses: pl.DataFrame,
+    job: Job,
+    claims: Claims | None = None,
+    *,
+    checked: frozenset[str] = frozenset(),
+) -> Iterator[Request]:
+    """One request per distinct miss, in the order given, or packs of up to
+    ``rows_per_request`` of them (grouped by system message, which packs share). With
+    ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`)."""
+    per_request = job.packing.rows_per_request
+    if per_request > 1:
+        misses = misses.sort("system", nulls_last=False, maintain_order=True)
+    pack: list[Request] = []
+    pack_system: str | None = None
+    pack_chars = 0
+    budget = (job.packing.pack_tokens or 0) * CHARS_PER_TOKEN
+    distinct: Iterable[tuple[Any, ...]] = misses.iter_rows()
+    if claims is not None:
+        distinct = claims.take(distinct, key=itemgetter(0), checked=checked)
+    for key, system, prompt, rows in distinct:
+        request = job.spec.request(system, prompt)
+        single = Request(
+            key=key, messages=request["messages"], request_json=canonical_json(request), rows=rows
+        )
+        if per_request == 1:
+            yield single
+            continue
+        full = len(pack) >= per_request or (budget and pack_chars + len(prompt) > budget)
+        if pack and (system != pack_system or full):
+            yield make_pack(tuple(pack), pack_system)
+            pack, pack_chars = [], 0
+        pack.append(single)
+        pack_system, pack_chars = system, pack_chars + len(prompt)
+    if pack:
+        yield make_pack(tuple(pack), pack_system)
+
+
+@dataclass
+class Dispatched:
+    """What one dispatch produced: an outcome per request sent, the counters, why it stopped
+    early (one of :data:`~llm_ops._engine.STOPS`), if it did, and in ``settled`` the misses
+    answered without sending (:data:`~llm_ops._status.RESULTS`): by another job sharing the
+    cache, which had claimed them first, or (see :class:`Answered`) by similarity."""
+
+    outcomes: list[Outcome]
+    counters: Counters
+    stopped: BaseException | None
+    budget_stop: str | None = None
+    settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
+
+
+def rows_of(requests: pl.DataFrame) -> int:
+    """The input rows waiting for ``requests`` (``REQUESTS``)."""
+    return int(requests["rows"].sum())
+
+
+async def dispatch(
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    rows: int,
+    rows_settled: int,
+    budget: Budget | None = None,
+    checked: frozenset[str] = frozenset(),
+) -> Dispatched:
+    """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
+    cache, except those another job sharing the cache claimed first: their answers are
+    waited for and taken from the cache, or sent here once that job is gone without one (see
+    :mod:`llm_ops._claims`; ``checked``: keys looked up since their claimers went). ``rows``
+    and ``rows_settled`` are only for progress: the job's rows and those already final;
+    ``budget``: the job's, which every dispatch of it spends from (else the job's own)."""
+    budget = job.budget() if budget is None else budget
+    sink = AnswerSink(job, backend, claim=job.batching is None)
+    try:
+        done = await _send(misses, job, backend, sink, rows, rows_settled, budget, checked)
+        if sink.claims is not None and sink.claims.deferred and done.stopped is None:
+            await _after_others(done, sink.claims, misses, job, backend, rows=rows, budget=budget)
+    finally:
+        if sink.claims is not None:
+            sink.claims.close()
+    return done
+
+
+async def _after_others(
+    done: Dispatched,
+    claims: Claims,
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    rows: int,
+    budget: Budget | None,
+) -> None:
+    """Wait for the misses other jobs claimed first: take their answers from the cache as they
+    land, and send (into ``done``) those whose claimers went without answering."""
+    assert backend.cache is not None
+    pending = set(claims.deferred)
+    delay = 0.05
+    while pending and done.stopped is None:
+        # who is gone first, then what landed: a claimer answers before it goes, if at all
+        gone = pending - claims.held_by_others(pending)
+        wanted = pl.DataFrame({"key": sorted(pending)}, schema={"key": pl.String})
+        answered = await asyncio.to_thread(lookup_answers, backend.cache, wanted)
+        done.settled = pl.concat([done.settled, answered])
+        pending.difference_update(answered["key"].to_list())
+        free = frozenset(gone & pending)
+        if free:
+            pending -= free
+            again = await dispatch(
+                misses.filter(pl.col("key").is_in(pl.Series(list(free)).implode())),
+                job,
+                backend,
+                rows=rows,
+                rows_settled=rows - rows_of(misses),
+                budget=budget,
+                checked=free,
+            )
+            done.outcomes += again.outcomes
+            done.counters.add(again.counters)
+            done.settled = pl.concat([done.settled, again.settled])
+            done.stopped = again.stopped
+            done.budget_stop = done.budget_stop or again.budget_stop
+        elif pending:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+async def _send(
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    sink: AnswerSink,
+    rows: int,
+    rows_settled: int,
+    budget: Budget | None,
+    checked: frozenset[str],
+) -> Dispatched:
+    spec = job.spec
+    sender: Dispatcher | BatchRunner
+    if job.batching is not None:
+        sender = BatchRunner(job, backend, budget=budget)
+    else:
+        sender = Dispatcher(
+            backend.engine,
+            model=spec.model,
+            params=spec.params,
+            validate=spec.schema.validate if spec.schema else None,
+            repair=job.repair,
+            budget=budget,
+        )
+    tracker = Tracker(
+        rows=rows,
+        rows_settled=rows_settled,
+        requests=misses.height,
+        counters=sender.counters,
+        engine=backend.engine,
+        phase="sending" if job.batching is None else "batch",
+    )
+
+    async def on_outcome(request: Request, outcome: Outcome) -> None:
+        for member, answer in outcome.items or [(request, outcome)]:
+            tracker.rows_done += member.rows
+            sink.add(member, answer)
+
+    # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
+    # so members of a pack share a prefix too.
+    lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.limits.concurrency
+    ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
+    stopped = await dispatch_durably(
+        sender,
+        requests_for(ordered, job, sink.claims, checked=checked),
+        on_outcome,
+        sink=sink.cache,
+        tracker=tracker,
+        progress=job.progress,
+    )
+    done = Dispatched(
+        outcomes=sink.outcomes,
+        counters=sender.counters,
+        stopped=stopped,
+        budget_stop=sender.budget.exhausted if sender.budget else None,
+    )
+    if isinstance(sender, BatchRunner) and sender.remainder and stopped is None:
+        # on_expired="live": what the expired batches did not answer is sent now
+        keys = pl.Series([request.key for request in sender.remainder])
+        live = await dispatch(
+            misses.filter(pl.col("key").is_in(keys.implode())),
+            replace(job, batching=None),
+            backend,
+            rows=rows,
+            rows_settled=rows - int(misses["rows"].sum()),
+            budget=None if budget is None else replace(budget, price=job.live_price),
+        )
+        done.outcomes += live.outcomes
+        done.counters.add(live.counters)
+        done.stopped = live.stopped
+    return done
