@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ._key import (
     build_embedding_request,
@@ -94,6 +94,11 @@ class Endpoint:
         """The endpoint as request keys, the cache and reports see it: its ``name`` when it
         was given one, else its normalised base URL."""
         return self.name or normalize_base_url(self.base_url)
+
+    @property
+    def url_with_query(self) -> str:
+        """The base URL with its query (a gateway's key may be there): what is sent."""
+        return self.base_url + ("?" + urlencode(self.query) if self.query else "")
 
     @property
     def shown(self) -> str:

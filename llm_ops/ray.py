@@ -173,25 +173,16 @@ def _stop(running: list[Any]) -> None:
 
 
 def _client_options(client: Client) -> dict[str, Any]:
-    """What a worker's client is made with: the driver's endpoint and limits, no cache."""
-    limits = client.limits
+    """What a worker's client is made with: the driver's options and its endpoint as resolved
+    (a worker may not have the driver's environment), with no cache of its own: a worker
+    writes its answers to the run's work directory."""
+    endpoint = client.endpoint
     return {
-        "base_url": client.endpoint.base_url + _query(client.endpoint.query),
-        "api_key": client.endpoint.api_key,
-        "endpoint_name": client.endpoint.name,
+        **client.options,
+        "base_url": endpoint.url_with_query,
+        "api_key": endpoint.api_key,
         "cache": False,
-        "concurrency": limits.concurrency,
-        "max_attempts": limits.max_attempts,
-        "timeout": limits.timeout,
-        "max_retry_after": limits.max_retry_after,
-        "max_response_bytes": limits.max_response_bytes,
     }
-
-
-def _query(query: Mapping[str, str]) -> str:
-    from urllib.parse import urlencode
-
-    return "?" + urlencode(query) if query else ""
 
 
 @dataclasses.dataclass(frozen=True)
