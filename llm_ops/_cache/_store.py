@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from .._journal import JournalWriter
 from ..exceptions import CacheError
 from . import _admin, _connection, _reads, _writes
 from ._connection import CACHE_ENV, resolve_cache_path
 from ._migrations import migrate
-from ._writes import Merged
 
 MERGE_WAIT = 30.0
 """Seconds the end of a job waits, by default, for a reader holding the cache file to let go,
@@ -32,10 +29,14 @@ of a request's CPU at high concurrency; ``flush_seconds`` still bounds how stale
 
 
 class Cache:
-    """One cache database file and its journal; every statement on the cache tables.
+    """One cache database file and its journal, the face every stage talks to.
 
     Connections are short: opened for one lookup or one merge and closed at once, retried
-    while another process holds the file (up to ``lock_timeout`` seconds for reads).
+    while another process holds the file (up to ``lock_timeout`` seconds for reads). Each
+    method is a function of the module of its kind, which takes the cache as its first
+    argument: :mod:`._connection` opens the file, :mod:`._reads` reads it with the journal,
+    :mod:`._writes` writes through the journal and merges it, :mod:`._admin` holds what
+    people do with a cache.
     """
 
     def __init__(
@@ -57,77 +58,22 @@ class Cache:
     def __repr__(self) -> str:
         return f"Cache({str(self.path)!r})"
 
-    # -- opening ------------------------------------------------------------------------------
-
     def prepare(self) -> None:
-        """Make sure the cache can be used before anything is paid for: create its folder and
-        the database, migrate it, check that the file and the journal can be written, and merge
-        journal files a dead or finished job left behind. Raises :class:`CacheError` naming
-        the path and what to do; a lock held elsewhere only delays the merge."""
+        """Make sure the cache can be used before anything is paid for (see
+        :func:`._connection.prepare`), and merge what dead or finished jobs left in the
+        journal; a lock held elsewhere only delays that merge."""
         _connection.prepare(self)
         self.merge_orphans(wait=0.5)
 
-    def connect(
-        self, *, read_only: bool = True, wait: float | None = None
-    ) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
-        """A short-lived connection, migrated when writable, retried while the file is held."""
-        return _connection.connect(self, read_only=read_only, wait=wait)
+    connect = _connection.connect
+    attached = _connection.attached
 
-    def attached(
-        self, con: duckdb.DuckDBPyConnection, *, alias: str
-    ) -> AbstractContextManager[None]:
-        """Attach the cache read-only to another connection as ``alias``, for the block (say,
-        for a query of your own over ``alias.llm_cache``)."""
-        return _connection.attached(self, con, alias=alias)
-
-    # -- reading ------------------------------------------------------------------------------
-
-    def lookup(self, keys: pa.Table) -> pa.Table:
-        """Cached answers for the ``key`` column of ``keys`` (journal included), in one join."""
-        return _reads.lookup(self, keys)
-
-    def lookup_embeddings(self, keys: pa.Table) -> pa.Table:
-        """Cached vectors for the ``key`` column of ``keys`` (journal included), in one join."""
-        return _reads.lookup_embeddings(self, keys)
-
-    def answers_view(
-        self, con: duckdb.DuckDBPyConnection, *, name: str, columns: Sequence[str]
-    ) -> AbstractContextManager[None]:
-        """For the block, ``name`` on ``con`` is a view of the cached answers (the file's and
-        the journal's, one row per key) with ``columns`` of ``llm_cache``: for a join of a
-        big table of keys against them, inside DuckDB."""
-        return _reads.answers_view(self, con, name=name, columns=columns)
-
-    def similar_candidates(
-        self,
-        scopes: Sequence[str],
-        *,
-        embedding_model: str,
-        dimensions: int,
-        batch_rows: int = 65_536,
-    ) -> Iterator[pa.RecordBatch]:
-        """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
-        as batches of (key, scope, embedding), read a batch at a time."""
-        return _reads.similar_candidates(
-            self,
-            scopes,
-            embedding_model=embedding_model,
-            dimensions=dimensions,
-            batch_rows=batch_rows,
-        )
-
-    def batch_parts(
-        self, *, keys: Sequence[str] | None = None, job_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Every batch part that carries one of ``keys`` (or belongs to ``job_id``, or all),
-        in its latest state, with the ids recorded along the way; oldest first."""
-        return _reads.batch_parts(self, keys=keys, job_id=job_id)
-
-    def batch_keys(self, job_id: str, part: int) -> list[str]:
-        """The request keys a batch part carries."""
-        return _reads.batch_keys(self, job_id, part)
-
-    # -- writing ------------------------------------------------------------------------------
+    lookup = _reads.lookup
+    lookup_embeddings = _reads.lookup_embeddings
+    answers_view = _reads.answers_view
+    similar_candidates = _reads.similar_candidates
+    batch_parts = _reads.batch_parts
+    batch_keys = _reads.batch_keys
 
     def writer(self) -> JournalWriter:
         """A writer for one job: rows go to the journal at once and into the file in batches
@@ -152,72 +98,17 @@ class Cache:
         when this returns, so it can come before the provider call it announces."""
         _writes.write_batch(self.writer(), part, keys)
 
-    def merge_files(self, files: Sequence[Path], wait: float) -> str | None:
-        """Insert journal ``files`` into their tables and delete them; why not (nothing is
-        deleted then) when the file stays locked for ``wait`` seconds or cannot be written.
-        Raises :class:`CacheError` when waiting cannot help: the file is damaged, or its disk
-        is full (the files stay then too)."""
-        return _writes.merge_files(self, files, wait)
+    merge_files = _writes.merge_files
+    merge_orphans = _writes.merge_orphans
+    settle = _writes.settle
+    adopt = _writes.adopt
 
-    def merge_orphans(self, *, wait: float, directory: Path | None = None) -> int:
-        """Merge the journal files of writers that are gone (crashed, or ended while the file
-        was held), in the cache's journal or in ``directory`` (where a cluster's workers
-        write theirs); returns how many files were merged."""
-        return _writes.merge_orphans(self, wait=wait, directory=directory)
-
-    def settle(self, *, wait: float, warn: bool = True) -> Merged:
-        """Merge what finished writers left in the journal (a job's end: its answers and its
-        run). When the file is held and answers wait, say so and wait up to ``wait`` seconds
-        for it; what is left after that (a warning says so, unless ``warn=False``) is merged
-        by any later job or open, or by ``llm-ops cache merge``, and is read by lookups until
-        then."""
-        return _writes.settle(self, wait=wait, warn=warn)
-
-    def adopt(self, directory: Path, *, wait: float) -> None:
-        """Take the journal files that finished writers left in ``directory`` (a cluster's
-        workers, which may not open the cache) into this cache's journal, and merge them:
-        until they are merged, lookups read them there like any other journal file."""
-        _writes.adopt(self, directory, wait=wait)
-
-    # -- for people ---------------------------------------------------------------------------
-
-    def snapshot(self, target: str | os.PathLike[str]) -> Path:
-        """Copy the cache, with what the journal holds, into a new file ``target``: a copy
-        to query (or open in another tool) for as long as you like, while jobs go on writing
-        the original."""
-        return _admin.snapshot(self, target)
-
-    def stats(self) -> tuple[pa.Table, int]:
-        """Answers, tokens and the newest answer per model, and how many runs are recorded."""
-        return _admin.stats(self)
-
-    def export(self, *, model: str | None = None) -> pa.Table:
-        """Cached answers (of ``model``, or all), oldest first."""
-        return _admin.export(self, model=model)
-
-    def prune(
-        self,
-        *,
-        model: str | None = None,
-        older_than_days: float | None = None,
-        status: str | None = None,
-        dry_run: bool = False,
-    ) -> int:
-        """Delete cached answers matching every filter given; returns how many (would) go."""
-        return _admin.prune(
-            self, model=model, older_than_days=older_than_days, status=status, dry_run=dry_run
-        )
-
-    def vacuum(self) -> tuple[int, int]:
-        """Rewrite the file to reclaim the space of deleted rows; sizes before and after."""
-        return _admin.vacuum(self)
-
-    def insert(
-        self, table: Literal["llm_cache", "llm_embeddings", "llm_semantic_index"], rows: pa.Table
-    ) -> None:
-        """Insert ``rows`` (an Arrow table with some of the table's columns), say to restore an
-        export; a key already present keeps its row."""
-        _admin.insert(self, table, rows)
+    snapshot = _admin.snapshot
+    stats = _admin.stats
+    export = _admin.export
+    prune = _admin.prune
+    vacuum = _admin.vacuum
+    insert = _admin.insert
 
 
 def open_cache(
