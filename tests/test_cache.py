@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 import llm_ops
 from llm_ops import default_cache_path
@@ -87,6 +88,32 @@ def test_a_cache_in_a_newer_format_still_works_and_vacuum_converts_it(complete, 
     assert DF.pipe(complete, prompt="{text}", cache=newer)["completion_status"][0] == "cached"
     Cache(newer).vacuum()
     assert _storage_version(newer) == 64
+
+
+def _answer(key, tokens):
+    return {
+        "key": key,
+        "model": "m",
+        "endpoint": "e",
+        "request": "{}",
+        "status": "ok",
+        "prompt_tokens": tokens,
+    }
+
+
+def test_a_view_of_the_answers_holds_those_still_in_the_journal_and_the_files_win(cache):
+    store = Cache(cache)
+    store.insert("llm_cache", pa.Table.from_pylist([_answer("a", 1)]))
+    writer = store.writer()
+    writer.answer(_answer("a", 99))
+    writer.answer(_answer("b", 2))
+    writer.write()
+    with (
+        duckdb.connect() as con,
+        store.answers_view(con, name="cached", columns=["key", "prompt_tokens"]),
+    ):
+        assert con.sql("SELECT * FROM cached ORDER BY key").fetchall() == [("a", 1), ("b", 2)]
+    writer.close(wait=None)
 
 
 _CACHE_TABLES = re.compile(

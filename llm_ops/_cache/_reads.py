@@ -153,11 +153,15 @@ def batch_keys(place: Place, job_id: str, part: int) -> list[str]:
 def answers_view(
     place: Place, con: duckdb.DuckDBPyConnection, *, name: str, columns: Sequence[str]
 ) -> Iterator[None]:
-    """For the block, ``name`` on ``con`` is a view of the cached answers (the file's and the
-    journal's, one row per key) with ``columns`` of ``llm_cache``."""
+    """For the block, ``name`` on ``con`` is a view of the cached answers with ``columns`` of
+    ``llm_cache``, one row per key (the file's, else the journal's): for a join of a big
+    table of keys against them, inside DuckDB. The cache is attached read-only meanwhile."""
     unknown = [column for column in columns if column not in COLUMNS["llm_cache"]]
     if unknown or not name.isidentifier():
-        raise ValueError(f"no view {name!r} of the answers with the columns {unknown}")
+        raise ValueError(
+            f"a view of the answers needs a plain name and columns of llm_cache, not "
+            f"{name!r} and {unknown}"
+        )
     with attached(place, con, alias=f"{name}_file"):
         con.execute(f"CREATE TEMP VIEW {name} AS {_answers_sql(place, f'{name}_file', columns)}")
         try:
