@@ -259,11 +259,10 @@ class Table:
             # Chunks are runs of the send order (llm_ops._order): byte-wise, as Polars sorts.
             prefix = self.job.send_order == "prefix"
             order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.first"
-            with self.cache.attached(con, alias="cache"):
+            with self.cache.answers_view(con, name="cached", columns=["key"]):
                 con.execute(
                     "CREATE TABLE misses AS SELECT r.* FROM requests r "
-                    f"ANTI JOIN ({self.cache.answers_sql('cache', ['key'])}) c "
-                    f"ON r.key = c.key ORDER BY {order}"
+                    f"ANTI JOIN cached c ON r.key = c.key ORDER BY {order}"
                 )
             distinct, keyed_rows = con.execute(
                 "SELECT count(*), coalesce(sum(rows), 0) FROM requests"
@@ -483,14 +482,14 @@ class Table:
         """Requests and tokens as if every row were sent, each distinct request once, for the
         cache hits and for the ``similar`` answers, from the plan's tables and the answers now
         in the cache."""
-        answers = self.cache.answers_sql("cache", ["key", "prompt_tokens", "completion_tokens"])
-        with self._plan_db() as con, self.cache.attached(con, alias="cache"):
+        columns = ["key", "prompt_tokens", "completion_tokens"]
+        with self._plan_db() as con, self.cache.answers_view(con, name="cached", columns=columns):
             con.register("similar_answers", similar.to_arrow())
             row = con.execute(
                 "WITH t AS (SELECT r.rows, coalesce(c.prompt_tokens, s.prompt_tokens, 0) AS p, "
                 "coalesce(c.completion_tokens, s.completion_tokens, 0) AS c, "
                 "m.key IS NULL AS hit, s.key IS NOT NULL AS is_similar FROM requests r "
-                f"LEFT JOIN ({answers}) c ON c.key = r.key "
+                "LEFT JOIN cached c ON c.key = r.key "
                 "LEFT JOIN misses m ON m.key = r.key "
                 "LEFT JOIN similar_answers s ON s.key = r.key) "
                 "SELECT sum(rows), sum(rows * p), sum(rows * c), count(*), sum(p), sum(c), "

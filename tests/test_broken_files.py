@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 
 from llm_ops import CacheError, ConfigError
-from llm_ops._cache import _COLUMNS, _REQUIRED, Cache, migrate
+from llm_ops._cache import Cache, migrate
+from llm_ops._cache._migrations import COLUMNS, REQUIRED
 
 ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
 # about 4.5 kB a journal line: a few hundred fill what a small disk has left
@@ -259,8 +260,8 @@ def test_a_journal_line_must_hold_every_column_its_table_requires(tmp_path):
         required = con.execute(
             "SELECT table_name, column_name FROM duckdb_columns() WHERE NOT is_nullable"
         ).fetchall()
-    for table, columns in _REQUIRED.items():
-        assert set(columns) == {c for t, c in required if t == table} & set(_COLUMNS[table])
+    for table, columns in REQUIRED.items():
+        assert set(columns) == {c for t, c in required if t == table} & set(COLUMNS[table])
 
 
 # -- a reader holding the file as the job ends ------------------------------------------------

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import duckdb
 import polars as pl
+import pyarrow as pa
 
+import llm_ops
 from llm_ops import default_cache_path
 from llm_ops._cache import Cache
 
@@ -82,3 +88,80 @@ def test_a_cache_in_a_newer_format_still_works_and_vacuum_converts_it(complete, 
     assert DF.pipe(complete, prompt="{text}", cache=newer)["completion_status"][0] == "cached"
     Cache(newer).vacuum()
     assert _storage_version(newer) == 64
+
+
+def _answer(key, tokens):
+    return {
+        "key": key,
+        "model": "m",
+        "endpoint": "e",
+        "request": "{}",
+        "status": "ok",
+        "prompt_tokens": tokens,
+    }
+
+
+def test_a_view_of_the_answers_holds_those_still_in_the_journal_and_the_files_win(cache):
+    store = Cache(cache)
+    store.insert("llm_cache", pa.Table.from_pylist([_answer("a", 1)]))
+    writer = store.writer()
+    writer.answer(_answer("a", 99))
+    writer.answer(_answer("b", 2))
+    writer.write()
+    with (
+        duckdb.connect() as con,
+        store.answers_view(con, name="cached", columns=["key", "prompt_tokens"]),
+    ):
+        assert con.sql("SELECT * FROM cached ORDER BY key").fetchall() == [("a", 1), ("b", 2)]
+    writer.close(wait=None)
+
+
+_CACHE_TABLES = re.compile(
+    r"\bllm_(cache|runs|embeddings|semantic_index|batches|batch_requests|ops_migrations)\b"
+)
+_SQL = re.compile(r"\b(SELECT|FROM|JOIN|INSERT|UPDATE|DELETE|CREATE|ALTER|ATTACH|DROP|COPY)\b")
+# Examples for people, in the CLI's help: their own SQL, which the cache runs as theirs.
+_SQL_FOR_PEOPLE = {
+    ("llm_ops/cli.py", "(SELECT * FROM cache.llm_cache)"),
+    ("llm_ops/cli.py", '"SELECT count(*) FROM cache.llm_cache"'),
+}
+
+
+def _sql_on_cache_tables(path):
+    """The string literals of ``path`` that name a cache table in SQL (an f-string's literal
+    parts joined), docstrings aside."""
+    tree = ast.parse(path.read_text())
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, documented) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(part.value for part in node.values if isinstance(part, ast.Constant))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = "" if id(node) in docstrings else node.value
+        else:
+            continue
+        if _CACHE_TABLES.search(text) and _SQL.search(text):
+            yield text
+
+
+def test_only_the_cache_package_speaks_sql_to_the_cache_tables():
+    root = Path(llm_ops.__file__).parent.parent
+    outside = [
+        p
+        for p in [*root.glob("llm_ops/**/*.py"), *root.glob("flows/*.py")]
+        if root / "llm_ops" / "_cache" not in p.parents
+    ]
+    found = {
+        (p.relative_to(root).as_posix(), text) for p in outside for text in _sql_on_cache_tables(p)
+    }
+    for_people = {
+        (name, text)
+        for name, text in found
+        for where, part in _SQL_FOR_PEOPLE
+        if name == where and part in text
+    }
+    assert outside and found - for_people == set()

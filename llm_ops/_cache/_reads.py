@@ -1,0 +1,183 @@
+"""Reading the cache for a job: answers and vectors by key, candidates for the semantic cache,
+provider batches, and the answers as a view for a join inside DuckDB. Every read takes what
+the journal holds too, so an answer is found as soon as it is journalled."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ..exceptions import CacheError
+from ._connection import Place, attached, connect, reader
+from ._journal_sql import journal_files, journal_sql, table_sql
+from ._migrations import CACHE_SCHEMA, COLUMNS, EMBEDDING_SCHEMA
+
+LIST_ATTEMPTS = 10
+"""Lookups list the journal, then read it: a file merged (or, on a cluster, moved into the
+cache's journal) in between is listed again, this many times at most."""
+# The order in which a batch part goes through its states (the provider's and ours).
+BATCH_STATES = (
+    "preparing",
+    "uploaded",
+    "submitted",
+    "validating",
+    "in_progress",
+    "finalizing",
+    "cancelling",
+    "completed",
+    "failed",
+    "expired",
+    "cancelled",
+    "collected",
+)
+
+
+def lookup(place: Place, keys: pa.Table) -> pa.Table:
+    """Cached answers for the ``key`` column of ``keys`` (journal included), in one join."""
+    return _rows_for_keys(place, "llm_cache", CACHE_SCHEMA, keys)
+
+
+def lookup_embeddings(place: Place, keys: pa.Table) -> pa.Table:
+    """Cached vectors for the ``key`` column of ``keys`` (journal included), in one join."""
+    return _rows_for_keys(place, "llm_embeddings", EMBEDDING_SCHEMA, keys)
+
+
+def _rows_for_keys(place: Place, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
+    columns = list(schema.names)
+    for attempt in range(LIST_ATTEMPTS):
+        files = journal_files(place, table)
+        if not place.path.exists() and not files:
+            return schema.empty_table()
+        query = table_sql(place, table, columns, files)
+        if files:
+            query = f"SELECT DISTINCT ON (key) * FROM ({query})"
+        try:
+            with reader(place) as con:
+                con.register("wanted_keys", keys)
+                found = con.sql(
+                    f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
+                )
+                rows = found.to_arrow_table()
+                # cast only when needed: it imports pyarrow.compute (~60 ms, once)
+                return rows if rows.schema.equals(schema) else rows.cast(schema)
+        except (CacheError, duckdb.IOException) as exc:
+            # A journal file merged and removed between listing and reading: list again.
+            gone = ("No files found", "needs at least one file")
+            if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
+                raise
+            time.sleep(0.01 * random.uniform(0.5, 1.5))
+    raise AssertionError("unreachable")
+
+
+def similar_candidates(
+    place: Place,
+    scopes: Sequence[str],
+    *,
+    embedding_model: str,
+    dimensions: int,
+    batch_rows: int = 65_536,
+) -> Iterator[pa.RecordBatch]:
+    """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
+    as batches of (key, scope, embedding), read a batch at a time."""
+    if not place.path.exists() or not scopes:
+        return
+    with connect(place) as con:
+        con.register("wanted_scopes", pa.table({"scope": list(scopes)}))
+        batches = con.sql(
+            "SELECT i.key, i.scope, e.embedding FROM llm_semantic_index i "
+            "SEMI JOIN wanted_scopes w ON i.scope = w.scope "
+            "JOIN llm_embeddings e ON e.key = i.embedding_key "
+            "JOIN llm_cache c ON c.key = i.key "
+            "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions",
+            params={"model": embedding_model, "dimensions": dimensions},
+        ).to_arrow_reader(batch_rows)
+        yield from batches
+        con.unregister("wanted_scopes")
+
+
+def batch_parts(
+    place: Place, *, keys: Sequence[str] | None = None, job_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Every batch part that carries one of ``keys`` (or belongs to ``job_id``, or all),
+    in its latest state, with the ids recorded along the way; oldest first."""
+    if not place.path.exists() and not journal_files(place, "llm_batches"):
+        return []
+    events = table_sql(place, "llm_batches", list(COLUMNS["llm_batches"]))
+    requests = table_sql(place, "llm_batch_requests", ["job_id", "part", "request_key"])
+    ranks = " ".join(f"WHEN '{state}' THEN {rank}" for rank, state in enumerate(BATCH_STATES))
+    where = "TRUE"
+    if keys is not None:
+        where = (
+            f"(job_id, part) IN (SELECT job_id, part FROM ({requests}) r "
+            "SEMI JOIN wanted_keys w ON r.request_key = w.key)"
+        )
+    elif job_id is not None:
+        where = "job_id = $job_id"
+    query = (
+        f"SELECT job_id, part, arg_max(state, CASE state {ranks} END) AS state, "
+        "any_value(endpoint) AS endpoint, any_value(model) AS model, "
+        "max(requests) AS requests, max(input_file_id) AS input_file_id, "
+        "max(batch_id) AS batch_id, max(output_file_id) AS output_file_id, "
+        "max(error_file_id) AS error_file_id "
+        f"FROM ({events}) WHERE {where} GROUP BY job_id, part ORDER BY job_id, part"
+    )
+    with connect(place) as con:
+        con.register(
+            "wanted_keys",
+            pa.table({"key": list(keys or [])}, schema=pa.schema([("key", pa.string())])),
+        )
+        params = {"job_id": job_id} if keys is None and job_id is not None else None
+        parts: list[dict[str, Any]] = con.sql(query, params=params).to_arrow_table().to_pylist()
+    return parts
+
+
+def batch_keys(place: Place, job_id: str, part: int) -> list[str]:
+    """The request keys a batch part carries."""
+    requests = table_sql(place, "llm_batch_requests", ["job_id", "part", "request_key"])
+    with connect(place) as con:
+        rows = con.sql(
+            f"SELECT DISTINCT request_key FROM ({requests}) "
+            "WHERE job_id = $job_id AND part = $part",
+            params={"job_id": job_id, "part": part},
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+@contextmanager
+def answers_view(
+    place: Place, con: duckdb.DuckDBPyConnection, *, name: str, columns: Sequence[str]
+) -> Iterator[None]:
+    """For the block, ``name`` on ``con`` is a view of the cached answers with ``columns`` of
+    ``llm_cache``, one row per key (the file's, else the journal's): for a join of a big
+    table of keys against them, inside DuckDB. The cache is attached read-only meanwhile."""
+    unknown = [column for column in columns if column not in COLUMNS["llm_cache"]]
+    if unknown or not name.isidentifier():
+        raise ValueError(
+            f"a view of the answers needs a plain name and columns of llm_cache, not "
+            f"{name!r} and {unknown}"
+        )
+    with attached(place, con, alias=f"{name}_file"):
+        con.execute(f"CREATE TEMP VIEW {name} AS {_answers_sql(place, f'{name}_file', columns)}")
+        try:
+            yield
+        finally:
+            con.execute(f"DROP VIEW {name}")
+
+
+def _answers_sql(place: Place, alias: str, columns: Sequence[str]) -> str:
+    listed = ", ".join(columns)
+    files = journal_files(place, "llm_cache")
+    if not files:
+        return f"SELECT {listed} FROM {alias}.llm_cache"
+    return (
+        f"SELECT DISTINCT ON (key) {listed} FROM ("
+        f"SELECT {listed}, 0 AS journal FROM {alias}.llm_cache UNION ALL "
+        f"{journal_sql('llm_cache', [*columns, '1 AS journal'], files)}) "
+        "ORDER BY key, journal"
+    )

@@ -1,0 +1,146 @@
+""":class:`Cache`, the one face of the cache database to every stage, and :func:`open_cache`
+for people's own queries. Each method says what it does and hands the work to the module that
+does it: opening (:mod:`._connection`), reading (:mod:`._reads`), writing and merging
+(:mod:`._writes`), and what people do with a cache (:mod:`._admin`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .._journal import JournalWriter
+from ..exceptions import CacheError
+from . import _admin, _connection, _reads, _writes
+from ._connection import CACHE_ENV, resolve_cache_path
+from ._migrations import migrate
+
+MERGE_WAIT = 30.0
+"""Seconds the end of a job waits, by default, for a reader holding the cache file to let go,
+so that its answers are in the file (not only in the journal) when it returns."""
+FLUSH_EVERY = 8192
+"""Answers per merge from the journal into the file, at most: answers are durable in the
+journal already, and each merge costs 40-130 ms of CPU, which at 1,024 per merge was a fifth
+of a request's CPU at high concurrency; ``flush_seconds`` still bounds how stale the file is."""
+
+
+class Cache:
+    """One cache database file and its journal, the face every stage talks to.
+
+    Connections are short: opened for one lookup or one merge and closed at once, retried
+    while another process holds the file (up to ``lock_timeout`` seconds for reads). Each
+    method is a function of the module of its kind, which takes the cache as its first
+    argument: :mod:`._connection` opens the file, :mod:`._reads` reads it with the journal,
+    :mod:`._writes` writes through the journal and merges it, :mod:`._admin` holds what
+    people do with a cache.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_every: int = FLUSH_EVERY,
+        flush_seconds: float = 2.0,
+        lock_timeout: float = 30.0,
+        merge_wait: float = MERGE_WAIT,
+    ):
+        self.path = Path(path)
+        self.journal = self.path.with_name(self.path.name + ".journal")
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self.lock_timeout = lock_timeout
+        self.merge_wait = merge_wait
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.path)!r})"
+
+    def prepare(self) -> None:
+        """Make sure the cache can be used before anything is paid for (see
+        :func:`._connection.prepare`), and merge what dead or finished jobs left in the
+        journal; a lock held elsewhere only delays that merge."""
+        _connection.prepare(self)
+        self.merge_orphans(wait=0.5)
+
+    connect = _connection.connect
+    attached = _connection.attached
+
+    lookup = _reads.lookup
+    lookup_embeddings = _reads.lookup_embeddings
+    answers_view = _reads.answers_view
+    similar_candidates = _reads.similar_candidates
+    batch_parts = _reads.batch_parts
+    batch_keys = _reads.batch_keys
+
+    def writer(self) -> JournalWriter:
+        """A writer for one job: rows go to the journal at once and into the file in batches
+        of ``flush_every``."""
+        return JournalWriter(self.journal, merge=self.merge_files, merge_every=self.flush_every)
+
+    def record_run(self, run: Mapping[str, Any], *, wait: float | None = None) -> int:
+        """Append one row to ``llm_runs`` (from a report's fields, those it has columns for),
+        at a job's end: with it, what the job's writers left in the journal is merged
+        (:meth:`settle`, waiting up to ``wait``, else :attr:`merge_wait`, seconds for a
+        reader to let go of the file). Returns the answers still waiting in the journal."""
+        _writes.write_rows(self.writer(), "llm_runs", [_writes.run_row(run)], wait=None)
+        return self.settle(wait=self.merge_wait if wait is None else wait).waiting
+
+    def index_for_similarity(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Make answers findable by the semantic cache: key, scope, embedding_key."""
+        _writes.write_rows(self.writer(), "llm_semantic_index", rows)
+
+    def record_batch(self, part: Mapping[str, Any], *, keys: Sequence[str] = ()) -> None:
+        """Record that a batch part reached ``part["state"]`` (with the provider's ids known
+        so far), and, the first time, which request keys it carries. Durable (in the journal)
+        when this returns, so it can come before the provider call it announces."""
+        _writes.write_batch(self.writer(), part, keys)
+
+    merge_files = _writes.merge_files
+    merge_orphans = _writes.merge_orphans
+    settle = _writes.settle
+    adopt = _writes.adopt
+
+    snapshot = _admin.snapshot
+    stats = _admin.stats
+    export = _admin.export
+    prune = _admin.prune
+    vacuum = _admin.vacuum
+    insert = _admin.insert
+
+
+def open_cache(
+    cache: str | os.PathLike[str] | None = None,
+    *,
+    read_only: bool = True,
+    lock_timeout: float = 30.0,
+) -> duckdb.DuckDBPyConnection:
+    """Open the cache database for your own queries; close it when done.
+
+    Read-only by default. Opening waits (up to ``lock_timeout`` seconds) while a job merges
+    answers into the file, instead of failing with DuckDB's raw IO error, and merges what
+    finished jobs left in the journal first. While you hold the connection, running jobs keep
+    their answers in the journal and merge them once you close it; to hold a copy as long as
+    you like, take a snapshot (``llm-ops cache snapshot``).
+
+    Use it as a context manager::
+
+        with open_cache("output/cache.duckdb") as con:
+            con.sql("SELECT model, count(*) FROM llm_cache GROUP BY model").show()
+    """
+    path = resolve_cache_path(cache)
+    assert path is not None
+    if read_only and not path.exists():
+        raise CacheError(
+            f"there is no cache at {path} yet; run a job first, or pass the path "
+            f"of an existing cache (cache= or {CACHE_ENV})"
+        )
+    store = Cache(path, lock_timeout=lock_timeout)
+    with contextlib.suppress(CacheError):
+        store.merge_orphans(wait=min(lock_timeout, 2.0))
+    con = _connection.open_retrying(path, read_only=read_only, wait=lock_timeout)
+    if not read_only:
+        migrate(con)
+    return con
