@@ -104,20 +104,23 @@ def run_on_ray(
     Examples
     --------
     A local Ray instance takes longer to start than an example in the test suite may (about
-    6 s on two cores, and this example 11 s), so the suite skips the lines that need one;
+    6 s on two cores, and this example 10 s), so the suite skips the lines that need one;
     ``tests/test_ray.py`` runs the same calls on a cluster it starts once.
 
     >>> import tempfile
+    >>> from datetime import UTC, datetime
     >>> from pathlib import Path
     >>> import polars as pl
     >>> from llm_ops import Client
-    >>> from llm_ops.ray import run_on_ray
+    >>> from llm_ops.ray import run_on_ray, send_chunks
     >>> from llm_ops.tables import Table
     >>> from llm_ops.testing import LocalEndpoint
     >>> work = tempfile.TemporaryDirectory()
     >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
     >>> pl.DataFrame({"text": [f"review {i % 30}" for i in range(100)]}).write_parquet(reviews)
     >>> cache = Path(work.name, "cache.duckdb")
+    >>> def progress(done, total, counters):
+    ...     print(f"{done}/{total} chunks, {counters.sent} requests sent")
     >>> with (  # doctest: +SKIP
     ...     LocalEndpoint() as endpoint,
     ...     Client(base_url=endpoint.base_url, cache=cache) as client,
@@ -125,9 +128,17 @@ def run_on_ray(
     ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
     ...                   chunk_size=10)
     ...     report = run_on_ray(table, address="local", workers=2)
-    ...     sent = endpoint.stats()["requests"]
-    >>> report.rows, report.requests_sent, sent, pl.read_parquet(out).height  # doctest: +SKIP
-    (100, 30, 30, 100)
+    ...     # the same, as steps a flow takes (a new prompt, so that it sends again):
+    ...     steps = Table(client, reviews, out, prompt="Describe: {text}", model="sim",
+    ...                   chunk_size=10)
+    ...     started, plan = datetime.now(UTC), steps.plan()
+    ...     counters = send_chunks(steps, plan.chunks, workers=2, on_chunk=progress)
+    ...     stepped = steps.finish(plan, counters, steps.write(), started_at=started)
+    1/3 chunks, 10 requests sent
+    2/3 chunks, 20 requests sent
+    3/3 chunks, 30 requests sent
+    >>> report.rows, report.requests_sent, stepped.requests_sent  # doctest: +SKIP
+    (100, 30, 30)
     >>> import ray  # doctest: +SKIP
     >>> ray.shutdown()  # doctest: +SKIP
     >>> work.cleanup()
@@ -187,44 +198,8 @@ def send_chunks(
     then this, then :meth:`~llm_ops.tables.Table.write` and
     :meth:`~llm_ops.tables.Table.finish`. ``workers`` and ``on_chunk`` are as for
     :func:`run_on_ray`. A job in batch mode, with the semantic cache or with a budget is a
-    :class:`~llm_ops.ConfigError` for now.
-
-    Examples
-    --------
-    The test suite skips the lines that need a Ray instance, as for :func:`run_on_ray`.
-
-    >>> import tempfile
-    >>> from datetime import UTC, datetime
-    >>> from pathlib import Path
-    >>> import polars as pl
-    >>> from llm_ops import Client
-    >>> from llm_ops.ray import connect, send_chunks
-    >>> from llm_ops.tables import Table
-    >>> from llm_ops.testing import LocalEndpoint
-    >>> work = tempfile.TemporaryDirectory()
-    >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
-    >>> pl.DataFrame({"text": [f"review {i % 30}" for i in range(100)]}).write_parquet(reviews)
-    >>> cache = Path(work.name, "cache.duckdb")
-    >>> def progress(done, total, counters):
-    ...     print(f"{done}/{total} chunks, {counters.sent} requests sent")
-    >>> with (  # doctest: +SKIP
-    ...     LocalEndpoint() as endpoint,
-    ...     Client(base_url=endpoint.base_url, cache=cache) as client,
-    ... ):
-    ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
-    ...                   chunk_size=10)
-    ...     connect("local", workers=1)
-    ...     started, plan = datetime.now(UTC), table.plan()
-    ...     counters = send_chunks(table, plan.chunks, workers=1, on_chunk=progress)
-    ...     report = table.finish(plan, counters, table.write(), started_at=started)
-    1/3 chunks, 10 requests sent
-    2/3 chunks, 20 requests sent
-    3/3 chunks, 30 requests sent
-    >>> report.requests_sent  # doctest: +SKIP
-    30
-    >>> import ray  # doctest: +SKIP
-    >>> ray.shutdown()  # doctest: +SKIP
-    >>> work.cleanup()
+    :class:`~llm_ops.ConfigError` for now. The example of :func:`run_on_ray` takes these
+    steps too.
     """
     ray = _ray()
     job = table.job
