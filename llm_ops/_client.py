@@ -392,14 +392,20 @@ class Client:
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
         try:
             if self._engine is None:
-                limiter = None if self.limiter is None else self.limiter(self.limits)
-                self._engine = Engine(self.endpoint, self.limits, limiter)
+                self._engine = self.new_engine()
         finally:
             if prepared is not None:
                 await prepared
         if models:
             await self._engine.check_models(models)
         return Backend(self._engine, self.cache)
+
+    def new_engine(self) -> Engine:
+        """An engine for this client's endpoint, limits and limiter, for the event loop it is
+        first used on: :meth:`prepare` makes one for the client's own loop, and the ``llm``
+        expressions one for the loop of the thread Polars runs them on."""
+        limiter = None if self.limiter is None else self.limiter(self.limits)
+        return Engine(self.endpoint, self.limits, limiter)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop and wait for it, from sync code (a

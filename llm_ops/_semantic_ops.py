@@ -17,16 +17,9 @@ import polars as pl
 import pyarrow as pa
 
 from ._client import Client
-from ._expr import (
-    Ask,
-    Completions,
-    ExprOptions,
-    classification,
-    completion,
-    extraction,
-    one_schema,
-    verdict,
-)
+from ._expr import ExprOptions
+from ._expr.asks import Ask, classification, extraction, one_schema, verdict
+from ._expr.batches import Completions, completion
 from ._frames import Frame, from_arrow, schema_of
 from ._options import ModelOption, SchemaOption
 from ._report import RunReport
@@ -114,17 +107,8 @@ def llm_filter(
     │ 3   ┆ Never arrived     │
     └─────┴───────────────────┘
     """
-    values = _values(df, prompt, options)
-    expr, batches = completion(
-        values,
-        prompt,
-        model=model,
-        output="answer",
-        client=client,
-        options=options,
-        ask=verdict(),
-        what="llm_filter",
-    )
+    ask, values = verdict(), _values(df, prompt, options)
+    expr, batches = completion(values, ask, prompt, "llm_filter", model, "answer", client, options)
     keep = _free_name(schema_of(df), "__llm_ops_keep")
     result = _apply(df, lambda frame: frame.with_columns(expr.alias(keep)).filter(keep).drop(keep))
     return _returned(df, result, batches, return_report)
@@ -339,15 +323,7 @@ def _add_columns(
     template = prompt if prompt is not None else cast(str, ask.prompt)
     values = _values(df, template, options)
     expr, batches = completion(
-        values,
-        template,
-        model=model,
-        output="struct",
-        client=client,
-        options=options,
-        ask=ask,
-        what=what,
-        answer=output,
+        values, ask, template, what, model, "struct", client, options, output
     )
     fields = [field.name for field in cast(pl.Struct, batches.dtype).fields]
     names = {field: output if field == "answer" else f"{output}_{field}" for field in fields}

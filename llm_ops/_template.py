@@ -88,15 +88,8 @@ def parse_template(source: str, *, what: str = "prompt") -> Template:
             "'Summarize: {text}' (a template without {column} references is "
             "fine: every row then gets the one answer)"
         )
-    try:
-        parsed = list(string.Formatter().parse(source))
-    except ValueError as exc:
-        raise TemplateError(
-            f"{what} template {source!r} is malformed ({exc}); "
-            "write literal braces as {{ and }}"
-        ) from exc
     parts: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in parsed:
+    for literal, field, spec, conversion in fields_of(source, what=what):
         if field is None:
             parts.append((literal, None))
             continue
@@ -106,7 +99,7 @@ def parse_template(source: str, *, what: str = "prompt") -> Template:
                 "name a column instead, e.g. {text}"
             )
         if "." in field or "[" in field or conversion is not None or spec:
-            shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            shown = field_text(field, spec, conversion)
             raise TemplateError(
                 f"{what} template {source!r} uses {{{shown}}}; only plain column names are "
                 "allowed. Compute the value into its own column first (e.g. with "
@@ -114,6 +107,27 @@ def parse_template(source: str, *, what: str = "prompt") -> Template:
             )
         parts.append((literal, field))
     return Template(source=source, parts=tuple(parts))
+
+
+Field = tuple[str, str | None, str | None, str | None]
+"""A template's piece as :meth:`string.Formatter.parse` reads it: literal text, then the
+field's name, format spec and conversion (``None`` after the last field)."""
+
+
+def fields_of(source: str, *, what: str) -> list[Field]:
+    """``source``'s pieces, raising :class:`TemplateError` where its braces do not match."""
+    try:
+        return list(string.Formatter().parse(source))
+    except ValueError as exc:
+        raise TemplateError(
+            f"{what} template {source!r} is malformed ({exc}); "
+            "write literal braces as {{ and }}"
+        ) from exc
+
+
+def field_text(field: str, spec: str | None, conversion: str | None) -> str:
+    """A field as it was written between its braces: ``name!r:>10``."""
+    return field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
 
 
 def check_columns(template: Template, schema: Mapping[str, pl.DataType], *, what: str) -> None:

@@ -80,9 +80,68 @@ def run_on_ray(
 ) -> RunReport:
     """:meth:`Table.run <llm_ops.tables.Table.run>`, with the chunks sent by Ray workers.
 
-    ``address`` is ``"local"`` (a Ray instance on this machine, started if none is running) or
-    a Ray address such as ``"auto"`` or ``"ray://host:10001"``; ``workers`` caps how many
-    chunks are sent at once (a local instance gets that many CPUs).
+    Parameters
+    ----------
+    table
+        The job; its client's cache, endpoint and limits are the driver's.
+    address
+        ``"local"`` (a Ray instance on this machine, started if none is running) or a Ray
+        address such as ``"auto"`` or ``"ray://host:10001"``.
+    workers
+        How many chunks are sent at once (a local instance gets that many CPUs); ``None``:
+        one per CPU of the cluster.
+    on_chunk
+        Called on the driver as each chunk ends, with the chunks done, the chunks in all and
+        the counters so far (a flow's progress).
+
+    Returns
+    -------
+    RunReport
+        The job's report, recorded in ``llm_runs``. A cascade runs on the driver instead
+        (:meth:`~llm_ops.tables.Table.run_cascade`): which rows reach the next model depends
+        on the answers.
+
+    Examples
+    --------
+    A local Ray instance takes longer to start than an example in the test suite may (about
+    6 s on two cores, and this example 10 s), so the suite skips the lines that need one;
+    ``tests/test_ray.py`` runs the same calls on a cluster it starts once.
+
+    >>> import tempfile
+    >>> from datetime import UTC, datetime
+    >>> from pathlib import Path
+    >>> import polars as pl
+    >>> from llm_ops import Client
+    >>> from llm_ops.ray import run_on_ray, send_chunks
+    >>> from llm_ops.tables import Table
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> work = tempfile.TemporaryDirectory()
+    >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+    >>> pl.DataFrame({"text": [f"review {i % 30}" for i in range(100)]}).write_parquet(reviews)
+    >>> cache = Path(work.name, "cache.duckdb")
+    >>> def progress(done, total, counters):
+    ...     print(f"{done}/{total} chunks, {counters.sent} requests sent")
+    >>> with (  # doctest: +SKIP
+    ...     LocalEndpoint() as endpoint,
+    ...     Client(base_url=endpoint.base_url, cache=cache) as client,
+    ... ):
+    ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
+    ...                   chunk_size=10)
+    ...     report = run_on_ray(table, address="local", workers=2)
+    ...     # the same, as steps a flow takes (a new prompt, so that it sends again):
+    ...     steps = Table(client, reviews, out, prompt="Describe: {text}", model="sim",
+    ...                   chunk_size=10)
+    ...     started, plan = datetime.now(UTC), steps.plan()
+    ...     counters = send_chunks(steps, plan.chunks, workers=2, on_chunk=progress)
+    ...     stepped = steps.finish(plan, counters, steps.write(), started_at=started)
+    1/3 chunks, 10 requests sent
+    2/3 chunks, 20 requests sent
+    3/3 chunks, 30 requests sent
+    >>> report.rows, report.requests_sent, stepped.requests_sent  # doctest: +SKIP
+    (100, 30, 30)
+    >>> import ray  # doctest: +SKIP
+    >>> ray.shutdown()  # doctest: +SKIP
+    >>> work.cleanup()
     """
     started_at = datetime.now(UTC)
     if table.cascade:
@@ -94,7 +153,29 @@ def run_on_ray(
 
 
 def connect(address: str = "local", workers: int | None = None) -> None:
-    """Join the Ray cluster at ``address`` (``"local"``: start one here) unless joined."""
+    """Join the Ray cluster at ``address`` (``"local"``: start one here) unless joined.
+
+    Parameters
+    ----------
+    address
+        ``"local"``, or a Ray address such as ``"auto"`` or ``"ray://host:10001"``.
+    workers
+        The CPUs of a local instance (``None``: this machine's); not used to join a cluster.
+
+    Examples
+    --------
+    The test suite skips the lines that need a Ray instance, as for :func:`run_on_ray`.
+
+    >>> import ray  # doctest: +SKIP
+    >>> from llm_ops.ray import connect
+    >>> connect("local", workers=2)  # doctest: +SKIP
+    >>> ray.is_initialized(), ray.cluster_resources()["CPU"]  # doctest: +SKIP
+    (True, 2.0)
+    >>> connect("local", workers=4)  # joined already, so nothing changes  # doctest: +SKIP
+    >>> ray.cluster_resources()["CPU"]  # doctest: +SKIP
+    2.0
+    >>> ray.shutdown()  # doctest: +SKIP
+    """
     ray = _ray()
     if ray.is_initialized():
         return
@@ -110,7 +191,16 @@ def send_chunks(
     table: Table, chunks: list[str], *, workers: int | None = None, on_chunk: OnChunk | None = None
 ) -> Counters:
     """Send ``chunks`` (from :meth:`Table.plan`) as Ray tasks, at most ``workers`` at once,
-    merging their answers into the cache as they end; returns the counters added up."""
+    merging their answers into the cache as they end; returns the counters added up.
+
+    The step of :func:`run_on_ray` that runs on the cluster, for a flow that takes the
+    table's steps itself (as ``flows/enrich.py`` does): :meth:`~llm_ops.tables.Table.plan`,
+    then this, then :meth:`~llm_ops.tables.Table.write` and
+    :meth:`~llm_ops.tables.Table.finish`. ``workers`` and ``on_chunk`` are as for
+    :func:`run_on_ray`. A job in batch mode, with the semantic cache or with a budget is a
+    :class:`~llm_ops.ConfigError` for now. The example of :func:`run_on_ray` takes these
+    steps too.
+    """
     ray = _ray()
     job = table.job
     if job.batching is not None or job.semantic is not None or job.spending.budget(None):
@@ -228,7 +318,39 @@ def _stopped_gently_on_cancel(send: Callable[[], Counters]) -> Counters:
 
 class WorkerStore(Cache):
     """A worker's cache: answers appended to its own journal files in the shared work
-    directory, for the driver to merge; the cache file itself is never opened."""
+    directory, for the driver to merge; the cache file itself is never opened.
+
+    Examples
+    --------
+    What a chunk task does on a worker, here without Ray: a client of its own, without a
+    cache, sends the chunk, and the answers wait in the work directory until the driver
+    adopts them into the cache.
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import polars as pl
+    >>> from llm_ops import Client
+    >>> from llm_ops.ray import WorkerStore
+    >>> from llm_ops.tables import Table, send_chunk
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> work = tempfile.TemporaryDirectory()
+    >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+    >>> pl.DataFrame({"text": ["Runs small", "Lovely fabric"]}).write_parquet(reviews)
+    >>> cache = Path(work.name, "cache.duckdb")
+    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+    ...     table = Table(c, reviews, out, prompt="Summarize: {text}", model="sim")
+    ...     chunk = table.plan().chunks[0]
+    ...     store = WorkerStore(table.answers_dir, flush_every=32, flush_seconds=2.0)
+    ...     with Client(base_url=endpoint.base_url, cache=False) as worker:
+    ...         taken = send_chunk(worker, table.job, store, chunk)
+    ...     journalled = len(list(table.answers_dir.glob("*.jsonl")))
+    ...     hits_before = table.estimate().cache_hits
+    ...     table.cache.adopt(table.answers_dir, wait=2.0)  # on the driver
+    ...     hits_after = table.estimate().cache_hits
+    >>> taken.sent, journalled, hits_before, hits_after
+    (2, 1, 0, 2)
+    >>> work.cleanup()
+    """
 
     def __init__(self, directory: Path, *, flush_every: int, flush_seconds: float):
         super().__init__(
@@ -250,7 +372,25 @@ def _left_to_the_driver(files: Any, wait: float) -> str | None:
 
 class Quota:
     """The cluster's rate budget (a Ray actor): the configured limits, those any worker
-    learned from the endpoint's headers, and every pause, in one place."""
+    learned from the endpoint's headers, and every pause, in one place.
+
+    Examples
+    --------
+    :func:`send_chunks` makes it an actor that every worker's limiter leases from; here it
+    is a plain object:
+
+    >>> from llm_ops.ray import Quota
+    >>> quota = Quota(rpm=600, tpm=None)  # ten requests a second, no token budget
+    >>> quota.lease(4, 400)  # four requests, and the tokens asked for
+    (4, 400, 0.0)
+    >>> quota.observe({"x-ratelimit-limit-requests": "300"})  # a worker heard a lower limit
+    >>> quota.limits()
+    (300.0, None)
+    >>> quota.pause(30)  # a worker got Retry-After: 30
+    >>> granted, tokens, wait = quota.lease(1, 100)
+    >>> granted, tokens, 29 < wait <= 30
+    (0, 0, True)
+    """
 
     def __init__(self, rpm: float | None, tpm: float | None):
         self.limiter = RateLimiter(rpm=rpm, tpm=tpm)

@@ -82,7 +82,25 @@ _OUTCOME_SCHEMA = {
 
 
 def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
-    """The Parquet files named by a path or a glob, sorted; :class:`ConfigError` if none."""
+    """The Parquet files named by a path or a glob, sorted; :class:`ConfigError` if none.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import polars as pl
+    >>> from llm_ops.tables import input_files
+    >>> work = tempfile.TemporaryDirectory()
+    >>> for part in (1, 0):
+    ...     pl.DataFrame({"text": ["a"]}).write_parquet(Path(work.name, f"part-{part}.parquet"))
+    >>> [path.name for path in input_files(Path(work.name, "part-*.parquet"))]
+    ['part-0.parquet', 'part-1.parquet']
+    >>> input_files(Path(work.name, "missing-*.parquet"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    llm_ops.exceptions.ConfigError: no input file matches '...missing-*.parquet'; check the ...
+    >>> work.cleanup()
+    """
     text = os.fspath(pattern)
     files = sorted(Path(p) for p in glob.glob(text)) if glob.has_magic(text) else [Path(text)]
     files = [f for f in files if f.is_file()]
@@ -105,7 +123,29 @@ def _batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
 
 @dataclass
 class TablePlan:
-    """What :meth:`Table.plan` found: counts and the chunk files to send."""
+    """What :meth:`Table.plan` found: counts and the chunk files to send.
+
+    Attributes
+    ----------
+    rows
+        Rows of the input.
+    distinct
+        Distinct requests among them (a row whose columns are null makes none).
+    cache_hits
+        Distinct requests the cache answers already.
+    skipped
+        Rows not sent: a column the prompt reads is null.
+    chunks
+        The chunk files of the requests to send, for :meth:`Table.run_chunk`.
+    misses
+        Distinct requests to send: ``distinct - cache_hits``.
+
+    Examples
+    --------
+    >>> from llm_ops.tables import TablePlan
+    >>> TablePlan(rows=1_000, distinct=120, cache_hits=100).misses
+    20
+    """
 
     rows: int
     distinct: int
@@ -121,7 +161,19 @@ class TablePlan:
 @dataclass
 class Written:
     """What :meth:`Table.write` wrote: rows per status, and the requests and tokens behind
-    them for the report's savings."""
+    them for the report's savings.
+
+    Attributes
+    ----------
+    statuses
+        Rows written per status (:data:`llm_ops.STATUSES`); statuses no row has are left out.
+    tallies
+        Requests and tokens as if every row were sent (``every_row``), each distinct request
+        once (``each_distinct``), and those the cache (``cache``) and the semantic cache
+        (``similar``) answered, for :meth:`Table.finish`.
+
+    See the example of :meth:`Table.plan`.
+    """
 
     statuses: dict[str, int]
     tallies: dict[str, Tally]
@@ -145,6 +197,40 @@ class Table:
         Distinct requests per chunk file, the unit :meth:`run_chunk` sends.
 
     Everything that can be checked is checked when the table is made, before anything is sent.
+
+    Examples
+    --------
+    The whole job in one call (:meth:`run`); :meth:`plan` shows it step by step:
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import polars as pl
+    >>> from llm_ops import Client
+    >>> from llm_ops.tables import Table
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> work = tempfile.TemporaryDirectory()
+    >>> reviews, summaries = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+    >>> texts = ["Runs small", "Lovely fabric", None, "Runs small"]
+    >>> pl.DataFrame({"id": [1, 2, 3, 4], "text": texts}).write_parquet(reviews)
+    >>> cache = Path(work.name, "cache.duckdb")
+    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as client:
+    ...     table = Table(client, reviews, summaries, prompt="Summarize: {text}", model="sim")
+    ...     report = table.run()
+    >>> report.rows, report.requests_sent, table.columns
+    (4, 2, ('completion', 'completion_status', 'completion_error'))
+    >>> pl.read_parquet(summaries).select("id", "completion_status", "completion_error")
+    shape: (4, 3)
+    ┌─────┬───────────────────┬─────────────────────────────────┐
+    │ id  ┆ completion_status ┆ completion_error                │
+    │ --- ┆ ---               ┆ ---                             │
+    │ i64 ┆ enum              ┆ str                             │
+    ╞═════╪═══════════════════╪═════════════════════════════════╡
+    │ 1   ┆ ok                ┆ null                            │
+    │ 2   ┆ ok                ┆ null                            │
+    │ 3   ┆ skipped           ┆ column 'text' is null; row not… │
+    │ 4   ┆ ok                ┆ null                            │
+    └─────┴───────────────────┴─────────────────────────────────┘
+    >>> work.cleanup()
     """
 
     def __init__(
@@ -196,12 +282,33 @@ class Table:
         return self.job.columns.names
 
     def cost(self, counters: Counters) -> float | None:
-        """What the requests ``counters`` count cost at the job's price (``None``: unknown)."""
+        """What the requests ``counters`` count cost at the job's price (``None``: unknown).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import polars as pl
+        >>> from llm_ops import Client, Price
+        >>> from llm_ops.tables import Counters, Table
+        >>> work = tempfile.TemporaryDirectory()
+        >>> pl.DataFrame({"text": ["a"]}).write_parquet(Path(work.name, "in.parquet"))
+        >>> with Client(base_url="http://127.0.0.1:9/v1", cache=Path(work.name, "c.duckdb")) as c:
+        ...     table = Table(c, Path(work.name, "in.parquet"), Path(work.name, "out.parquet"),
+        ...                   prompt="{text}", model="m", pricing={"m": Price(1.00, 4.00)})
+        >>> table.cost(Counters(prompt_tokens=1_000_000, completion_tokens=500_000))
+        3.0
+        >>> work.cleanup()
+        """
         return completion_cost(self.job, counters)
 
     def run(self) -> RunReport:
         """Plan, send every chunk, write and finish, in this process (a cascade batch by
-        batch); returns the report, recorded in ``llm_runs``."""
+        batch); returns the report, recorded in ``llm_runs``.
+
+        A rerun sends only what the cache lacks. See the example of :class:`Table`, and
+        :meth:`plan` for the same steps one by one.
+        """
         if self.cascade:
             return self.run_cascade()
         started_at = datetime.now(UTC)
@@ -227,7 +334,43 @@ class Table:
 
     def plan(self) -> TablePlan:
         """Key and dedupe the whole input, anti-join the cache, write the misses as chunk
-        files in the work directory."""
+        files in the work directory.
+
+        The first of the steps :meth:`run` takes, each a unit of work that a task (of a
+        Prefect flow, or on another machine) can run, and run again: :meth:`plan`, then
+        :meth:`run_chunk` for every chunk, :meth:`write` and :meth:`finish`.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from datetime import UTC, datetime
+        >>> from pathlib import Path
+        >>> import polars as pl
+        >>> from llm_ops import Client
+        >>> from llm_ops.tables import Counters, Table
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> work = tempfile.TemporaryDirectory()
+        >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+        >>> texts = [f"review {i % 3}" for i in range(10)] + [None]
+        >>> pl.DataFrame({"text": texts}).write_parquet(reviews)
+        >>> cache = Path(work.name, "cache.duckdb")
+        >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+        ...     table = Table(c, reviews, out, prompt="Summarize: {text}", model="sim",
+        ...                   chunk_size=2)
+        ...     started, spent = datetime.now(UTC), Counters()
+        ...     plan = table.plan()
+        ...     for chunk in plan.chunks:
+        ...         spent.add(table.run_chunk(chunk, spent=spent))
+        ...     written = table.write()
+        ...     report = table.finish(plan, spent, written, started_at=started)
+        >>> plan.rows, plan.distinct, plan.skipped, plan.misses, len(plan.chunks)
+        (11, 3, 1, 3, 2)
+        >>> spent.sent, sorted(written.statuses.items())
+        (3, [('ok', 10), ('skipped', 1)])
+        >>> report.requests_sent, table.work_dir.exists(), pl.read_parquet(out).height
+        (3, False, 11)
+        >>> work.cleanup()
+        """
         if self.cascade:
             raise ConfigError("a cascade runs over a table batch by batch: use run_cascade()")
         self.cache.prepare()
@@ -292,13 +435,43 @@ class Table:
         """Send the requests of one chunk file that the cache still lacks; returns what it
         took. Budgets count what ``spent`` (earlier chunks) took. Raises
         :class:`~llm_ops.JobAbortedError` (after caching what was answered) if the endpoint
-        stopped the job."""
+        stopped the job.
+
+        See the example of :meth:`plan`.
+        """
         return send_chunk(self.client, self.job, self.cache, chunk, spent=spent)
 
     def submit(self, chunk: str | os.PathLike[str]) -> list[BatchPart]:
         """With ``mode="batch"``: submit the chunk's requests that the cache lacks and no
         recorded batch carries, and return at once; :meth:`run_chunk` then waits for them
-        and collects their answers (it submits nothing again)."""
+        and collects their answers (it submits nothing again).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import polars as pl
+        >>> from llm_ops import Client
+        >>> from llm_ops.tables import Table
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> work = tempfile.TemporaryDirectory()
+        >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+        >>> pl.DataFrame({"text": ["Runs small", "Lovely fabric"]}).write_parquet(reviews)
+        >>> cache = Path(work.name, "cache.duckdb")
+        >>> with (
+        ...     LocalEndpoint(batch_seconds=0.2) as endpoint,  # its batches take 0.2 s
+        ...     Client(base_url=endpoint.base_url, cache=cache) as client,
+        ... ):
+        ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
+        ...                   mode="batch", batch_poll_seconds=0.1)
+        ...     chunk = table.plan().chunks[0]
+        ...     parts = table.submit(chunk)     # returns once the batch is created
+        ...     taken = table.run_chunk(chunk)  # waits for it, and collects its answers
+        ...     uploaded = endpoint.stats()["lines_uploaded"]
+        >>> [(part.state, part.requests) for part in parts], taken.answered, uploaded
+        ([('submitted', 2)], 2, 2)
+        >>> work.cleanup()
+        """
         if self.job.batching is None:
             raise ConfigError("submit() is for mode='batch'; run_chunk() sends live requests")
         misses = pl.read_parquet(Path(chunk))
@@ -308,7 +481,10 @@ class Table:
         return self.client.run(_submit(self.client, self.job, remaining))
 
     def write(self) -> Written:
-        """Write the input plus the added columns, batch by batch."""
+        """Write the input plus the added columns, batch by batch.
+
+        See the example of :meth:`plan`.
+        """
         outcome_files = sorted(self.work_dir.glob("chunk-*.results.parquet"))
         fresh = (
             pl.read_parquet(outcome_files)
@@ -359,7 +535,10 @@ class Table:
         started_at: datetime,
     ) -> RunReport:
         """The report of the job since ``started_at``, recorded in ``llm_runs``; the work
-        directory is removed."""
+        directory is removed.
+
+        See the example of :meth:`plan`.
+        """
         job = self.job
         wall_seconds = (datetime.now(UTC) - started_at).total_seconds()
         report = make_report(
@@ -397,6 +576,34 @@ class Table:
         group of a temporary file renamed into place at the end; budgets span the batches.
         The cache carries answers from batch to batch, so a request repeated in a later batch
         is a cache hit and a rerun after a crash sends only what the cache lacks.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import polars as pl
+        >>> from pydantic import BaseModel
+        >>> from llm_ops import Client, confidence_below
+        >>> from llm_ops.tables import Table
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> class Sentiment(BaseModel):
+        ...     label: str
+        ...     confidence: float
+        >>> work = tempfile.TemporaryDirectory()
+        >>> tickets, out = Path(work.name, "tickets.parquet"), Path(work.name, "out.parquet")
+        >>> hard = "Not sure [[sim:unsure_for=sim-small]]"  # sim-small is unsure of this one
+        >>> pl.DataFrame({"text": ["Great fit", hard, "Too small"]}).write_parquet(tickets)
+        >>> cache = Path(work.name, "cache.duckdb")
+        >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+        ...     table = Table(c, tickets, out, prompt="Sentiment of: {text}",
+        ...                   model=["sim-small", "sim"], schema=Sentiment, output="sentiment",
+        ...                   escalate=confidence_below(0.5))
+        ...     report = table.run_cascade()  # what run() does with a cascade
+        >>> {model: usage.rows for model, usage in report.models.items()}
+        {'sim-small': 2, 'sim': 1}
+        >>> pl.read_parquet(out)["sentiment_model"].to_list()
+        ['sim-small', 'sim', 'sim-small']
+        >>> work.cleanup()
         """
         started_at, clock = datetime.now(UTC), time.perf_counter()
         self.output.parent.mkdir(parents=True, exist_ok=True)
@@ -437,7 +644,28 @@ class Table:
 
     def estimate(self) -> Estimate:
         """What :meth:`run` would send and cost; nothing is sent and no cache file is made
-        (a cascade is priced from the first model's requests)."""
+        (a cascade is priced from the first model's requests).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> import polars as pl
+        >>> from llm_ops import Client
+        >>> from llm_ops.tables import Table
+        >>> work = tempfile.TemporaryDirectory()
+        >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
+        >>> texts = ["Runs small", "Lovely fabric", None, "Runs small"]
+        >>> pl.DataFrame({"text": texts}).write_parquet(reviews)
+        >>> cache = Path(work.name, "cache.duckdb")
+        >>> with Client(base_url="http://127.0.0.1:9/v1", cache=cache) as client:  # not called
+        ...     table = Table(client, reviews, out, prompt="Summarize: {text}",
+        ...                   model="gpt-4o-mini", max_tokens=50)
+        ...     plan = table.estimate()
+        >>> plan.rows, plan.skipped_rows, plan.requests, plan.output_tokens_max, cache.exists()
+        (4, 1, 2, 100, False)
+        >>> work.cleanup()
+        """
         job = self.job if not self.cascade else self.job.for_model(self.job.models[0])
         plan_cache = self.cache if self.cache.path.exists() else None
         rows = keyed = 0
@@ -519,7 +747,10 @@ def send_chunk(
     spent: Counters | None = None,
 ) -> Counters:
     """:meth:`Table.run_chunk`, with answers written through ``cache`` (a cluster worker's
-    passes a store that only appends to the work directory: see :mod:`llm_ops.ray`)."""
+    passes a store that only appends to the work directory: see :mod:`llm_ops.ray`).
+
+    See the example of :class:`llm_ops.ray.WorkerStore`: a chunk sent as a worker sends it.
+    """
     misses = pl.read_parquet(Path(chunk))
     # Answered by an earlier attempt of this chunk: they count as answered in this run.
     earlier = lookup_answers(cache, misses).with_columns(pl.col("status").replace({"cached": "ok"}))

@@ -216,13 +216,18 @@ def test_misuse_is_a_config_error_before_anything_is_sent(options, endpoint):
     assert endpoint.stats()["requests"] == 0
 
 
+def test_an_unknown_on_error_is_refused_as_llm_complete_refuses_it(options):
+    with pytest.raises(ConfigError, match="on_error must be 'null' or 'raise'"):
+        pl.col("text").llm.complete("{}", on_error="skip", **options)
+
+
 def test_a_template_naming_a_column_on_a_single_value_says_what_to_write(options):
     with pytest.raises(TemplateError, match=r"write \{\} for it"):
         TEXTS.select(pl.col("text").llm.complete("Summarize: {text}", **options))
 
 
 def test_expressions_with_the_same_options_share_one_client(options):
-    from llm_ops._expr import client_for
+    from llm_ops._expr.runtime import client_for
 
     made = {"base_url": options["base_url"], "cache": options["cache"]}
     assert client_for(None, made) is client_for(None, dict(reversed(made.items())))

@@ -1,0 +1,356 @@
+"""The ``llm`` namespace's methods: ``pl.col("text").llm.complete(...)`` and friends, each an
+expression made of a batch function (see :mod:`llm_ops._expr.batches`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Unpack
+
+import polars as pl
+
+from .._client import Client
+from .._options import ClientOptions, EmbedOptions, ModelOption, RequestOptions, SchemaOption
+from ..exceptions import TemplateError
+from .asks import Output, classification, extraction, one_schema, text, verdict
+from .batches import completion, embedding
+
+
+class ExprOptions(ClientOptions, RequestOptions, total=False):
+    """The keyword options of the ``llm`` expressions and of ``llm_filter``, ``llm_classify``
+    and ``llm_extract``: every option of :func:`~llm_ops.llm_complete` but ``output`` (an
+    expression's name is its output; see :class:`llm_ops.Options`)."""
+
+
+@pl.api.register_expr_namespace("llm")
+class LlmNamespace:
+    """Model calls on a column: ``pl.col("text").llm.complete(...)`` and friends.
+
+    Every method takes the keyword options of :func:`llm_ops.llm_complete` (see
+    :class:`llm_ops.ExprOptions`), and ``client=`` to run on a :class:`~llm_ops.Client` of
+    your own; without it, the expressions with the same client options (``base_url``,
+    ``cache``, ``concurrency``, ...) share one client for the life of the process.
+
+    The result keeps the expression's name, as Polars expressions do: name it with
+    ``.alias(...)``. Each method returns the answer, null where a row failed or was skipped
+    (:func:`llm_ops.last_report` counts them), or, with ``output="struct"``, a struct of
+    ``answer``, ``status`` (:data:`llm_ops.STATUSES`) and ``error`` (plus ``raw``,
+    ``similar_to``, ``similarity`` and ``model`` where ``llm_complete`` adds those columns).
+
+    Use the plain form where a null answer is all you need to know (a filter, a summary
+    column); use ``output="struct"`` where each row must say why it has no answer (a job whose
+    failures you look at or retry). In a type-checked module, write
+    ``llm(pl.col("text")).complete(...)`` with :func:`llm_ops.polars.llm`: type checkers
+    do not see namespaces registered at run time.
+    """
+
+    def __init__(self, expr: pl.Expr) -> None:
+        self._expr = expr
+
+    def complete(
+        self,
+        prompt: str | None = None,
+        *,
+        model: ModelOption,
+        output: Output = "answer",
+        client: Client | None = None,
+        **options: Unpack[ExprOptions],
+    ) -> pl.Expr:
+        """Ask the model about every value; the answer text (or struct, with ``schema=``).
+
+        Identical prompts are sent once, answers already cached are reused, and a value
+        repeated in a later batch of a streaming query is answered by the cache: one request
+        per distinct prompt. A row sent here and by :func:`~llm_ops.llm_complete` with the
+        same rendered prompt and parameters has the same cache key.
+
+        Parameters
+        ----------
+        prompt
+            A template in which ``{}`` stands for the value, e.g. ``"Summarize: {}"``
+            (``{{`` and ``}}`` are literal braces); ``None``: the value is the prompt, as
+            with ``pl.format(...)``. On a struct expression (``pl.struct("title", "text")``)
+            the template names the fields instead: ``"{title}: {text}"``. A null value (or
+            field) is not sent: the row is ``skipped``.
+        model
+            Model name, or a list of names for a cascade (see :func:`~llm_ops.llm_complete`;
+            an ``escalate=`` rule reads the answer as ``pl.col("answer")``).
+        output
+            ``"answer"``: the answer, null where the row failed or was skipped.
+            ``"struct"``: ``{answer, status, error, ...}``, so nothing is hidden.
+        client
+            A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
+        **options
+            As for :func:`~llm_ops.llm_complete`: ``system``, ``base_url``, ``cache``,
+            ``max_tokens``, ``temperature``, ``schema``, ``semantic_cache``, ``mode``, ...
+
+        Returns
+        -------
+        Expr
+            ``String`` (a struct of the schema's fields with ``schema=``), or the struct form.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"text": ["Lovely dress", None, "Lovely dress"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(
+        ...         pl.col("text")
+        ...         .llm.complete("Summarize: {}", model="sim", base_url=endpoint.base_url,
+        ...                       cache=False)
+        ...         .alias("summary"))
+        >>> out
+        shape: (3, 2)
+        ┌──────────────┬─────────────────────────────────┐
+        │ text         ┆ summary                         │
+        │ ---          ┆ ---                             │
+        │ str          ┆ str                             │
+        ╞══════════════╪═════════════════════════════════╡
+        │ Lovely dress ┆ sim #a9d110f4: Summarize: Love… │
+        │ null         ┆ null                            │
+        │ Lovely dress ┆ sim #a9d110f4: Summarize: Love… │
+        └──────────────┴─────────────────────────────────┘
+
+        The struct form says why a row has no answer:
+
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.select(
+        ...         pl.col("text").llm.complete("Summarize: {}", model="sim", output="struct",
+        ...                                     base_url=endpoint.base_url, cache=False)
+        ...     ).unnest("text")
+        >>> out.select("status", "error")
+        shape: (3, 2)
+        ┌─────────┬─────────────────────────────────┐
+        │ status  ┆ error                           │
+        │ ---     ┆ ---                             │
+        │ enum    ┆ str                             │
+        ╞═════════╪═════════════════════════════════╡
+        │ ok      ┆ null                            │
+        │ skipped ┆ column 'text' is null; row not… │
+        │ ok      ┆ null                            │
+        └─────────┴─────────────────────────────────┘
+        """
+        ask = text()
+        expr, _ = completion(self._expr, ask, prompt, "complete", model, output, client, options)
+        return expr
+
+    def classify(
+        self,
+        labels: Sequence[str],
+        prompt: str | None = None,
+        *,
+        model: ModelOption,
+        output: Output = "answer",
+        client: Client | None = None,
+        **options: Unpack[ExprOptions],
+    ) -> pl.Expr:
+        """Classify every value as one of ``labels``; an ``Enum`` column of them.
+
+        The request's JSON schema allows only these labels (servers that follow schemas, such
+        as OpenAI, vLLM and llama.cpp, cannot answer anything else); an answer that is not
+        one of them is ``invalid``: null, never coerced to a label.
+
+        Parameters
+        ----------
+        labels
+            The label names, each once.
+        prompt
+            A template with ``{}`` for the value (or field names, on a struct); by default
+            ``"Classify the text as exactly one of these labels: <labels>.\\n\\nText: {}"``.
+        model, output, client, **options
+            As for :meth:`complete`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"text": ["Shipping was slow", "Lovely fabric", "Runs small"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(
+        ...         pl.col("text").llm.classify(["shipping", "product"], model="sim",
+        ...                                     base_url=endpoint.base_url, cache=False)
+        ...         .alias("topic"))
+        >>> out
+        shape: (3, 2)
+        ┌───────────────────┬──────────┐
+        │ text              ┆ topic    │
+        │ ---               ┆ ---      │
+        │ str               ┆ enum     │
+        ╞═══════════════════╪══════════╡
+        │ Shipping was slow ┆ shipping │
+        │ Lovely fabric     ┆ product  │
+        │ Runs small        ┆ product  │
+        └───────────────────┴──────────┘
+        """
+        ask = classification(labels)
+        expr, _ = completion(self._expr, ask, prompt, "classify", model, output, client, options)
+        return expr
+
+    def extract(
+        self,
+        schema: SchemaOption = None,
+        /,
+        prompt: str | None = None,
+        *,
+        model: ModelOption,
+        output: Output = "answer",
+        client: Client | None = None,
+        **options: Unpack[ExprOptions],
+    ) -> pl.Expr:
+        """Extract the fields of ``schema`` from every value; a ``Struct`` column of them.
+
+        Answers are asked for by the schema and validated as with ``llm_complete(schema=)``;
+        one that does not match is ``invalid`` (null here; its raw text in the struct form's
+        ``raw``).
+
+        Parameters
+        ----------
+        schema
+            A pydantic model class or a JSON schema dict of an object (positional, or
+            ``schema=``).
+        prompt
+            A template with ``{}`` for the value (or field names, on a struct); by default
+            ``"Extract the fields of the JSON schema from the text.\\n\\nText: {}"``.
+        model, output, client, **options
+            As for :meth:`complete`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> from pydantic import BaseModel
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> class Item(BaseModel):
+        ...     product: str
+        ...     quantity: int
+        >>> df = pl.DataFrame({"text": ["two red scarves", "a blue hat"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.select(
+        ...         pl.col("text").llm.extract(Item, model="sim", base_url=endpoint.base_url,
+        ...                                    cache=False).struct.unnest())
+        >>> out
+        shape: (2, 2)
+        ┌────────────────────┬──────────┐
+        │ product            ┆ quantity │
+        │ ---                ┆ ---      │
+        │ str                ┆ i64      │
+        ╞════════════════════╪══════════╡
+        │ Extract the fields ┆ 32       │
+        │ Extract the fields ┆ 95       │
+        └────────────────────┴──────────┘
+        """
+        ask = extraction(one_schema(schema, options.pop("schema", None)))
+        expr, _ = completion(self._expr, ask, prompt, "extract", model, output, client, options)
+        return expr
+
+    def filter(
+        self,
+        prompt: str,
+        *,
+        model: ModelOption,
+        output: Output = "answer",
+        client: Client | None = None,
+        **options: Unpack[ExprOptions],
+    ) -> pl.Expr:
+        """Ask a yes/no question of every value; a ``Boolean`` column, for ``df.filter(...)``.
+
+        The answer is asked for as JSON ``{"answer": true|false}``. A row that failed is null,
+        which ``df.filter`` drops (:func:`llm_ops.last_report` counts them).
+
+        Polars evaluates every predicate of a ``filter`` on every row, and joins consecutive
+        ``filter`` calls into one: ``lf.filter(cheap).filter(pl.col("text").llm.filter(...))``
+        asks about the rows ``cheap`` drops too. To ask only about the rows left, filter in
+        two steps with the answer as a column in between, as :func:`llm_ops.llm_filter`
+        does: ``lf.filter(cheap).with_columns(keep=...llm.filter(...)).filter("keep")``.
+
+        Parameters
+        ----------
+        prompt
+            The question, a template with ``{}`` for the value (or field names, on a struct):
+            ``"Is this review about shipping? {}"``.
+        model, output, client, **options
+            As for :meth:`complete`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"text": ["Shipping was slow", "Love the colour", "Never arrived"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.filter(pl.col("text").llm.filter(
+        ...         "Is this review about shipping? {}", model="sim",
+        ...         base_url=endpoint.base_url, cache=False))
+        >>> out
+        shape: (2, 1)
+        ┌───────────────────┐
+        │ text              │
+        │ ---               │
+        │ str               │
+        ╞═══════════════════╡
+        │ Shipping was slow │
+        │ Never arrived     │
+        └───────────────────┘
+        """
+        if not isinstance(prompt, str):
+            raise TemplateError(
+                "filter needs the question, e.g. .llm.filter('Is this about shipping? {}', ...)"
+            )
+        ask = verdict()
+        expr, _ = completion(self._expr, ask, prompt, "filter", model, output, client, options)
+        return expr
+
+    def embed(
+        self,
+        *,
+        model: str,
+        dimensions: int | None = None,
+        batch_size: int = 256,
+        output: Output = "answer",
+        client: Client | None = None,
+        **options: Unpack[EmbedOptions],
+    ) -> pl.Expr:
+        """Embed every value; a ``List(Float32)`` column, ``Array(Float32, dimensions)`` with
+        ``dimensions``.
+
+        Distinct texts are embedded once, ``batch_size`` to a request, and cached in
+        ``llm_embeddings`` with the same keys as :func:`~llm_ops.llm_embed`.
+
+        Parameters
+        ----------
+        model
+            Embedding model name.
+        dimensions
+            Ask the endpoint for vectors of this size (part of the cache key); the result is
+            then a fixed-size ``Array``.
+        batch_size
+            Inputs per request.
+        output, client
+            As for :meth:`complete`.
+        **options
+            As for :func:`~llm_ops.llm_embed`: ``base_url``, ``cache``, ``on_error``, ...
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"text": ["red dress", None]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(
+        ...         pl.col("text").llm.embed(model="sim-embed", dimensions=4,
+        ...                                  base_url=endpoint.base_url, cache=False)
+        ...         .alias("vector"))
+        >>> out
+        shape: (2, 2)
+        ┌───────────┬─────────────────────────────────┐
+        │ text      ┆ vector                          │
+        │ ---       ┆ ---                             │
+        │ str       ┆ array[f32, 4]                   │
+        ╞═══════════╪═════════════════════════════════╡
+        │ red dress ┆ [0.288675, -0.866025, … -0.288… │
+        │ null      ┆ null                            │
+        └───────────┴─────────────────────────────────┘
+        """
+        return embedding(self._expr, model, dimensions, batch_size, output, client, options)

@@ -1,0 +1,193 @@
+"""Which client an expression runs on, and where its batches run: each client lends its
+expressions one event loop, driven by the thread Polars called, and on it one engine.
+
+Polars calls a batch function on whichever thread evaluates the expression: the caller's
+thread, a streaming thread, or one of its own pool's worker threads (several expressions
+of one eager context, group_by().agg, ...). The pipeline uses Polars throughout, and Polars
+work started from another thread waits for a free pool worker; when every worker waits in
+a batch function, none ever is (with two cores, two llm expressions in one with_columns).
+So a batch does not hop to the client's own loop thread: the thread Polars called drives an
+event loop of the client's expressions itself and runs the pipeline's work in place (where
+a pool worker runs nested Polars work itself). Only the network waits on that loop, and the
+journal's merges (which wait for the cache file) and aiohttp's DNS lookups go to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar, cast
+
+from .._backend import Backend
+from .._cache import resolve_cache_path
+from .._client import Client
+from .._engine import Engine
+from .._journal import JournalWriter
+from .._options import ClientOptions
+from .._signals import graceful_sigterm
+from ..exceptions import ConfigError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_clients: dict[tuple[Any, ...], Client] = {}
+_runtimes: weakref.WeakKeyDictionary[Client, Runtime] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def client_for(client: Client | None, made: ClientOptions) -> Client:
+    """``client``, or the process's shared client for ``made`` (one per set of options and
+    environment), so every batch and every expression with the same options share one pool,
+    one rate limiter and what was learned about the endpoint."""
+    if client is not None:
+        if not isinstance(client, Client):
+            raise ConfigError(f"client must be an llm_ops.Client, got {type(client).__name__}")
+        if made:
+            raise ConfigError(
+                f"pass either client= or the client's options ({', '.join(sorted(made))}), "
+                "not both: a Client keeps the options it was made with"
+            )
+        return client
+    key = (
+        tuple(sorted((name, repr(value)) for name, value in made.items() if name != "cache")),
+        str(resolve_cache_path(made.get("cache"))),
+        os.environ.get("OPENAI_BASE_URL"),
+        os.environ.get("OPENAI_API_KEY"),
+    )
+    with _lock:
+        shared = _clients.get(key)
+        if shared is None:
+            shared = _clients[key] = Client(**made)
+        return shared
+
+
+def runtime_of(client: Client) -> Runtime:
+    with _lock:
+        runtime = _runtimes.get(client)
+        if runtime is None:
+            runtime = _runtimes[client] = Runtime(client)
+        return runtime
+
+
+def close_runtimes() -> None:
+    """Close every runtime (at exit), forgetting the shared clients."""
+    with _lock:
+        runtimes = list(_runtimes.values())
+        _clients.clear()
+    for runtime in runtimes:
+        with contextlib.suppress(Exception):  # a loop still running on a killed thread
+            runtime.close()
+
+
+def engine_for(client: Client) -> Engine:
+    """A new engine for ``client``'s endpoint and limits (and a cluster's shared limiter,
+    with :mod:`llm_ops.ray`), for the expressions' loop; the only place that builds one."""
+    return client.new_engine()
+
+
+class InPlace(concurrent.futures.ThreadPoolExecutor):
+    """The default executor of a runtime's loop: llm-ops' own work (``asyncio.to_thread`` in
+    the pipeline) runs on the thread driving the loop, the rest on a small thread pool."""
+
+    def __init__(self) -> None:
+        super().__init__(4, thread_name_prefix="llm-ops")
+
+    def submit(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        target: Any = fn
+        while isinstance(target, functools.partial):  # to_thread: partial(context.run, fn)
+            in_context = isinstance(getattr(target.func, "__self__", None), contextvars.Context)
+            target = target.args[0] if in_context and target.args else target.func
+        owner = getattr(target, "__self__", None)
+        ours = getattr(target, "__module__", "") or ""
+        if not ours.startswith("llm_ops") or isinstance(owner, JournalWriter):
+            return super().submit(fn, *args, **kwargs)
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+class Runtime:
+    """What the expressions of one client share: an event loop driven by the thread Polars
+    called, and on it one engine (connection pool, rate limiter, adaptive concurrency) for the
+    client's life. One batch at a time: hold :attr:`lock` around :meth:`run`."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(InPlace())
+        self._engine: Engine | None = None
+
+    async def backend(self) -> Backend:
+        """The engine (made on this loop, once) and the client's cache, made ready to use
+        before anything is paid for."""
+        if self._engine is None:
+            self._engine = engine_for(self.client)
+        if self.client.cache is not None:
+            self.client.cache.prepare()
+        return Backend(self._engine, self.client.cache)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on this loop from this thread (from a helper thread where this
+        thread already runs a loop, as a notebook's does); Ctrl-C cancels it and waits until
+        what was answered is cached, and SIGTERM drains it, as in :meth:`Client.run`."""
+        task = self.loop.create_task(coroutine)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            with graceful_sigterm():
+                return self._drive(task)
+        outcome: list[Any] = []
+
+        def drive() -> None:
+            try:
+                outcome.append(self._drive(task))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        helper = threading.Thread(target=drive, name="llm-ops-expression", daemon=True)
+        helper.start()
+        try:
+            while helper.is_alive():
+                helper.join(0.1)
+        except KeyboardInterrupt:
+            self.loop.call_soon_threadsafe(task.cancel)
+            helper.join()
+            raise
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return cast(T, outcome[0])
+
+    def _drive(self, task: asyncio.Task[T]) -> T:
+        try:
+            return self.loop.run_until_complete(task)
+        except KeyboardInterrupt:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(task)
+            raise
+
+    def close(self, *, wait: float = 5.0) -> None:
+        """Close the engine's connections and the loop, unless a batch still runs after
+        ``wait`` seconds (at exit: a query a signal stopped on another thread)."""
+        if not self.lock.acquire(timeout=wait):
+            return
+        try:
+            if self._engine is not None:
+                self.loop.run_until_complete(self._engine.close())
+                self._engine = None
+            self.loop.close()
+        finally:
+            self.lock.release()
