@@ -86,12 +86,6 @@ def close_runtimes() -> None:
             runtime.close()
 
 
-def engine_for(client: Client) -> Engine:
-    """A new engine for ``client``'s endpoint and limits (and a cluster's shared limiter,
-    with :mod:`llm_ops.ray`), for the expressions' loop; the only place that builds one."""
-    return client.new_engine()
-
-
 class InPlace(concurrent.futures.ThreadPoolExecutor):
     """The default executor of a runtime's loop: llm-ops' own work (``asyncio.to_thread`` in
     the pipeline) runs on the thread driving the loop, the rest on a small thread pool."""
@@ -134,7 +128,7 @@ class Runtime:
         """The engine (made on this loop, once) and the client's cache, made ready to use
         before anything is paid for."""
         if self._engine is None:
-            self._engine = engine_for(self.client)
+            self._engine = self.client.new_engine()
         if self.client.cache is not None:
             self.client.cache.prepare()
         return Backend(self._engine, self.client.cache)
