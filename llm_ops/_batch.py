@@ -48,17 +48,10 @@ import openai
 
 from ._backend import Backend
 from ._cache import Cache
-from ._engine import (
-    Dispatcher,
-    Outcome,
-    Request,
-    _Final,
-    _one_line,
-    _Retryable,
-    redact,
-)
+from ._engine import Dispatcher, _Final, _one_line, _Retryable, redact
 from ._key import build_request, canonical_json
 from ._options import Job
+from ._outcome import Outcome, Request
 from ._schema import output_schema
 from ._signals import stopped_by_signals
 from .exceptions import JobAbortedError, JobInterruptedError

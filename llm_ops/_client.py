@@ -16,7 +16,7 @@ from ._backend import Backend
 from ._batch import BatchPart, BatchRunner
 from ._cache import FLUSH_EVERY, MERGE_WAIT, Cache, resolve_cache_path
 from ._embed import embed_frame
-from ._engine import Engine, Outcome, Request
+from ._engine import Engine
 from ._estimate import Estimate, estimate_frame
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import Limiter
@@ -30,6 +30,7 @@ from ._options import (
     check_job,
     make_job,
 )
+from ._outcome import Outcome, Request
 from ._pipeline import AnswerSink, requests_for
 from ._plan import plan_frame
 from ._progress import resolve_progress

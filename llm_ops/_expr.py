@@ -44,7 +44,7 @@ from ._backend import Backend
 from ._cache import Cache, resolve_cache_path
 from ._client import Client
 from ._embed import embed_frame
-from ._engine import Counters, Engine
+from ._engine import Engine
 from ._join import raise_failed_rows, status_counts
 from ._journal import JournalWriter
 from ._options import (
@@ -60,6 +60,7 @@ from ._options import (
     make_job,
     split_options,
 )
+from ._outcome import Counters
 from ._progress import resolve_progress
 from ._report import RunReport, make_report, sum_reports
 from ._run import run_frame

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from ._cache import Cache
-from ._engine import STOPS, Outcome, Request
+from ._outcome import STOPS, Outcome, Request
 from ._progress import ProgressCallback, TerminalDisplay, Tracker
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
@@ -89,7 +89,7 @@ async def dispatch_durably(
 ) -> BaseException | None:
     """Run ``dispatcher`` over ``requests`` while ``sink`` merges answers into the cache and
     ``progress`` gets snapshots; returns why it stopped early (one of
-    :data:`~llm_ops._engine.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
+    :data:`~llm_ops._outcome.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
     every answer received is made durable before this returns."""
     helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
     if progress is not None:

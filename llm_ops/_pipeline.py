@@ -26,11 +26,12 @@ import polars as pl
 from ._backend import Backend
 from ._batch import BatchRunner
 from ._claims import Claims
-from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
+from ._engine import Dispatcher
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job
 from ._order import send_order
+from ._outcome import Counters, Outcome, Request, make_pack
 from ._persist import CacheSink, dispatch_durably
 from ._plan import lookup_answers, plan_frame
 from ._pricing import CHARS_PER_TOKEN
@@ -125,7 +126,7 @@ def requests_for(
 @dataclass
 class Dispatched:
     """What one dispatch produced: an outcome per request sent, the counters, why it stopped
-    early (one of :data:`~llm_ops._engine.STOPS`), if it did, and in ``settled`` the misses
+    early (one of :data:`~llm_ops._outcome.STOPS`), if it did, and in ``settled`` the misses
     answered without sending (:data:`~llm_ops._status.RESULTS`): by another job sharing the
     cache, which had claimed them first, or (see :class:`Answered`) by similarity."""
 

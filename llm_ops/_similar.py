@@ -27,8 +27,8 @@ import numpy as np
 import polars as pl
 
 from ._backend import Backend
-from ._engine import Counters, Outcome
 from ._options import Job
+from ._outcome import Counters, Outcome
 from ._plan import lookup_answers
 from ._semantic import MISS_BLOCK, normalised, scope_of, search
 from ._spec import EmbeddingSpec
