@@ -40,21 +40,20 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import openai
-
 from ._backend import Backend
+from ._boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from ._cache import Cache
-from ._engine import Dispatcher, _Final, _one_line, _Retryable, redact
+from ._engine import Dispatcher, _Final, _Retryable
 from ._key import build_request, canonical_json
 from ._options import Job
 from ._outcome import Outcome, Request
 from ._schema import output_schema
 from ._signals import stopped_by_signals
-from .exceptions import JobAbortedError, JobInterruptedError
+from .exceptions import JobInterruptedError
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
@@ -131,21 +130,10 @@ class BatchRunner:
             parts = await self.submit(wanted, on_outcome)
             await self.wait(parts, wanted, on_outcome)
 
-    @contextmanager
-    def provider_errors(self) -> Iterator[None]:
-        """The SDK's errors from the Files and Batches API, as one :class:`JobAbortedError`
-        (after its own retries): what is recorded and cached so far stays."""
-        try:
-            yield
-        except openai.APIError as exc:
-            detail = _one_line(redact(str(exc), *self.engine.secrets))
-            if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-                hint = "check the API key and its access to the Batch API"
-            elif isinstance(exc, openai.NotFoundError):
-                hint = "the endpoint may have no Files and Batches API: use mode='live'"
-            else:
-                hint = "rerun to pick the recorded batches up where they stopped"
-            raise JobAbortedError(f"the Batch API failed ({detail}); {hint}") from exc
+    def provider_errors(self) -> AbstractContextManager[None]:
+        """The SDK's errors, as one :class:`JobAbortedError` whose message hides the key (see
+        :func:`llm_ops._boundary.provider_errors`)."""
+        return provider_errors(self.engine.secrets)
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -247,7 +235,7 @@ class BatchRunner:
                 )
                 part.batch_id = batch.id
                 break
-            except (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError):
+            except ANSWER_MAY_BE_LOST:
                 part.batch_id = await self._find(part)
                 if part.batch_id is not None:
                     break
@@ -366,7 +354,7 @@ class BatchRunner:
         again: list[BatchPart] = []
         if rest and part.state == "failed":  # the provider refused the file itself
             status, reason = _batch_failure(batch)
-            reason = _one_line(redact(reason, *self.engine.secrets))
+            reason = one_line(redact(reason, *self.engine.secrets))
             hint = "fix the request and rerun" if status == "rejected" else "rerun to submit again"
             for request in rest:
                 await self._settle(
@@ -509,11 +497,11 @@ class BatchRunner:
                 key=request.key,
                 status="failed",
                 attempts=1,
-                error=_one_line(f"the batch could not answer it: {message}"),
+                error=one_line(f"the batch could not answer it: {message}"),
             )
         if status != 200:
             inner = body.get("error", {}) if isinstance(body, dict) else {}
-            message = _one_line(f"HTTP {status}: {inner.get('message') or body}")
+            message = one_line(f"HTTP {status}: {inner.get('message') or body}")
             retryable = status in (408, 409, 429) or status >= 500
             return Outcome(
                 key=request.key,

@@ -19,11 +19,10 @@ import functools
 import json
 import logging
 import random
-import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx2
@@ -32,6 +31,16 @@ import openai
 import orjson
 from yarl import URL
 
+from ._boundary import (
+    BadBody,
+    ConnectionFailed,
+    CouldNotConnect,
+    TimedOut,
+    TransportError,
+    one_line,
+    redact,
+    redact_in_logs,
+)
 from ._limits import AdaptiveConcurrency, Limiter, RateLimiter
 from ._outcome import TRUNCATED_MESSAGE, Batch, Counters, Outcome, Pack, Request, Sent
 from ._pack import PACK_FORMAT, unpack
@@ -39,14 +48,7 @@ from ._pricing import Budget, approx_tokens
 from ._schema import InvalidOutput
 from ._signals import stopped_by_signals
 from ._spec import Endpoint, Limits
-from ._transport import (
-    BadBody,
-    ConnectionFailed,
-    CouldNotConnect,
-    TimedOut,
-    Transport,
-    TransportError,
-)
+from ._transport import Transport
 from .exceptions import ConfigError, JobAbortedError, JobInterruptedError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
@@ -69,36 +71,8 @@ REPAIR_PROMPT = (
     "That answer did not match the required JSON schema ({}). Reply again with "
     "only JSON that matches the schema."
 )
-_SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")
 
 
-MIN_SECRET_LENGTH = 8  # shorter keys ("x", "local") cannot be told from words in a message
-
-
-def redact(text: str, *secrets: str | None) -> str:
-    """Remove secrets (and anything shaped like an API key) from a message.
-
-    A secret is only removed where it stands on its own, not inside a longer word, and only if
-    it is long enough to be one, so a server's message stays readable with ``api_key="x"``.
-    """
-    for secret in secrets:
-        if secret and len(secret) >= MIN_SECRET_LENGTH:
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
-    return _SECRET_LIKE.sub("***", text)
-
-
-class _RedactingFilter(logging.Filter):
-    """httpx2 logs every request's URL at INFO, query included; a gateway's key may be there."""
-
-    secrets: ClassVar[set[str]] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            record.msg, record.args = redact(record.getMessage(), *self.secrets), ()
-        return True
-
-
-logging.getLogger("httpx2").addFilter(_RedactingFilter())
 _log = logging.getLogger("llm_ops")
 
 
@@ -109,11 +83,6 @@ def _duration(seconds: float) -> str:
     if seconds < 2 * 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Retryable(Exception):
@@ -237,7 +206,7 @@ def _error_body(payload: bytes) -> dict[str, Any]:
 
 
 def _preview(payload: bytes, limit: int = 80) -> str:
-    return _one_line(payload[:limit].decode("utf-8", "replace"), limit) or "(empty body)"
+    return one_line(payload[:limit].decode("utf-8", "replace"), limit) or "(empty body)"
 
 
 def join_url(base: str, path: str, query: str = "") -> URL:
@@ -288,7 +257,7 @@ class Engine:
             http_client=openai.DefaultAioHttpClient(timeout=limits.timeout, verify=_tls()),
         )
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
-        _RedactingFilter.secrets.update(v for v in endpoint.query.values() if v)
+        redact_in_logs(endpoint.query.values())
         self.http = Transport(
             base_url=str(self.client.base_url),
             limit=limits.concurrency,
@@ -659,7 +628,7 @@ class Dispatcher:
             if give_up:
                 self._abort(
                     f"could not connect to {engine.endpoint} ({engine.connect_failures} attempts "
-                    f"in a row failed: {_one_line(detail)}); the job was stopped. Check "
+                    f"in a row failed: {one_line(detail)}); the job was stopped. Check "
                     "base_url and that the server is running, then rerun: answers so far are "
                     "cached."
                 )
@@ -697,7 +666,7 @@ class Dispatcher:
         self, status: int, payload: bytes, headers: Mapping[str, str]
     ) -> Exception:
         error = _error_body(payload)
-        message = _one_line(
+        message = one_line(
             redact(
                 f"HTTP {status}: {error.get('message') or _preview(payload)}", *self.engine.secrets
             )
@@ -816,7 +785,7 @@ class Dispatcher:
             error = body["error"]
             detail = error.get("message") if isinstance(error, dict) else error
             raise _Retryable(
-                _one_line(
+                one_line(
                     redact(f"the endpoint answered with an error: {detail}", *self.engine.secrets)
                 )
             )
@@ -869,7 +838,7 @@ class Dispatcher:
                 outcome.json = self.validate(text)
             except InvalidOutput as exc:
                 outcome.status = "invalid"
-                outcome.error = _one_line(f"the answer does not match the schema: {exc}")
+                outcome.error = one_line(f"the answer does not match the schema: {exc}")
         return outcome
 
 
