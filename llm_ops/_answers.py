@@ -1,7 +1,7 @@
 """What an endpoint's answer says: an outcome, or why not, and what to do about it.
 
 Everything here reads; nothing here sends, waits or changes how the job goes on. The dispatcher
-(:mod:`llm_ops._dispatch`) acts on what is read: it retries an attempt that ended in
+(:mod:`llm_ops._dispatcher`) acts on what is read: it retries an attempt that ended in
 :class:`Retryable`, keeps the outcome of one that ended in :class:`Final`, pauses every sender
 for a ``Retry-After`` and stops the job when an answer refuses the whole of it.
 

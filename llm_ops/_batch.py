@@ -48,7 +48,7 @@ from ._answers import RETRYABLE_STATUS, CompletionReader, Final, Retryable
 from ._backend import Backend
 from ._boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from ._cache import Cache
-from ._dispatch import Dispatcher
+from ._dispatcher import Dispatcher
 from ._key import build_request, canonical_json
 from ._options import Job
 from ._outcome import Outcome, Request
@@ -93,7 +93,7 @@ class BatchPart:
 
 class BatchRunner:
     """Sends one dispatch's requests as batches and collects their answers; it stands where a
-    live :class:`~llm_ops._dispatch.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
+    live :class:`~llm_ops._dispatcher.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
 
     def __init__(self, job: Job, backend: Backend):
         assert job.batching is not None and backend.cache is not None

@@ -1,7 +1,7 @@
 """The engine: one client's connection to its endpoint, and what it learned about it.
 
 The dispatch engine is three modules: this one (the :class:`Engine`, which dispatches borrow),
-:mod:`llm_ops._dispatch` (workers, retries, one attempt) and :mod:`llm_ops._answers` (what an
+:mod:`llm_ops._dispatcher` (workers, retries, one attempt) and :mod:`llm_ops._answers` (what an
 answer says).
 
 The official ``openai`` SDK configures the endpoint (base URL, auth and default headers, its

@@ -70,7 +70,7 @@ class CacheSink:
 
 
 class Sender(Protocol):
-    """What sends a dispatch's requests: a live :class:`~llm_ops._dispatch.Dispatcher`, or a
+    """What sends a dispatch's requests: a live :class:`~llm_ops._dispatcher.Dispatcher`, or a
     :class:`~llm_ops._batch.BatchRunner`."""
 
     async def run(

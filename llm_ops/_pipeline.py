@@ -26,7 +26,7 @@ import polars as pl
 from ._backend import Backend
 from ._batch import BatchRunner
 from ._claims import Claims
-from ._dispatch import Dispatcher
+from ._dispatcher import Dispatcher
 from ._join import join_back, results_frame, status_counts
 from ._key import canonical_json
 from ._options import Job

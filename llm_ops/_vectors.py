@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ._backend import Backend
-from ._dispatch import EmbeddingDispatcher
+from ._dispatcher import EmbeddingDispatcher
 from ._key import canonical_json
 from ._outcome import Batch, Counters, Outcome, Request
 from ._persist import CacheSink, dispatch_durably
