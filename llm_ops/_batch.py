@@ -40,29 +40,22 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import openai
-
+from ._answers import RETRYABLE_STATUS, CompletionReader, Final, Retryable
 from ._backend import Backend
+from ._boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from ._cache import Cache
-from ._engine import (
-    Dispatcher,
-    Outcome,
-    Request,
-    _Final,
-    _one_line,
-    _Retryable,
-    redact,
-)
+from ._dispatcher import Dispatcher
 from ._key import build_request, canonical_json
 from ._options import Job
+from ._outcome import Outcome, Request
 from ._pricing import Budget
 from ._schema import output_schema
 from ._signals import stopped_by_signals
-from .exceptions import JobAbortedError, JobInterruptedError
+from .exceptions import JobInterruptedError
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
@@ -101,7 +94,7 @@ class BatchPart:
 
 class BatchRunner:
     """Sends one dispatch's requests as batches and collects their answers; it stands where a
-    live :class:`~llm_ops._engine.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
+    live :class:`~llm_ops._dispatcher.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
 
     def __init__(self, job: Job, backend: Backend, *, budget: Budget | None = None):
         """``budget``: the job's, shared with its other dispatches (else the job's own)."""
@@ -114,15 +107,21 @@ class BatchRunner:
         # except creating a batch, which is not idempotent (see _create).
         self.sdk = backend.engine.client.with_options(max_retries=4)
         self.sdk_once = backend.engine.client.with_options(max_retries=0)
-        self.parser = Dispatcher(
+        # The bodies, token projections and budget a live dispatch would have; answers are
+        # read as a live dispatch reads them.
+        self.live = Dispatcher(
             backend.engine,
             model=job.spec.model,
             params=job.spec.params,
-            validate=job.spec.schema.validate if job.spec.schema else None,
             budget=job.budget() if budget is None else budget,
         )
-        self.counters = self.parser.counters
-        self.budget = self.parser.budget
+        self.counters = self.live.counters
+        self.budget = self.live.budget
+        self.reader = CompletionReader(
+            self.counters,
+            backend.engine.secrets,
+            validate=job.spec.schema.validate if job.spec.schema else None,
+        )
         self.remainder: list[Request] = []  # what an expired batch left, for live requests
         self.rounds: dict[str, int] = {}  # batches this runner put each request key in
         self.stray_lines = 0  # output lines naming no request of their batch, ignored
@@ -140,21 +139,10 @@ class BatchRunner:
             parts = await self.submit(wanted, on_outcome)
             await self.wait(parts, wanted, on_outcome)
 
-    @contextmanager
-    def provider_errors(self) -> Iterator[None]:
-        """The SDK's errors from the Files and Batches API, as one :class:`JobAbortedError`
-        (after its own retries): what is recorded and cached so far stays."""
-        try:
-            yield
-        except openai.APIError as exc:
-            detail = _one_line(redact(str(exc), *self.engine.secrets))
-            if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-                hint = "check the API key and its access to the Batch API"
-            elif isinstance(exc, openai.NotFoundError):
-                hint = "the endpoint may have no Files and Batches API: use mode='live'"
-            else:
-                hint = "rerun to pick the recorded batches up where they stopped"
-            raise JobAbortedError(f"the Batch API failed ({detail}); {hint}") from exc
+    def provider_errors(self) -> AbstractContextManager[None]:
+        """The SDK's errors, as one :class:`JobAbortedError` whose message hides the key (see
+        :func:`llm_ops._boundary.provider_errors`)."""
+        return provider_errors(self.engine.secrets)
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -186,7 +174,7 @@ class BatchRunner:
         first sent as (what their keys say), not rebuilt from this runner's job."""
         lines: list[tuple[str, bytes]] = []
         for request in requests:
-            expected = self.parser._expected_tokens(request, self.parser.estimate_tokens(request))
+            expected = self.live.expected_tokens(request, self.live.estimate_tokens(request))
             if self.budget is not None and not self.budget.reserve(*expected):
                 self.counters.over_budget += 1
                 await on_outcome(
@@ -202,7 +190,7 @@ class BatchRunner:
                 "custom_id": request.key,
                 "method": "POST",
                 "url": ENDPOINT,
-                "body": self.parser._body(request, request.messages),
+                "body": self.live.body(request, request.messages),
             }
             self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
             lines.append((request.key, json.dumps(line, ensure_ascii=False).encode() + b"\n"))
@@ -256,7 +244,7 @@ class BatchRunner:
                 )
                 part.batch_id = batch.id
                 break
-            except (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError):
+            except ANSWER_MAY_BE_LOST:
                 part.batch_id = await self._find(part)
                 if part.batch_id is not None:
                     break
@@ -366,8 +354,8 @@ class BatchRunner:
         notes). Returns the parts submitted again."""
         lines = await self._lines_of(part)
         requests = {key: request for key, (request, _) in lines.items()}
-        if self.parser.validate is None and requests:
-            self.parser.validate = _validator(next(iter(requests.values())))
+        if self.reader.validate is None and requests:
+            self.reader.validate = _validator(next(iter(requests.values())))
         outcomes = await self._results(part, requests)
         for key, outcome in outcomes.items():
             await self._settle(wanted.get(key, requests[key]), outcome, on_outcome)
@@ -375,7 +363,7 @@ class BatchRunner:
         again: list[BatchPart] = []
         if rest and part.state == "failed":  # the provider refused the file itself
             status, reason = _batch_failure(batch)
-            reason = _one_line(redact(reason, *self.engine.secrets))
+            reason = self._quoted(reason)
             hint = "fix the request and rerun" if status == "rejected" else "rerun to submit again"
             for request in rest:
                 await self._settle(
@@ -476,6 +464,11 @@ class BatchRunner:
             self.rounds.setdefault(request.key, 1)
         return await self._submit(retry, on_outcome, again={r.key: lines[r.key][1] for r in retry})
 
+    def _quoted(self, message: str) -> str:
+        """What the provider said, on one line and without the key, as the live path quotes
+        an endpoint."""
+        return one_line(redact(message, *self.engine.secrets))
+
     async def _settle(self, request: Request, outcome: Outcome, on_outcome: OnOutcome) -> None:
         self.counters.by_status[outcome.status] = self.counters.by_status.get(outcome.status, 0) + 1
         await on_outcome(request, outcome)
@@ -518,24 +511,22 @@ class BatchRunner:
                 key=request.key,
                 status="failed",
                 attempts=1,
-                error=_one_line(f"the batch could not answer it: {message}"),
+                error=self._quoted(f"the batch could not answer it: {message}"),
             )
         if status != 200:
             inner = body.get("error", {}) if isinstance(body, dict) else {}
-            message = _one_line(f"HTTP {status}: {inner.get('message') or body}")
-            retryable = status in (408, 409, 429) or status >= 500
             return Outcome(
                 key=request.key,
-                status="failed" if retryable else "rejected",
-                error=message,
+                status="failed" if status in RETRYABLE_STATUS else "rejected",
+                error=self._quoted(f"HTTP {status}: {inner.get('message') or body}"),
                 attempts=1,
                 http_status=status,
             )
         try:
-            outcome = self.parser._parse(request, json.dumps(body).encode())
-        except _Retryable as exc:
+            outcome = self.reader.read(request, json.dumps(body).encode())
+        except Retryable as exc:
             outcome = Outcome(key=request.key, status="failed", error=str(exc))
-        except _Final as exc:
+        except Final as exc:
             outcome = Outcome(key=request.key, status=exc.status, error=str(exc))
         outcome.attempts = 1
         return outcome

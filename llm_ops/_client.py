@@ -17,7 +17,7 @@ from ._batch import BatchPart, BatchRunner
 from ._cache import Cache, resolve_cache_path
 from ._dispatch import requests_for
 from ._embed import embed_frame
-from ._engine import Engine, Outcome, Request
+from ._engine import Engine
 from ._estimate import Estimate, estimate_frame
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import Limiter
@@ -33,6 +33,7 @@ from ._options import (
     check_job,
     make_job,
 )
+from ._outcome import Outcome, Request
 from ._persist import AnswerSink
 from ._plan import plan_frame
 from ._progress import resolve_progress

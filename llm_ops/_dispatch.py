@@ -20,10 +20,11 @@ import polars as pl
 from ._backend import Backend
 from ._batch import BatchRunner
 from ._claims import Claims
-from ._engine import Counters, Dispatcher, Outcome, Request, make_pack
+from ._dispatcher import Dispatcher
 from ._key import canonical_json
 from ._options import Job
 from ._order import send_order
+from ._outcome import Counters, Outcome, Request, make_pack
 from ._persist import AnswerSink, dispatch_durably
 from ._plan import lookup_answers
 from ._pricing import CHARS_PER_TOKEN, Budget

@@ -6,8 +6,8 @@ import asyncio
 
 import polars as pl
 
-from ._engine import Outcome
 from ._options import Columns
+from ._outcome import Outcome
 from ._schema import OutputSchema
 from ._status import ANSWERED, FAILED, RESULTS, STATUS_DTYPE
 from .exceptions import RowsFailedError

@@ -147,6 +147,20 @@ class _Budget:
         self.stamp = max(self.stamp, moment)
 
 
+class LeasedBudget(_Budget):
+    """A budget that time does not refill: what was leased from a budget shared with other
+    processes (see :class:`llm_ops.ray.LeasedLimiter`), spent as :class:`RateLimiter` spends
+    its own."""
+
+    def __init__(self) -> None:
+        super().__init__(per_minute=0.0, burst=1.0)
+        self.capacity = math.inf
+        self.level = 0.0
+
+    def wait_for(self, amount: float) -> float:
+        return 0.0 if self.level >= amount else math.inf  # until more is leased
+
+
 class Limiter(Protocol):
     """What the engine asks of a rate limiter: this process's :class:`RateLimiter`, or one
     that leases from a budget shared by a cluster's workers (:mod:`llm_ops.ray`)."""
@@ -201,17 +215,26 @@ class RateLimiter:
                 # Spread the restart so senders do not come back as one herd.
                 await asyncio.sleep(self.paused_until - now + random.uniform(0, 0.05))
                 continue
-            wait = max(
-                self.requests.wait_for(1) if self.requests else 0.0,
-                self.tokens.wait_for(tokens) if self.tokens else 0.0,
-            )
+            wait = self.shortfall(tokens)
             if wait <= 0:
                 break
-            await asyncio.sleep(wait)
+            await self.refill(wait, tokens)
         if self.requests:
             self.requests.take(1)
         if self.tokens:
             self.tokens.take(tokens)
+
+    def shortfall(self, tokens: int) -> float:
+        """Seconds until both budgets can pay for a request of ``tokens`` (0: they can now)."""
+        return max(
+            self.requests.wait_for(1) if self.requests else 0.0,
+            self.tokens.wait_for(tokens) if self.tokens else 0.0,
+        )
+
+    async def refill(self, wait: float, tokens: int) -> None:
+        """Wait until the budgets can pay for a request of ``tokens``: ``wait`` seconds, at
+        their pace. (A budget that time does not refill is refilled here otherwise.)"""
+        await asyncio.sleep(wait)
 
     def settle(self, estimated: int, actual: int) -> None:
         """Correct the token budget once ``usage`` tells what a request really cost."""

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from ._backend import Backend
 from ._cache import Cache
 from ._claims import Claims
-from ._engine import STOPS, Outcome, Request
 from ._options import Job
+from ._outcome import STOPS, Outcome, Request
 from ._progress import ProgressCallback, TerminalDisplay, Tracker
 from ._status import CACHEABLE
 
@@ -117,7 +117,7 @@ class AnswerSink:
 
 
 class Sender(Protocol):
-    """What sends a dispatch's requests: a live :class:`~llm_ops._engine.Dispatcher`, or a
+    """What sends a dispatch's requests: a live :class:`~llm_ops._dispatcher.Dispatcher`, or a
     :class:`~llm_ops._batch.BatchRunner`."""
 
     async def run(
@@ -136,7 +136,7 @@ async def dispatch_durably(
 ) -> BaseException | None:
     """Run ``dispatcher`` over ``requests`` while ``sink`` merges answers into the cache and
     ``progress`` gets snapshots; returns why it stopped early (one of
-    :data:`~llm_ops._engine.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
+    :data:`~llm_ops._outcome.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
     every answer received is made durable before this returns."""
     helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
     if progress is not None:

@@ -18,8 +18,8 @@ import duckdb
 import polars as pl
 
 from ._cache import DUCKDB_CONFIG, Cache
-from ._engine import TRUNCATED_MESSAGE
 from ._key import UPPERCASE_ESCAPE_PATTERN
+from ._outcome import TRUNCATED_MESSAGE
 from ._spec import RequestSpec
 from ._status import RESULTS
 

@@ -7,9 +7,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Protocol, TextIO
 
-from ._engine import Counters, Engine
+from ._limits import AdaptiveConcurrency
+from ._outcome import Counters
+
+
+class Flow(Protocol):
+    """What progress reads of the engine: its concurrency right now."""
+
+    @property
+    def concurrency(self) -> AdaptiveConcurrency: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ class Tracker:
         rows_settled: int,
         requests: int,
         counters: Counters,
-        engine: Engine,
+        engine: Flow,
         phase: str = "sending",
     ):
         self.rows = rows

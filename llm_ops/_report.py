@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ._engine import Counters
+from ._outcome import Counters
 from ._pricing import add_costs
 from ._status import FAILED, STATUSES
 from .exceptions import JobAbortedError

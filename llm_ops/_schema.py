@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ValidationError
 
-from .exceptions import ConfigError
+from .exceptions import ConfigError, LlmOpsError
 
 _SCALARS: dict[str, pl.DataType] = {
     "string": pl.String(),
@@ -36,8 +36,9 @@ _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-class InvalidOutput(ValueError):
-    """The answer is not JSON or does not match the schema."""
+class InvalidOutput(LlmOpsError, ValueError):
+    """The answer is not JSON or does not match the schema (internal: the engine catches it
+    and the row's status is ``invalid``, with this message as its error)."""
 
 
 @dataclass(frozen=True)

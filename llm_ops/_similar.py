@@ -28,8 +28,8 @@ import polars as pl
 
 from ._backend import Backend
 from ._dispatch import Dispatched, dispatch, rows_of
-from ._engine import Counters, Outcome
 from ._options import Job
+from ._outcome import Counters, Outcome
 from ._plan import lookup_answers
 from ._pricing import Budget
 from ._savings import embedding_cost

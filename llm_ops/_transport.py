@@ -6,15 +6,9 @@ transform, httpx-style request and response models and the httpx-to-aiohttp adap
 about 0.5 ms of CPU (see ``benchmarks/PROFILE.txt``), more than everything else a request
 needs; here a request is one ``session.post`` of bytes and one read of bytes.
 
-aiohttp's exceptions are mapped here, and only here, to three of ours, so the engine decides
-retries without knowing the HTTP library:
-
-- :class:`CouldNotConnect`: no connection was made (refused, unresolvable, connect timeout);
-  nothing was sent, so retrying cannot duplicate work;
-- :class:`TimedOut`: the attempt took longer than its timeout;
-- :class:`ConnectionFailed`: the connection broke while sending or reading;
-- :class:`BadBody`: the answer's body was larger than allowed (compressed or decompressed),
-  or in an encoding we did not ask for.
+aiohttp's exceptions become ours (a :class:`~llm_ops._boundary.TransportError`) at the one
+boundary, :mod:`llm_ops._boundary`, so the engine decides retries without knowing the HTTP
+library.
 
 Bodies are read with a bound: a server (or anything between) can send a body of any size, or a
 small gzip body that inflates to gigabytes, and one answer must never take the client's memory.
@@ -33,30 +27,11 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from ._boundary import AIOHTTP_FAILURES, BadBody, no_answer
+
 KEEPALIVE_SECONDS = 30.0
 READ_CHUNK = 2**16
 ACCEPT_ENCODING = "gzip, deflate"  # what we can inflate with a bound (see _Inflater)
-
-
-class TransportError(Exception):
-    """An attempt that got no HTTP answer."""
-
-
-class CouldNotConnect(TransportError):
-    """No connection could be made; nothing was sent."""
-
-
-class TimedOut(TransportError):
-    """The attempt took longer than its timeout."""
-
-
-class ConnectionFailed(TransportError):
-    """The connection broke while the request was sent or the answer read."""
-
-
-class BadBody(TransportError):
-    """The answer's body was too large, or in an encoding we cannot read; it was not read to
-    its end."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +64,6 @@ class Transport:
             )
         return self._session
 
-    async def post(self, url: URL, body: bytes, *, timeout: float, max_bytes: int) -> Answer:
-        return await self.request("POST", url, body, timeout, max_bytes)
-
     async def get(self, url: URL, *, timeout: float, max_bytes: int) -> Answer:
         return await self.request("GET", url, None, timeout, max_bytes)
 
@@ -112,12 +84,8 @@ class Transport:
                 headers: CIMultiDictProxy[str] = response.headers
                 payload = await _read(response, max_bytes)
                 return Answer(response.status, headers, payload)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise CouldNotConnect(_describe(exc)) from exc
-        except TimeoutError as exc:
-            raise TimedOut(f"timed out after {timeout:g}s") from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise ConnectionFailed(_describe(exc)) from exc
+        except AIOHTTP_FAILURES as exc:
+            raise no_answer(exc, timeout) from exc
 
     async def close(self) -> None:
         if self._session is not None:
@@ -203,7 +171,3 @@ def proxy_for(url: URL) -> URL | None:
         return None
     proxy = urllib.request.getproxies().get(url.scheme)
     return URL(proxy) if proxy else None
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from ._backend import Backend
-from ._engine import Batch, Counters, EmbeddingDispatcher, Outcome, Request
+from ._dispatcher import EmbeddingDispatcher
 from ._key import canonical_json
+from ._outcome import Batch, Counters, Outcome, Request
 from ._persist import CacheSink, dispatch_durably
 from ._plan import group_and_key
 from ._progress import ProgressCallback, Tracker

@@ -10,10 +10,21 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
     │   └── CacheLockedError   another process holds the cache file
     ├── JobAbortedError        the job was stopped: refused (401/403, quota) or unreachable
     ├── JobInterruptedError    SIGTERM stopped the job; what was answered is cached
-    └── RowsFailedError        ``on_error="raise"`` and some rows did not get an answer
+    ├── RowsFailedError        ``on_error="raise"`` and some rows did not get an answer
+    │
+    │   internal: caught inside llm-ops, never raised to a caller
+    ├── InvalidOutput          an answer does not match the schema: its row is ``invalid``
+    └── TransportError         an attempt got no HTTP answer: retried, else its row ``failed``
+        ├── CouldNotConnect    nothing was sent
+        ├── TimedOut           the attempt took longer than its timeout
+        ├── ConnectionFailed   the connection broke while sending or reading
+        └── BadBody            the answer was too large, or in an encoding not asked for
 
-Errors raised by the ``openai`` SDK, DuckDB or the operating system are mapped to this tree at one
-boundary and chained with ``raise ... from exc``; messages never contain an API key.
+The internal ones live where they are raised (:mod:`llm_ops._schema`,
+:mod:`llm_ops._boundary`), not in this module's ``__all__``. Errors raised by aiohttp and the
+``openai`` SDK are mapped to this tree at one boundary (:mod:`llm_ops._boundary`), DuckDB's by
+the cache (:mod:`llm_ops._cache`); all are chained with ``raise ... from exc``, and messages
+never contain an API key.
 """
 
 from __future__ import annotations

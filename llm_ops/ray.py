@@ -46,9 +46,9 @@ from typing import Any
 
 from ._cache import Cache
 from ._client import Client
-from ._engine import DRAIN_SECONDS
+from ._dispatcher import DRAIN_SECONDS
 from ._journal import JournalWriter
-from ._limits import RateLimiter, parse_duration
+from ._limits import LeasedBudget, RateLimiter, parse_duration
 from ._options import Job
 from ._report import RunReport
 from ._signals import graceful_sigterm, stopping_gently
@@ -431,59 +431,58 @@ class Quota:
         self.limiter.pause(seconds)
 
 
-class LeasedLimiter:
-    """A worker's rate limiter: spends tokens leased from the cluster's :class:`Quota`, and
-    tells it what the endpoint says (limits, ``Retry-After``)."""
+class LeasedLimiter(RateLimiter):
+    """A worker's rate limiter: :class:`RateLimiter`'s admission, over budgets that leases
+    from the cluster's :class:`Quota` refill instead of time; it tells the quota what the
+    endpoint says (limits, ``Retry-After``)."""
 
     def __init__(self, quota: Any, limits: Limits):
+        super().__init__(rpm=None, tpm=None)
         self.quota = quota
-        self.requests_left = 0
-        self.tokens_left = 0
-        self.paused_until = 0.0
-        self._limits = (limits.rpm, limits.tpm)
         self._checked = -CHECK_SECONDS
         self._told: dict[str, str] = {}  # header values the quota has heard
         self._leasing = asyncio.Lock()
+        self._limit(limits.rpm, limits.tpm)
 
-    @property
-    def tpm(self) -> float | None:
-        return self._limits[1]
-
-    def too_large(self, tokens: int) -> bool:
-        return self.tpm is not None and tokens > self.tpm
+    def _limit(self, rpm: float | None, tpm: float | None) -> None:
+        """The cluster's limits: unlimited needs no lease; else requests are leased, and
+        tokens too under a tokens-per-minute limit."""
+        self.user_rpm, self.user_tpm = rpm, tpm
+        limited = rpm is not None or tpm is not None
+        self.requests = (self.requests or LeasedBudget()) if limited else None
+        self.tokens = (self.tokens or LeasedBudget()) if tpm is not None else None
 
     async def admit(self, tokens: int) -> None:
-        while True:
-            now = time.monotonic()
-            if now < self.paused_until:
-                await asyncio.sleep(self.paused_until - now)
-                continue
-            if now - self._checked > CHECK_SECONDS:
-                self._limits = await self.quota.limits.remote()
-                self._checked = now
-            rpm, tpm = self._limits
-            if rpm is None and tpm is None:
-                return  # unlimited: no lease needed
-            if self.requests_left >= 1 and (tpm is None or self.tokens_left >= tokens):
-                self.requests_left -= 1
-                self.tokens_left -= tokens
-                return
-            async with self._leasing:
-                if self.requests_left >= 1 and (tpm is None or self.tokens_left >= tokens):
-                    continue
-                block = max(1, round((rpm or 240) * LEASE_SECONDS / 60))
-                granted, more_tokens, wait = await self.quota.lease.remote(block, block * tokens)
-                self.requests_left += granted
-                self.tokens_left += more_tokens
-                if wait:
-                    await asyncio.sleep(wait)
+        await self._learn_limits()
+        await super().admit(tokens)
 
-    def settle(self, estimated: int, actual: int) -> None:
-        self.tokens_left += estimated - actual
+    async def _learn_limits(self) -> None:
+        """Ask the quota for the cluster's limits, at most every :data:`CHECK_SECONDS`, so
+        an unlimited worker hears of a limit another one learned."""
+        now = time.monotonic()
+        if now - self._checked > CHECK_SECONDS:
+            # Each sender asks before it goes: none goes unleased on limits not yet known.
+            self._limit(*await self.quota.limits.remote())
+            self._checked = now
+
+    async def refill(self, wait: float, tokens: int) -> None:
+        """Lease about :data:`LEASE_SECONDS` of the cluster's budget, or wait as long as the
+        quota says nothing can be leased."""
+        await self._learn_limits()
+        async with self._leasing:
+            if self.shortfall(tokens) <= 0:  # another sender leased meanwhile
+                return
+            block = max(1, round((self.rpm or 240) * LEASE_SECONDS / 60))
+            granted, more_tokens, empty_for = await self.quota.lease.remote(block, block * tokens)
+            if self.requests is not None:
+                self.requests.level += granted
+            if self.tokens is not None:
+                self.tokens.level += more_tokens
+            if empty_for:
+                await asyncio.sleep(empty_for)
 
     def pause(self, seconds: float) -> None:
-        self.paused_until = max(self.paused_until, time.monotonic() + seconds)
-        self.requests_left = self.tokens_left = 0
+        super().pause(seconds)
         self.quota.pause.remote(seconds)
 
     def observe(self, headers: Mapping[str, str]) -> None:

@@ -49,11 +49,11 @@ from ._cache import DUCKDB_CONFIG, Cache
 from ._cascade import run_cascade
 from ._client import Client
 from ._dispatch import requests_for
-from ._engine import Counters, Outcome, Request
 from ._estimate import Estimate, price_plan
 from ._frames import from_arrow
 from ._join import join_back, status_counts
 from ._options import CallOptions, Job, ModelOption, check_job, make_job
+from ._outcome import Counters, Outcome, Request
 from ._pipeline import answer_misses
 from ._plan import key_rows, lookup_answers
 from ._progress import ChunkedProgress

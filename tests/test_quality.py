@@ -28,3 +28,29 @@ def test_ruff_format():
 def test_mypy_strict():
     result = _run("mypy", "llm_ops", "flows")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_exception_the_library_defines_is_in_the_tree_rooted_at_llm_ops_error():
+    import importlib
+    import pkgutil
+
+    import llm_ops
+    from llm_ops import LlmOpsError
+    from llm_ops._answers import Final, Retryable
+
+    modules = [
+        importlib.import_module(module.name)
+        for module in pkgutil.walk_packages(llm_ops.__path__, "llm_ops.")
+        if not module.name.endswith("__main__")
+    ]
+    defined = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__.startswith("llm_ops")
+    }
+    signals = {Retryable, Final}  # how an attempt tells its retry loop what became of it
+    outside = {kind.__name__ for kind in defined - signals if not issubclass(kind, LlmOpsError)}
+    assert outside == set()

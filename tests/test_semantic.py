@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from llm_ops import ConfigError, SemanticCache, request_key
-from llm_ops._engine import Outcome
+from llm_ops._outcome import Outcome
 from llm_ops._similar import follow_leaders
 from llm_ops.testing import expected_reply
 

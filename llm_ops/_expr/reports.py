@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from .._cache import Cache
-from .._engine import Counters
 from .._options import Job
+from .._outcome import Counters
 from .._report import RunReport, make_report, sum_reports
 from .._status import STATUSES
 

@@ -1,0 +1,390 @@
+"""What an endpoint's answer says: an outcome, or why not, and what to do about it.
+
+Everything here reads; nothing here sends, waits or changes how the job goes on. The dispatcher
+(:mod:`llm_ops._dispatcher`) acts on what is read: it retries an attempt that ended in
+:class:`Retryable`, keeps the outcome of one that ended in :class:`Final`, pauses every sender
+for a ``Retry-After`` and stops the job when an answer refuses the whole of it.
+
+On the hot path only the fields we use are read from a body (with ``orjson``), and the usual
+``usage`` shape is checked without a call per count: reading answers is, with the HTTP
+exchange itself, most of a request's CPU.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+from yarl import URL
+
+from ._boundary import one_line, redact
+from ._outcome import TRUNCATED_MESSAGE, Batch, Counters, Outcome, Pack, Request, Sent
+from ._pack import unpack
+from ._schema import InvalidOutput
+
+RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+ABORT_STATUS = frozenset({401, 403})
+FINISHED = frozenset({"stop", "tool_calls", "function_call"})
+"""``finish_reason`` values of a finished answer. ``length`` is ``truncated``,
+``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
+finish and is retried."""
+MAX_TOKENS_BELIEVED = 2**31 - 1
+"""Above this, a token count in ``usage`` cannot be right (nor fit the cache's INTEGER)."""
+
+
+class Retryable(Exception):
+    """An attempt that may succeed if made again; ``retry_after`` is the wait it asked for."""
+
+    def __init__(
+        self, message: str, retry_after: float | None = None, http_status: int | None = None
+    ):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.http_status = http_status
+
+
+class Final(Exception):
+    """An attempt whose outcome stands: ``status``, with this message as its error."""
+
+    def __init__(self, status: Sent, message: str, http_status: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.http_status = http_status
+
+
+# -- answers that are not a 200 ---------------------------------------------------------------
+
+
+def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple[str, str | None]:
+    """An error answer's one-line message, and, when it refuses the whole job (the
+    credentials, an empty quota), why the job stops; else ``None``."""
+    error = error_body(payload)
+    message = one_line(
+        redact(f"HTTP {status}: {error.get('message') or preview(payload)}", *secrets)
+    )
+    if status in ABORT_STATUS:
+        return message, (
+            f"the endpoint refused the credentials ({message}); the job was stopped and "
+            "nothing more was sent. Check the API key (api_key= or OPENAI_API_KEY) and "
+            "its permissions for this model."
+        )
+    if status == 429 and "insufficient_quota" in (error.get("code"), error.get("type")):
+        return message, (
+            f"the account is out of quota ({message}); the job was stopped and nothing more "
+            "was sent. Add credit or raise the quota, then rerun: answers so far are cached."
+        )
+    return message, None
+
+
+def redirection(status: int, headers: Mapping[str, str], base_url: str) -> tuple[str, str]:
+    """A 3xx's message, and why the job stops: a redirect is never followed (it could carry
+    the key to another host), and every request would be sent there too."""
+    target = headers.get("location")
+    where = "without a Location"
+    if target:
+        try:
+            to = URL(base_url).join(URL(target))
+            where = f"to {to.origin()}{to.path}"  # no credentials, no query
+        except ValueError:
+            where = "to an address that is not a URL"
+    message = f"HTTP {status}: the endpoint redirects {where}"
+    return message, (
+        f"{message}; redirects are not followed (they could carry the API key elsewhere), "
+        "so the job was stopped and nothing more was sent. Set base_url to the address "
+        "it points to, then rerun."
+    )
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds an answer asks to wait: ``retry-after-ms``, else ``Retry-After`` in seconds or
+    as an HTTP date; ``None`` when absent or unreadable (a date in the past is 0)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        wait = _number(millis)
+        if wait is not None:
+            return wait / 1000
+    text = headers.get("retry-after")
+    if text is None:
+        return None
+    wait = _number(text)
+    if wait is not None:
+        return wait
+    try:
+        moment = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:  # HTTP dates are GMT
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 and value == value and value != float("inf") else None
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``24 h``: a wait as a person reads it."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
+
+
+# -- answers: chat completions and embeddings --------------------------------------------------
+
+
+class Reader:
+    """Reads one dispatch's answers into outcomes, and counts what each answer billed."""
+
+    def __init__(self, counters: Counters, secrets: Sequence[str | None]):
+        self.counters = counters
+        self.secrets = secrets
+
+    def read(self, request: Request, payload: bytes) -> Outcome:
+        """The outcome of an answer; :class:`Retryable` or :class:`Final` when it is none."""
+        raise NotImplementedError
+
+    def count(self, usage: object) -> tuple[int, int, int] | None:
+        """Count an answer (billed, whatever becomes of it) and its tokens, when they can be
+        right; tokens that cannot (negative, absurd) are counted as unknown instead."""
+        tokens = read_usage(usage)
+        self.counters.answered += 1
+        if tokens is None:
+            self.counters.usage_unknown += 1
+            return None
+        self.counters.prompt_tokens += tokens[0]
+        self.counters.completion_tokens += tokens[1]
+        self.counters.cached_tokens += tokens[2]
+        return tokens
+
+
+class CompletionReader(Reader):
+    """Reads chat completions; ``validate`` checks a structured answer against its schema."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        secrets: Sequence[str | None],
+        validate: Callable[[str], str] | None = None,
+    ):
+        super().__init__(counters, secrets)
+        self.validate = validate
+
+    def read(self, request: Request, payload: bytes) -> Outcome:
+        try:
+            body = load(payload)
+            choice = body["choices"][0]
+            text = choice["message"]["content"]
+            finish_reason = choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise Retryable(f"malformed response body: {preview(payload)!r}") from exc
+        usage = self.count(body.get("usage"))
+        self._check(body, text, finish_reason)
+        prompt_tokens, completion_tokens, cached_tokens = usage or (0, 0, 0)
+        truncated = finish_reason == "length"
+        outcome = Outcome(
+            key=request.key,
+            status="truncated" if truncated else "ok",
+            text=text,
+            error=TRUNCATED_MESSAGE if truncated else None,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            usage_known=usage is not None,
+        )
+        if truncated:
+            return outcome
+        if isinstance(request, Pack):
+            outcome.items = _unpacked(request, outcome, text)
+        elif self.validate is not None:
+            _validated(outcome, text, self.validate)
+        return outcome
+
+    def _check(self, body: dict[str, Any], text: object, finish_reason: object) -> None:
+        """Raise for a 200 that is no answer: an error in its body, an answer that was
+        filtered or did not finish, or one without text."""
+        if body.get("error"):
+            error = body["error"]
+            detail = error.get("message") if isinstance(error, dict) else error
+            raise Retryable(
+                one_line(redact(f"the endpoint answered with an error: {detail}", *self.secrets))
+            )
+        if finish_reason == "content_filter":
+            raise Final(
+                "filtered",
+                "the endpoint's content filter stopped the answer (finish_reason 'content_filter')",
+            )
+        if finish_reason != "length" and finish_reason not in FINISHED:
+            raise Retryable(f"the answer did not finish (finish_reason {finish_reason!r})")
+        if not isinstance(text, str):
+            raise Final(
+                "rejected", f"the answer has no text content (finish_reason {finish_reason!r})"
+            )
+
+
+def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Outcome]] | None:
+    """Each member's outcome, with its share of the tokens, unless the answer did not give
+    every id exactly once (the caller splits the pack)."""
+    answers = unpack(text, len(pack.members))
+    if answers is None:
+        return None
+    share = len(pack.members)
+    return [
+        (
+            member,
+            Outcome(
+                key=member.key,
+                status="ok",
+                text=answer,
+                finish_reason=outcome.finish_reason,
+                prompt_tokens=outcome.prompt_tokens // share,
+                completion_tokens=outcome.completion_tokens // share,
+                cached_tokens=outcome.cached_tokens // share,
+                usage_known=outcome.usage_known,
+            ),
+        )
+        for member, answer in zip(pack.members, answers, strict=True)
+    ]
+
+
+def _validated(outcome: Outcome, text: str, validate: Callable[[str], str]) -> None:
+    """The structured answer, normalised; ``invalid`` when it does not match the schema."""
+    try:
+        outcome.json = validate(text)
+    except InvalidOutput as exc:
+        outcome.status = "invalid"
+        outcome.error = one_line(f"the answer does not match the schema: {exc}")
+
+
+class EmbeddingReader(Reader):
+    """Reads ``/embeddings`` answers: one finite vector per input of a :class:`Batch`, of
+    ``dimensions`` numbers when that was asked for."""
+
+    def __init__(
+        self, counters: Counters, secrets: Sequence[str | None], dimensions: int | None = None
+    ):
+        super().__init__(counters, secrets)
+        self.dimensions = dimensions
+
+    def read(self, request: Request, payload: bytes) -> Outcome:
+        expected = len(request.inputs) if isinstance(request, Batch) else 0
+        try:
+            body = load(payload)
+            items = sorted(body["data"], key=lambda item: item["index"])
+            vectors = [item["embedding"] for item in items]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Retryable(f"malformed response body: {preview(payload)!r}") from exc
+        if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
+            raise Retryable(
+                f"the endpoint returned {len(vectors)} embeddings for {expected} inputs"
+            )
+        if not _finite_vectors(vectors):
+            raise Retryable("the endpoint returned embeddings that are not lists of numbers")
+        usage = self.count(body.get("usage"))
+        wanted = self.dimensions
+        if wanted is not None and any(len(vector) != wanted for vector in vectors):
+            raise Final(
+                "rejected",
+                f"asked for dimensions={wanted}, the endpoint returned "
+                f"{len(vectors[0])}: it ignores dimensions=; drop it for "
+                "this endpoint",
+            )
+        return Outcome(
+            key=request.key,
+            status="ok",
+            vectors=vectors,
+            prompt_tokens=0 if usage is None else usage[0],
+            usage_known=usage is not None,
+        )
+
+
+def _finite_vectors(vectors: list[Any]) -> bool:
+    """Vectors of one width, of finite numbers only: what the cache can store and search."""
+    try:
+        values = np.asarray(vectors, dtype=np.float64)
+    except (ValueError, TypeError):
+        return False
+    return values.ndim == 2 and values.shape[1] > 0 and bool(np.isfinite(values).all())
+
+
+# -- usage and bodies ---------------------------------------------------------------------------
+
+
+def read_usage(usage: object) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached) tokens of an answer's ``usage``, or ``None`` when they
+    cannot be right. No usage is none billed; cached tokens that make no sense are none."""
+    if usage is None:
+        return 0, 0, 0
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens", 0) if type(details) is dict else 0
+    if (  # the common shape, checked without a call per count
+        type(prompt) is int
+        and type(completion) is int
+        and type(cached) is int
+        and 0 <= cached <= prompt <= MAX_TOKENS_BELIEVED
+        and 0 <= completion <= MAX_TOKENS_BELIEVED
+    ):
+        return prompt, completion, cached
+    prompt = token_count(usage.get("prompt_tokens"))
+    completion = token_count(usage.get("completion_tokens"))
+    if prompt is None or completion is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return prompt, completion, min(prompt, cached or 0)
+
+
+def token_count(value: object) -> int | None:
+    """A count of ``usage`` as the endpoint sent it, if it can be right: absent is 0; a
+    negative, fractional or absurd number (at least 2**31), or not a number, is ``None``."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # inf and nan too
+            return None
+        value = int(value)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
+
+
+def load(payload: bytes) -> Any:
+    """JSON, as orjson reads it, or as the standard library does what orjson refuses (numbers
+    beyond a double, NaN): an answer must not be lost to one odd number in it."""
+    try:
+        return orjson.loads(payload)
+    except ValueError:
+        return json.loads(payload)
+
+
+def error_body(payload: bytes) -> dict[str, Any]:
+    """The ``error`` object of an OpenAI-style error answer, or an empty dict."""
+    try:
+        body = orjson.loads(payload)
+    except ValueError:
+        return {}
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    return inner if isinstance(inner, dict) else {}
+
+
+def preview(payload: bytes, limit: int = 80) -> str:
+    """The start of a body, on one line, to quote in a message."""
+    return one_line(payload[:limit].decode("utf-8", "replace"), limit) or "(empty body)"

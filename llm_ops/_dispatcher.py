@@ -1,0 +1,485 @@
+"""Dispatch: distinct requests sent concurrently over the :class:`~llm_ops._engine.Engine`,
+retried in one place, each reported as one :class:`~llm_ops._outcome.Outcome`.
+
+A dispatch runs ``concurrency`` workers over one iterator of requests. Each request goes
+through :meth:`Dispatcher._request_loop`, which alone decides retries: every attempt is
+admitted by the engine's rate limiter and concurrency, posted once, and its answer read
+(:mod:`llm_ops._answers`); a pack whose ids did not come back, or an embeddings batch the
+endpoint refused, is split in halves and each half sent again. ``stop()`` (SIGTERM) sends
+nothing new and lets what is in flight finish for :data:`DRAIN_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from typing import Any
+
+import orjson
+
+from ._answers import (
+    ABORT_STATUS,
+    RETRYABLE_STATUS,
+    CompletionReader,
+    EmbeddingReader,
+    Final,
+    Reader,
+    Retryable,
+    duration,
+    redirection,
+    refusal,
+    retry_after,
+)
+from ._boundary import BadBody, CouldNotConnect, TimedOut, TransportError, one_line, redact
+from ._engine import Engine
+from ._outcome import Batch, Counters, Outcome, Pack, Request
+from ._pack import PACK_FORMAT
+from ._pricing import Budget, approx_tokens
+from ._signals import stopped_by_signals
+from ._transport import Answer
+from .exceptions import JobAbortedError, JobInterruptedError
+
+OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
+DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
+DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
+EMBEDDING_BYTES_PER_INPUT = 128 * 1024  # room for one vector of up to ~6,000 floats as JSON
+REPAIR_PROMPT = (
+    "That answer did not match the required JSON schema ({}). Reply again with "
+    "only JSON that matches the schema."
+)
+
+
+class Dispatcher:
+    """One dispatch of chat requests over an :class:`Engine`; reports each :class:`Outcome`.
+
+    Every attempt waits for a rate budget (:class:`~llm_ops._limits.RateLimiter`) and a
+    concurrency slot (:class:`~llm_ops._limits.AdaptiveConcurrency`), both the engine's;
+    retrying is decided in one place, :meth:`_request_loop`.
+    """
+
+    path = "chat/completions"
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model: str,
+        params: Mapping[str, Any],
+        validate: Callable[[str], str] | None = None,
+        repair: bool = False,
+        budget: Budget | None = None,
+    ):
+        self.engine = engine
+        self.settings = engine.limits
+        self.budget = budget
+        self.repair = repair
+        self.model = model
+        self.params = {k: v for k, v in params.items() if v is not None}
+        self.counters = Counters()
+        self.reader = self._reader(validate)
+        self._aborted: JobAbortedError | None = None
+        self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
+        self._drained = False
+        self._workers: list[asyncio.Task[None]] = []
+        self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
+        self.url = engine.url(self.path)
+
+    def _reader(self, validate: Callable[[str], str] | None) -> Reader:
+        return CompletionReader(self.counters, self.engine.secrets, validate)
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    async def run(self, requests: Iterable[Request], on_outcome: OnOutcome) -> None:
+        """Send every request, calling ``on_outcome(request, outcome)`` as answers arrive.
+
+        Raises :class:`JobAbortedError` once in-flight requests settle if the endpoint refused
+        the job (credentials, quota); requests not yet started are then never sent.
+        """
+        await self.engine.check_models((self.model,))
+        work = iter(requests)
+        workers = self._workers = [
+            asyncio.create_task(self._worker(work, on_outcome))
+            for _ in range(self.settings.concurrency)
+        ]
+        with stopped_by_signals(self):
+            try:
+                await asyncio.gather(*workers)
+            except asyncio.CancelledError:
+                if not self._drained:
+                    raise
+            finally:
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        if self._aborted is not None:
+            raise self._aborted
+        if self._stopping:
+            raise JobInterruptedError(
+                "the job was stopped by SIGTERM; what was in flight was answered and every "
+                "answer is cached, so a rerun sends only the rest"
+            )
+
+    def stop(self) -> None:
+        """Send nothing new; give what is in flight up to :data:`DRAIN_SECONDS` (or the
+        timeout, if shorter) to be answered, then cancel it."""
+        if self._stopping:
+            return
+        self._stopping = True
+        asyncio.get_running_loop().call_later(
+            min(DRAIN_SECONDS, self.settings.timeout), self._drain_timeout
+        )
+
+    def _drain_timeout(self) -> None:
+        if any(not worker.done() for worker in self._workers):
+            self._drained = True
+            for worker in self._workers:
+                worker.cancel()
+
+    def _abort(self, message: str) -> None:
+        """Stop the job: nothing new is sent, and :meth:`run` raises
+        :class:`JobAbortedError` with the first such message once what is in flight settled."""
+        if self._aborted is None:
+            self._aborted = JobAbortedError(message)
+
+    async def _worker(self, work: Iterator[Request], on_outcome: OnOutcome) -> None:
+        for request in work:
+            if self._aborted is not None or self._stopping:
+                return
+            outcome = await self._attempt_loop(request)
+            if outcome.status == "aborted":
+                return
+            self.counters.done += 1
+            self.counters.by_status[outcome.status] = (
+                self.counters.by_status.get(outcome.status, 0) + 1
+            )
+            await on_outcome(request, outcome)
+
+    # -- the retry loop -----------------------------------------------------------------------
+
+    async def _attempt_loop(self, request: Request) -> Outcome:
+        if isinstance(request, Pack):
+            return await self._pack_loop(request)
+        return await self._request_loop(request)
+
+    async def _pack_loop(self, pack: Pack) -> Outcome:
+        """Send a pack; when its ids do not come back exactly once, split it and retry."""
+        outcome = await self._request_loop(pack)
+        if outcome.items is not None or outcome.status == "aborted":
+            return outcome
+        if outcome.status in ("ok", "truncated", "invalid"):  # answered, but not one per id
+            self.counters.splits += 1
+            items = []
+            for half in pack.split():
+                answer = await self._attempt_loop(half)
+                items += answer.items if answer.items is not None else [(half, answer)]
+            return Outcome(key=pack.key, status="ok", items=items)
+        return Outcome(
+            key=pack.key,
+            status=outcome.status,
+            items=[
+                (
+                    member,
+                    Outcome(
+                        key=member.key,
+                        status=outcome.status,
+                        error=outcome.error,
+                        attempts=outcome.attempts,
+                    ),
+                )
+                for member in pack.members
+            ],
+        )
+
+    async def _request_loop(self, request: Request, *, split_on_status: bool = False) -> Outcome:
+        """Attempts until an outcome; ``split_on_status``: stop at the first failure the
+        endpoint answered with an HTTP error (not a 429), for the caller to split."""
+        started = time.perf_counter()
+        estimate = self.estimate_tokens(request)
+        if self.engine.limiter.too_large(estimate):
+            return self._too_large(request, estimate)
+        messages, repaired, failure = request.messages, False, None
+        attempt, last = 0, self.settings.max_attempts
+        for attempt in range(1, last + 1):
+            if self._aborted is not None or (self._stopping and attempt > 1):
+                return Outcome(key=request.key, status="aborted")
+            if attempt > 1:
+                self.counters.retries += 1
+            expected = (0, 0) if self.budget is None else self.expected_tokens(request, estimate)
+            if self.budget is not None and not self.budget.reserve(*expected):
+                return self._over_budget(request, attempt - 1, self.budget)
+            try:
+                outcome = await self._attempt(request, messages, estimate)
+            except Retryable as exc:
+                self._bill(expected, None)
+                failure = exc
+                if split_on_status and exc.http_status not in (None, 429):
+                    break  # the caller splits the request instead
+                if attempt < last:
+                    await asyncio.sleep(self._backoff(attempt, exc.retry_after))
+                continue
+            except Final as exc:
+                self._bill(expected, None)
+                outcome = Outcome(
+                    key=request.key, status=exc.status, error=str(exc), http_status=exc.http_status
+                )
+            else:
+                self._bill(expected, outcome)
+                if outcome.status == "invalid" and self.repair and not repaired and attempt < last:
+                    messages, repaired = self._repair(messages, outcome), True
+                    continue
+            outcome.attempts = attempt
+            outcome.latency_ms = (time.perf_counter() - started) * 1000
+            return outcome
+        return self._gave_up(request, attempt, failure, started)
+
+    def _too_large(self, request: Request, estimate: int) -> Outcome:
+        """A request that could never be admitted: more than a minute of the token budget."""
+        return Outcome(
+            key=request.key,
+            status="failed",
+            attempts=0,
+            error=f"the request needs about {estimate:,} tokens (prompt + max_tokens), more "
+            f"than the whole tokens-per-minute budget ({self.engine.limiter.tpm:,.0f}); "
+            "shorten the prompt or lower max_tokens",
+        )
+
+    def _over_budget(self, request: Request, attempts: int, budget: Budget) -> Outcome:
+        self.counters.over_budget += 1
+        return Outcome(
+            key=request.key,
+            status="skipped",
+            attempts=attempts,
+            error=f"not sent: the budget stopped the job ({budget.exhausted})",
+        )
+
+    def _bill(self, expected: tuple[int, int], outcome: Outcome | None) -> None:
+        """Settle the budget's reservation for an attempt: an answer's tokens, none for an
+        attempt that failed. Unknown usage keeps the reservation: a budget holds whatever is
+        said."""
+        if self.budget is None:
+            return
+        if outcome is None:
+            self.budget.settle(expected, (0, 0))
+        elif outcome.usage_known:
+            self.budget.settle(
+                expected,
+                (outcome.prompt_tokens, outcome.completion_tokens),
+                cached_input_tokens=outcome.cached_tokens,
+            )
+
+    @staticmethod
+    def _repair(messages: list[dict[str, str]], outcome: Outcome) -> list[dict[str, str]]:
+        """One repair round: show the model its answer and what was wrong with it."""
+        return [
+            *messages,
+            {"role": "assistant", "content": outcome.text or ""},
+            {"role": "user", "content": REPAIR_PROMPT.format(outcome.error)},
+        ]
+
+    @staticmethod
+    def _gave_up(
+        request: Request, attempts: int, failure: Retryable | None, started: float
+    ) -> Outcome:
+        return Outcome(
+            key=request.key,
+            status="failed",
+            error=f"gave up after {attempts} attempt{'s' * (attempts > 1)}: "
+            f"{'no attempt made' if failure is None else failure}",
+            attempts=attempts,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            http_status=None if failure is None else failure.http_status,
+        )
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        ceiling = min(self.settings.backoff_max, self.settings.backoff_base * 2 ** (attempt - 1))
+        delay = random.uniform(0, ceiling)  # full jitter
+        return max(delay, retry_after) if retry_after is not None else delay
+
+    # -- requests: their cost and their body --------------------------------------------------
+
+    def estimate_tokens(self, request: Request) -> int:
+        """Admission cost: the prompt's approximate tokens, plus the completion budget."""
+        chars = sum(len(m["content"]) for m in request.messages)
+        answers = len(request.members) if isinstance(request, Pack) else 1
+        return approx_tokens(chars, len(request.messages)) + self._completion_budget * answers
+
+    def expected_tokens(self, request: Request, estimate: int) -> tuple[int, int]:
+        """(input, output) tokens a request is projected to cost, for budgets."""
+        answers = len(request.members) if isinstance(request, Pack) else 1
+        if "max_tokens" in self.params or not self.counters.answered:
+            output = self._completion_budget * answers
+        else:  # what answers have cost so far
+            output = answers * self.counters.completion_tokens // self.counters.answered
+        return max(0, estimate - self._completion_budget * answers), output
+
+    def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """The JSON body of ``request``, asking with ``messages``."""
+        body = {"model": self.model, "messages": messages, **self.params}
+        if isinstance(request, Pack):
+            body["response_format"] = PACK_FORMAT
+            if "max_tokens" in body:  # room for every member's answer, plus the JSON around it
+                body["max_tokens"] = body["max_tokens"] * len(request.members) + 16
+        return body
+
+    def max_bytes(self, request: Request) -> int:
+        """The most an answer to ``request`` may hold (``max_response_bytes``)."""
+        return self.settings.max_response_bytes
+
+    # -- one attempt --------------------------------------------------------------------------
+
+    def _attempt(
+        self, request: Request, messages: list[dict[str, str]], estimate: int
+    ) -> Coroutine[Any, Any, Outcome]:
+        """One attempt, to await: its body serialised once, sent at once, or through the
+        engine's first-request gate while no request got through."""
+        body = orjson.dumps(self.body(request, messages))
+        if self.engine.connected.is_set():
+            return self._send(request, body, estimate)
+        return self.engine.first_request(
+            functools.partial(self._send_unless_aborted, request, body, estimate)
+        )
+
+    async def _send_unless_aborted(self, request: Request, body: bytes, estimate: int) -> Outcome:
+        if self._aborted is not None:  # the request that went first was refused
+            raise Final("aborted", str(self._aborted))
+        return await self._send(request, body, estimate)
+
+    async def _send(self, request: Request, body: bytes, estimate: int) -> Outcome:
+        """Admission, a concurrency slot, one POST, and its answer read."""
+        engine = self.engine
+        await engine.limiter.admit(estimate)
+        await engine.concurrency.acquire()
+        self.counters.sent += 1
+        try:
+            answer = await engine.http.request(
+                "POST", self.url, body, self.settings.timeout, self.max_bytes(request)
+            )
+        except TransportError as exc:
+            raise self._no_answer(exc) from exc
+        finally:
+            engine.concurrency.release()
+        engine.connect_failures = 0
+        if answer.status in ABORT_STATUS:
+            engine.connected.clear()  # the next job tries one request first again
+        elif answer.status not in RETRYABLE_STATUS:
+            engine.connected.set()  # reachable, and the credentials are accepted
+        engine.limiter.observe(answer.headers)
+        if answer.status >= 300:
+            raise self._refused(answer)
+        outcome = self.reader.read(request, answer.body)
+        engine.concurrency.on_success()
+        engine.long_waits = 0
+        used = outcome.prompt_tokens + outcome.completion_tokens
+        engine.limiter.settle(estimate, used if outcome.usage_known else estimate)
+        return outcome
+
+    def _no_answer(self, exc: TransportError) -> Retryable | Final:
+        """An attempt that got no answer is retried, but for a body too large to read; a
+        run of connections that could not be made stops the job."""
+        engine = self.engine
+        if isinstance(exc, BadBody):
+            return Final("failed", redact(str(exc), *engine.secrets))
+        if isinstance(exc, CouldNotConnect):
+            detail, give_up = engine.could_not_connect(exc)
+            if give_up:
+                self._abort(
+                    f"could not connect to {engine.endpoint} ({engine.connect_failures} attempts "
+                    f"in a row failed: {one_line(detail)}); the job was stopped. Check "
+                    "base_url and that the server is running, then rerun: answers so far are "
+                    "cached."
+                )
+            return Retryable(f"could not connect: {detail}")
+        if isinstance(exc, TimedOut):
+            self.counters.timeouts += 1
+            engine.concurrency.on_congestion()
+            return Retryable(str(exc))
+        return Retryable(redact(f"connection error: {exc}", *engine.secrets))
+
+    def _refused(self, answer: Answer) -> Retryable | Final:
+        """A redirect or an error status: what it does to the job (stops it, or slows every
+        sender down) and the exception that ends this attempt."""
+        status = answer.status
+        if status < 400:
+            message, stop = redirection(status, answer.headers, self.engine.base_url)
+            self._abort(stop)
+            return Final("aborted", message, http_status=status)
+        message, refused = refusal(status, answer.body, self.engine.secrets)
+        if refused is not None:
+            self._abort(refused)
+            return Final("aborted", message)
+        if status not in RETRYABLE_STATUS:
+            return Final("rejected", message, http_status=status)
+        return self._retry_later(status, retry_after(answer.headers), message)
+
+    def _retry_later(self, status: int, wait: float | None, message: str) -> Retryable | Final:
+        """A status worth another attempt: a 429 slows every sender down, and pauses them
+        all when it says for how long; a wait over ``max_retry_after`` is not waited for."""
+        engine = self.engine
+        if status == 429:
+            self.counters.rate_limited += 1
+        if wait is not None and wait > self.settings.max_retry_after:
+            return self._too_long_a_wait(status, wait, message)
+        if status == 429:
+            if wait is not None:
+                engine.concurrency.on_overload()
+                engine.pause(wait, status)
+            else:
+                engine.concurrency.on_congestion()
+        return Retryable(message, wait, http_status=status)
+
+    def _too_long_a_wait(self, status: int, wait: float, message: str) -> Final:
+        """A wait over ``max_retry_after``: this request fails, and when answers keep asking
+        for one, the job stops rather than fail every row."""
+        engine, cap = self.engine, self.settings.max_retry_after
+        if engine.asked_to_wait_too_long():
+            self._abort(
+                f"{engine.endpoint} asks every request to wait {duration(wait)} (HTTP {status}, "
+                f"Retry-After), more than max_retry_after={cap:g}s; the job was stopped and "
+                "nothing more was sent. Rerun after that time (answers so far are cached), or "
+                "raise max_retry_after."
+            )
+        return Final(
+            "failed",
+            f"the endpoint asked to wait {duration(wait)} before a retry (HTTP {status}, "
+            f"Retry-After), more than max_retry_after={cap:g}s; not retried ({message})",
+            http_status=status,
+        )
+
+
+class EmbeddingDispatcher(Dispatcher):
+    """Sends :class:`Batch` requests to ``/embeddings``; an outcome carries one vector per input."""
+
+    path = "embeddings"
+
+    def _reader(self, validate: Callable[[str], str] | None) -> Reader:
+        return EmbeddingReader(self.counters, self.engine.secrets, self.params.get("dimensions"))
+
+    def estimate_tokens(self, request: Request) -> int:
+        inputs = request.inputs if isinstance(request, Batch) else ()
+        return approx_tokens(sum(len(text) for text in inputs)) + len(inputs)
+
+    def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
+        inputs = list(request.inputs) if isinstance(request, Batch) else []
+        return {"model": self.model, "input": inputs, **self.params}
+
+    def max_bytes(self, request: Request) -> int:
+        inputs = len(request.inputs) if isinstance(request, Batch) else 1
+        return self.settings.max_response_bytes + EMBEDDING_BYTES_PER_INPUT * inputs
+
+    async def _attempt_loop(self, request: Request) -> Outcome:
+        """Send a batch; when the endpoint refuses it (say, one input is too long for it),
+        split it in halves and send each, down to single inputs, so only a bad input fails."""
+        if not isinstance(request, Batch) or len(request.inputs) < 2:
+            return await self._request_loop(request)
+        outcome = await self._request_loop(request, split_on_status=True)
+        if outcome.status not in ("failed", "rejected") or outcome.http_status in (None, 429):
+            return outcome
+        self.counters.splits += 1
+        items: list[tuple[Request, Outcome]] = []
+        for half in request.split():
+            answer = await self._attempt_loop(half)
+            items += answer.items if answer.items is not None else [(half, answer)]
+        return Outcome(key=request.key, status="ok", items=items)

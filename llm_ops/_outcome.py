@@ -1,0 +1,145 @@
+"""The data every stage passes around: a distinct request, a pack or batch of them, and its
+outcome; and the live counters of a dispatch.
+
+The planner makes :class:`Request` s, the engine sends them and reports one :class:`Outcome`
+each, the persist, join and report stages read those: none of them needs the engine for its
+types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from ._pack import pack_messages
+from ._status import Status
+from .exceptions import JobAbortedError, JobInterruptedError
+
+Sent = Status | Literal["aborted"]
+"""What became of a request: a row status, or ``aborted`` when the job stopped first."""
+STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
+"""Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
+TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One distinct request: its key, the chat messages and the canonical request JSON."""
+
+    key: str
+    messages: list[dict[str, str]]
+    request_json: str
+    rows: int = 1  # input rows waiting for this answer
+
+
+@dataclass(frozen=True)
+class Pack(Request):
+    """Up to ``rows_per_request`` distinct requests with the same system message, sent as one
+    (see :mod:`llm_ops._pack`)."""
+
+    members: tuple[Request, ...] = ()
+    system: str | None = None
+
+    def split(self) -> tuple[Request, Request]:
+        """Two halves; a half of one member is that member's ordinary request."""
+        middle = len(self.members) // 2
+        return make_pack(self.members[:middle], self.system), make_pack(
+            self.members[middle:], self.system
+        )
+
+
+def make_pack(members: tuple[Request, ...], system: str | None) -> Request:
+    """A pack of ordinary single-row ``members`` sharing ``system``; one member is itself."""
+    if len(members) == 1:
+        return members[0]
+    prompts = [member.messages[-1]["content"] for member in members]
+    return Pack(
+        key="pack:" + members[0].key,
+        messages=pack_messages(system, prompts),
+        request_json="",
+        rows=sum(m.rows for m in members),
+        members=members,
+        system=system,
+    )
+
+
+@dataclass(frozen=True)
+class Batch(Request):
+    """Several distinct inputs sent as one embeddings request."""
+
+    keys: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    requests_json: tuple[str, ...] = ()
+    input_rows: tuple[int, ...] = ()  # input rows waiting for each input
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Two halves, each its own request."""
+        middle = len(self.inputs) // 2
+        halves = (slice(None, middle), slice(middle, None))
+        return tuple(  # type: ignore[return-value]
+            Batch(
+                key=f"{self.key}.{n}",
+                messages=[],
+                request_json="",
+                rows=sum(self.input_rows[half]),
+                keys=self.keys[half],
+                inputs=self.inputs[half],
+                requests_json=self.requests_json[half],
+                input_rows=self.input_rows[half],
+            )
+            for n, half in enumerate(halves)
+        )
+
+
+@dataclass(slots=True)  # one per request on the hot path: slots make it cheaper
+class Outcome:
+    """What became of one request."""
+
+    key: str
+    status: Sent
+    text: str | None = None
+    json: str | None = None  # normalised structured answer, when a schema was asked for
+    vectors: list[list[float]] | None = None  # embeddings, one per input of a Batch
+    items: list[tuple[Request, Outcome]] | None = None  # a pack's members and their outcomes
+    error: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache
+    latency_ms: float = 0.0
+    attempts: int = 0
+    http_status: int | None = None  # of the last failed attempt the endpoint answered
+    usage_known: bool = True  # False: the endpoint's token counts could not be right
+
+
+@dataclass
+class Counters:
+    """Live counters of one job, readable while it runs (``Dispatcher.counters``)."""
+
+    total: int = 0
+    sent: int = 0
+    answered: int = 0  # attempts answered with HTTP 200: what per-request pricing bills
+    retries: int = 0
+    done: int = 0
+    rate_limited: int = 0
+    timeouts: int = 0
+    splits: int = 0  # packs whose answers did not match their ids, split and resent
+    over_budget: int = 0  # requests not sent because a budget was reached
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
+    usage_unknown: int = 0  # answers whose usage could not be right: their tokens are not here
+    # the embedding requests the semantic cache made for this job, and their tokens
+    embedding_requests: int = 0
+    embedding_tokens: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Counters) -> None:
+        """Add another dispatch's counters (say, one chunk's) to these."""
+        for item in fields(self):
+            if item.name == "by_status":
+                for status, n in other.by_status.items():
+                    self.by_status[status] = self.by_status.get(status, 0) + n
+            else:
+                setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
