@@ -45,14 +45,47 @@ def account(
     ``distinct`` holds the pass's distinct requests, ``hits`` the cache's answers to them (the
     exact cache's, and those another job sharing it sent meanwhile), ``results`` every settled
     request (:data:`~llm_ops._status.RESULTS`)."""
+    return usage_report(
+        job,
+        tallies=tally(distinct, results, cache_hits=hits["key"]),
+        started_at=started_at,
+        wall_seconds=wall_seconds,
+        rows=rows,
+        distinct=distinct.height,
+        cache_hits=hits.height,
+        statuses=statuses,
+        counters=counters,
+        stopped=stopped,
+        budget_stop=budget_stop,
+        cache=cache,
+    )
+
+
+def usage_report(
+    job: Job,
+    *,
+    tallies: dict[str, Tally],
+    started_at: datetime,
+    wall_seconds: float,
+    rows: int,
+    distinct: int,
+    cache_hits: int,
+    statuses: dict[str, int],
+    counters: Counters,
+    stopped: BaseException | None,
+    budget_stop: str | None,
+    cache: Path | None,
+) -> RunReport:
+    """The report of a run (one model's pass, or a table's chunks) from its counts and the
+    :func:`tally` of its requests: counts, tokens and cost, per model and per lever."""
     report = make_report(
         model=job.spec.model,
         endpoint=job.spec.endpoint,
         started_at=started_at,
         wall_seconds=wall_seconds,
         rows=rows,
-        distinct=distinct.height,
-        cache_hits=hits.height,
+        distinct=distinct,
+        cache_hits=cache_hits,
         counters=counters,
         statuses=statuses,
         stopped=stopped,
@@ -65,7 +98,7 @@ def account(
         job,
         answered_rows=sum(n for status, n in statuses.items() if status in ANSWERED),
         cached=cache is not None,
-        tallies=tally(distinct, results, cache_hits=hits["key"]),
+        tallies=tallies,
         counters=counters,
     )
 
