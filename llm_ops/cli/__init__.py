@@ -13,14 +13,14 @@ of them share is in :mod:`._parser`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import duckdb
 import polars as pl
 
 from ..exceptions import LlmOpsError
 from . import _batches, _cache, _jobs, _serve, _sql
-from ._parser import parser
+from ._parser import Handler, parser
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _batches.add_commands,
         _cache.add_commands,
     ).parse_args(argv)
-    handler: Callable[..., int] = args.handler
+    handler: Handler = args.handler
     try:
         return handler(args)
     except (LlmOpsError, OSError, duckdb.Error, pl.exceptions.PolarsError) as exc:

@@ -10,22 +10,22 @@ import polars as pl
 
 from .._client import Client
 from ..exceptions import ConfigError
-from ._parser import CACHE_HELP, Commands, add_api_key_env, api_key
+from ._parser import Commands, add_api_key_env, add_client_arguments, api_key, command, print_table
 
 
 def add_commands(commands: Commands) -> None:
-    batches = commands.add_parser(
+    batches = command(
+        commands,
         "batches",
-        help="list, watch, collect and cancel provider batches",
+        manage_batches,
+        summary="list, watch, collect and cancel provider batches",
         description="The provider batches that jobs with --mode batch submitted, as recorded "
         "in the cache: list them, ask the provider how they are doing, collect "
         "their answers into the cache, or cancel them.",
     )
-    batches.set_defaults(handler=manage_batches)
     batches.add_argument("action", choices=["list", "status", "collect", "cancel"])
     batches.add_argument("--job", help="only this submission (its id, as listed)")
-    batches.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
-    batches.add_argument("--cache", help=CACHE_HELP)
+    add_client_arguments(batches)
     add_api_key_env(batches)
 
 
@@ -60,11 +60,5 @@ def manage_batches(args: argparse.Namespace) -> int:
             for p in parts
         ]
     )
-    with pl.Config(
-        tbl_hide_dataframe_shape=True,
-        tbl_hide_column_data_types=True,
-        tbl_rows=len(parts),
-        fmt_str_lengths=40,
-    ):
-        print(rows)
+    print_table(rows, rows=len(parts), text_length=40)
     return 0

@@ -11,72 +11,77 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from .._cache import CACHE_ENV, MERGE_WAIT, Cache, resolve_cache_path
+from .._cache import MERGE_WAIT, Cache
 from ..exceptions import ConfigError
-from ._parser import CACHE_HELP, Commands
+from ._parser import CACHE_HELP, Commands, Handler, cache_of, command, missing_cache, print_table
 
 
 def add_commands(commands: Commands) -> None:
+    # A group without a handler of its own: each action below names its own.
     cache = commands.add_parser(
         "cache",
         help="inspect, export and prune the cache",
         description="Inspect, export and prune the cache database.",
     )
-    cache.set_defaults(handler=cache_command)
     cache.add_argument("--cache", help=CACHE_HELP)
     # --cache also after the action (cache stats --cache x.duckdb); SUPPRESS keeps an action
     # without it from resetting the one given before.
     cache_path = argparse.ArgumentParser(add_help=False)
     cache_path.add_argument("--cache", default=argparse.SUPPRESS, help=CACHE_HELP)
     actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser(
-        "stats",
-        parents=[cache_path],
-        help="answers, tokens and runs per model",
-        description="Answers, tokens and runs per model.",
+
+    def action(
+        name: str, handler: Handler, summary: str, description: str
+    ) -> argparse.ArgumentParser:
+        return command(
+            actions, name, handler, summary=summary, description=description, parents=[cache_path]
+        )
+
+    action(
+        "stats", stats, "answers, tokens and runs per model", "Answers, tokens and runs per model."
     )
-    export = actions.add_parser(
+    export_parser = action(
         "export",
-        parents=[cache_path],
-        help="write cached answers to Parquet",
-        description="Write cached answers to a Parquet file.",
+        export,
+        "write cached answers to Parquet",
+        "Write cached answers to a Parquet file.",
     )
-    export.add_argument("out", help="Parquet file to write")
-    export.add_argument("--model", help="only this model")
-    prune = actions.add_parser(
+    export_parser.add_argument("out", help="Parquet file to write")
+    export_parser.add_argument("--model", help="only this model")
+    prune_parser = action(
         "prune",
-        parents=[cache_path],
-        help="delete cached answers",
-        description="Delete cached answers matching every filter given.",
+        prune,
+        "delete cached answers",
+        "Delete cached answers matching every filter given.",
     )
-    prune.add_argument("--model", help="only this model")
-    prune.add_argument("--older-than", type=float, metavar="DAYS", help="created before")
-    prune.add_argument("--status", choices=["ok", "truncated"], help="only this status")
-    prune.add_argument("--dry-run", action="store_true", help="count, do not delete")
-    snapshot = actions.add_parser(
+    prune_parser.add_argument("--model", help="only this model")
+    prune_parser.add_argument("--older-than", type=float, metavar="DAYS", help="created before")
+    prune_parser.add_argument("--status", choices=["ok", "truncated"], help="only this status")
+    prune_parser.add_argument("--dry-run", action="store_true", help="count, do not delete")
+    snapshot_parser = action(
         "snapshot",
-        parents=[cache_path],
-        help="copy the cache into a new file to query while jobs write",
-        description="Copy the cache (and answers still in its journal) into a new DuckDB file, "
-        "which you can keep open for as long as you like, in any tool, while jobs "
-        "go on writing the original.",
+        snapshot,
+        "copy the cache into a new file to query while jobs write",
+        "Copy the cache (and answers still in its journal) into a new DuckDB file, which you "
+        "can keep open for as long as you like, in any tool, while jobs go on writing the "
+        "original.",
     )
-    snapshot.add_argument("out", help="DuckDB file to create")
-    actions.add_parser(
+    snapshot_parser.add_argument("out", help="DuckDB file to create")
+    action(
         "vacuum",
-        parents=[cache_path],
-        help="rewrite the file to reclaim space",
-        description="Rewrite the cache file to reclaim the space of deleted rows.",
+        vacuum,
+        "rewrite the file to reclaim space",
+        "Rewrite the cache file to reclaim the space of deleted rows.",
     )
-    merge = actions.add_parser(
+    merge_parser = action(
         "merge",
-        parents=[cache_path],
-        help="merge answers waiting in the journal into the file",
-        description="Merge into the cache file what finished jobs left in its journal (say, "
-        "because a reader held the file when they ended), so that every tool sees it; jobs "
-        "still running merge their own. Exits 1 when the file stays held.",
+        merge,
+        "merge answers waiting in the journal into the file",
+        "Merge into the cache file what finished jobs left in its journal (say, because a "
+        "reader held the file when they ended), so that every tool sees it; jobs still running "
+        "merge their own. Exits 1 when the file stays held.",
     )
-    merge.add_argument(
+    merge_parser.add_argument(
         "--wait",
         type=float,
         default=MERGE_WAIT,
@@ -85,53 +90,55 @@ def add_commands(commands: Commands) -> None:
     )
 
 
-def cache_command(args: argparse.Namespace) -> int:
-    path = resolve_cache_path(args.cache)
-    assert path is not None
-    cache = Cache(path)
-    if args.action == "merge":
-        return _merge(cache, args.wait)
-    if args.action != "snapshot" and not path.exists():
-        raise ConfigError(
-            f"there is no cache at {path} yet; run a job first, or pass the path "
-            f"of an existing cache (--cache or {CACHE_ENV})"
-        )
-    if args.action == "stats":
-        per_model, runs = cache.stats()
-        print(f"cache {path} ({path.stat().st_size / 1e6:.1f} MB), {runs:,} run(s) recorded")
-        with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True):
-            print(pl.from_arrow(per_model))
-    elif args.action == "export":
-        answers = cache.export(model=args.model)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(answers, args.out)
-        print(f"exported {answers.num_rows:,} answer(s) to {args.out}")
-    elif args.action == "prune":
-        count = cache.prune(
-            model=args.model,
-            older_than_days=args.older_than,
-            status=args.status,
-            dry_run=args.dry_run,
-        )
-        print(f"{'would delete' if args.dry_run else 'deleted'} {count:,} answer(s)")
-    elif args.action == "snapshot":
-        out = cache.snapshot(args.out)
-        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), a copy of {path}")
-    else:
-        before, after = cache.vacuum()
-        print(f"vacuumed {path}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+def stats(args: argparse.Namespace) -> int:
+    cache = _existing(args)
+    per_model, runs = cache.stats()
+    size = cache.path.stat().st_size
+    print(f"cache {cache.path} ({size / 1e6:.1f} MB), {runs:,} run(s) recorded")
+    print_table(pl.from_arrow(per_model))
     return 0
 
 
-def _merge(cache: Cache, wait: float) -> int:
-    if wait < 0:
-        raise ConfigError(f"--wait must be 0 or more seconds, got {wait:g}")
+def export(args: argparse.Namespace) -> int:
+    answers = _existing(args).export(model=args.model)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(answers, args.out)
+    print(f"exported {answers.num_rows:,} answer(s) to {args.out}")
+    return 0
+
+
+def prune(args: argparse.Namespace) -> int:
+    count = _existing(args).prune(
+        model=args.model,
+        older_than_days=args.older_than,
+        status=args.status,
+        dry_run=args.dry_run,
+    )
+    print(f"{'would delete' if args.dry_run else 'deleted'} {count:,} answer(s)")
+    return 0
+
+
+def snapshot(args: argparse.Namespace) -> int:
+    cache = cache_of(args)  # which says itself when the target is taken or there is no cache
+    out = cache.snapshot(args.out)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB), a copy of {cache.path}")
+    return 0
+
+
+def vacuum(args: argparse.Namespace) -> int:
+    cache = _existing(args)
+    before, after = cache.vacuum()
+    print(f"vacuumed {cache.path}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    return 0
+
+
+def merge(args: argparse.Namespace) -> int:
+    cache = cache_of(args)
+    if args.wait < 0:
+        raise ConfigError(f"--wait must be 0 or more seconds, got {args.wait:g}")
     if not cache.path.exists() and not cache.journal.is_dir():
-        raise ConfigError(
-            f"there is no cache at {cache.path} yet; run a job first, or pass the path "
-            f"of an existing cache (--cache or {CACHE_ENV})"
-        )
-    merged = cache.settle(wait=wait, warn=False)
+        raise missing_cache(cache.path)
+    merged = cache.settle(wait=args.wait, warn=False)
     if merged.files:
         rows = ", ".join(f"{table} {count:,}" for table, count in sorted(merged.rows.items()))
         print(f"merged {merged.files:,} journal file(s) into {cache.path}: {rows or 'no new rows'}")
@@ -147,3 +154,10 @@ def _merge(cache: Cache, wait: float) -> int:
         )
         return 1
     return 0
+
+
+def _existing(args: argparse.Namespace) -> Cache:
+    cache = cache_of(args)
+    if not cache.path.exists():
+        raise missing_cache(cache.path)
+    return cache

@@ -59,8 +59,9 @@ def _option_help() -> dict[str, str]:
     return found
 
 
-def add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
-    """The arguments of a job on files; returns the option names given as flags."""
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a job on files; the names of the options given as flags are kept as
+    ``args.option_flags`` for :func:`job_options`."""
     parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
     parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
     parser.add_argument(
@@ -127,7 +128,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> list[str]:
         help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
     )
     add_api_key_env(parser)
-    return named
+    parser.set_defaults(option_flags=named)
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:

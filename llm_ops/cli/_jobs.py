@@ -18,17 +18,19 @@ from .._options import split_options
 from ..exceptions import ConfigError
 from ..tables import Table, input_files
 from ._job_arguments import add_job_arguments, job_options
-from ._parser import DEFAULT_KEY_ENV, Commands, output_format
+from ._parser import DEFAULT_KEY_ENV, Commands, command, output_format
 
 
 def add_commands(commands: Commands) -> None:
-    run_parser = commands.add_parser(
+    run_parser = command(
+        commands,
         "run",
-        help="run a prompt over every row of a file",
+        run,
+        summary="run a prompt over every row of a file",
         description="Run a prompt over every row of a Parquet or CSV "
         "file and write the rows with their answers.",
     )
-    run_parser.set_defaults(option_flags=add_job_arguments(run_parser), handler=run)
+    add_job_arguments(run_parser)
     run_parser.add_argument("--out", required=True, help="output file, .parquet or .csv")
     run_parser.add_argument(
         "--strict", action="store_true", help="exit with status 1 when any row failed"
@@ -47,13 +49,16 @@ def add_commands(commands: Commands) -> None:
         help="with --ray: chunks sent at once (a local cluster's CPUs)",
     )
 
-    estimate_parser = commands.add_parser(
-        "estimate",
-        help="count what a job would send, without sending anything",
-        description="Plan a job without sending anything: rows, distinct requests, cache hits, "
-        "requests and tokens to send.",
+    add_job_arguments(
+        command(
+            commands,
+            "estimate",
+            estimate,
+            summary="count what a job would send, without sending anything",
+            description="Plan a job without sending anything: rows, distinct requests, cache "
+            "hits, requests and tokens to send.",
+        )
     )
-    estimate_parser.set_defaults(option_flags=add_job_arguments(estimate_parser), handler=estimate)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,19 +1,24 @@
-"""The ``llm-ops`` parser, and what several commands share: the cache file (``--cache``), the
-variable that holds the API key (``--api-key-env``), the format of an ``--out`` file."""
+"""The ``llm-ops`` parser, and what several commands share: how a command is added, the
+endpoint and the cache file they use (``--base-url``, ``--cache``, ``--api-key-env``), the
+format of an ``--out`` file, how a table is printed."""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from .._cache import CACHE_ENV, default_cache_path
+import polars as pl
+
+from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
 from ..exceptions import ConfigError
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """Where a group adds its commands: what ``add_subparsers`` returns."""
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+"""What carries a command out: its parsed arguments in, the exit status out."""
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 CACHE_HELP = f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
@@ -32,6 +37,29 @@ def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
     for add_commands in groups:
         add_commands(commands)
     return top
+
+
+def command(
+    commands: Commands,
+    name: str,
+    handler: Handler,
+    *,
+    summary: str,
+    description: str,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    """Add the command ``name``, carried out by ``handler`` (as ``args.handler``, the way the
+    argparse documentation suggests for subcommands); ``summary`` is its line in the list of
+    commands, ``description`` the top of its ``--help``."""
+    added = commands.add_parser(name, parents=list(parents), help=summary, description=description)
+    added.set_defaults(handler=handler)
+    return added
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--base-url`` and ``--cache``: where a command's client sends, and its cache file."""
+    parser.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
+    parser.add_argument("--cache", help=CACHE_HELP)
 
 
 def add_api_key_env(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +84,21 @@ def api_key(args: argparse.Namespace) -> str | None:
     return key
 
 
+def cache_of(args: argparse.Namespace) -> Cache:
+    """The cache ``--cache`` names, else the one of ``LLM_OPS_CACHE``, else the default."""
+    path = resolve_cache_path(args.cache)
+    assert path is not None
+    return Cache(path)
+
+
+def missing_cache(path: Path, *, so: str = "") -> ConfigError:
+    """The error for a command that needs a cache where there is none (yet)."""
+    return ConfigError(
+        f"there is no cache at {path} yet{so}; run a job first, or pass the path "
+        f"of an existing cache (--cache or {CACHE_ENV})"
+    )
+
+
 def output_format(out: Path) -> Literal["parquet", "csv"]:
     suffix = out.suffix.lower()
     if suffix == ".parquet":
@@ -63,3 +106,16 @@ def output_format(out: Path) -> Literal["parquet", "csv"]:
     if suffix == ".csv":
         return "csv"
     raise ConfigError(f"cannot write {out}: name a .parquet or a .csv file")
+
+
+def print_table(
+    frame: pl.DataFrame | pl.Series, *, rows: int | None = None, text_length: int | None = None
+) -> None:
+    """``frame`` as a table, without its shape and column types: up to ``rows`` rows, texts cut
+    at ``text_length`` characters (else Polars' own settings)."""
+    with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True) as config:
+        if rows is not None:
+            config.set_tbl_rows(rows)
+        if text_length is not None:
+            config.set_fmt_str_lengths(text_length)
+        print(frame)

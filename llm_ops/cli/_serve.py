@@ -8,17 +8,18 @@ import asyncio
 import contextlib
 
 from ..testing import DEFAULT_PORT, FAULT_KINDS, SimulatorConfig, serve
-from ._parser import Commands
+from ._parser import Commands, command
 
 
 def add_commands(commands: Commands) -> None:
-    serve_parser = commands.add_parser(
+    serve_parser = command(
+        commands,
         "serve",
-        help="serve the local OpenAI-compatible simulator",
+        run_server,
+        summary="serve the local OpenAI-compatible simulator",
         description="Serve the local simulator (for development, demos and tests, not a model) "
         "on 127.0.0.1.",
     )
-    serve_parser.set_defaults(handler=run_server)
     serve_parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve_parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
     serve_parser.add_argument("--rpm", type=int, help="requests per minute before 429s")

@@ -11,29 +11,40 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from .._cache import CACHE_ENV, DUCKDB_CONFIG, Cache, resolve_cache_path
+from .._cache import DUCKDB_CONFIG, Cache
 from .._spec import Endpoint
 from ..exceptions import CacheError, ConfigError, MissingApiKeyError
 from ..sql import register
-from ._parser import CACHE_HELP, DEFAULT_KEY_ENV, Commands, add_api_key_env, api_key, output_format
+from ._parser import (
+    DEFAULT_KEY_ENV,
+    Commands,
+    add_api_key_env,
+    add_client_arguments,
+    api_key,
+    cache_of,
+    command,
+    missing_cache,
+    output_format,
+    print_table,
+)
 
 
 def add_commands(commands: Commands) -> None:
-    sql = commands.add_parser(
+    sql = command(
+        commands,
         "sql",
-        help="run a DuckDB query with llm_complete and the cache",
+        run_query,
+        summary="run a DuckDB query with llm_complete and the cache",
         description="Run a DuckDB query (in memory) with the SQL functions llm_complete, "
         "llm_complete_result and llm_request_key, and the cache attached read-only as "
         "'cache' (SELECT * FROM cache.llm_cache). Prints the result, or writes it with --out.",
     )
-    sql.set_defaults(handler=run_query)
     sql.add_argument(
         "query", nargs="?", help='the query, e.g. "SELECT count(*) FROM cache.llm_cache"'
     )
     sql.add_argument("--file", help="read the query from this file instead")
     sql.add_argument("--model", help="llm_complete's model where a call names none (model := ...)")
-    sql.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
-    sql.add_argument("--cache", help=CACHE_HELP)
+    add_client_arguments(sql)
     sql.add_argument("--out", help="write the result to this .parquet or .csv file instead")
     sql.add_argument(
         "--max-rows", type=int, default=100, metavar="N", help="rows printed (default 100)"
@@ -48,9 +59,8 @@ def run_query(args: argparse.Namespace) -> int:
     out = None if args.out is None else Path(args.out)
     out_format = None if out is None else output_format(out)
     key = api_key(args)
-    path = resolve_cache_path(args.cache)
-    assert path is not None
-    cache, attached = Cache(path), path.exists()
+    cache = cache_of(args)
+    path, attached = cache.path, cache.path.exists()
     with contextlib.ExitStack() as stack:
         con = stack.enter_context(duckdb.connect(config=DUCKDB_CONFIG))
         if attached:
@@ -63,10 +73,7 @@ def run_query(args: argparse.Namespace) -> int:
         except duckdb.CatalogException as exc:
             if attached or '"cache"' not in str(exc):
                 raise
-            raise ConfigError(
-                f"there is no cache at {path} yet, so no cache.llm_cache; run a job first, "
-                f"or pass the path of an existing cache (--cache or {CACHE_ENV})"
-            ) from exc
+            raise missing_cache(path, so=", so no cache.llm_cache") from exc
         if out is None:
             _print_result(result, args.max_rows)
         else:
@@ -113,12 +120,6 @@ def _print_result(result: duckdb.DuckDBPyRelation, max_rows: int) -> None:
         held += kept.num_rows
         hidden += batch.num_rows - kept.num_rows
     frame = pl.from_arrow(pa.Table.from_batches(shown, schema=reader.schema))
-    with pl.Config(
-        tbl_hide_dataframe_shape=True,
-        tbl_hide_column_data_types=True,
-        tbl_rows=max(held, 1),
-        fmt_str_lengths=80,
-    ):
-        print(frame)
+    print_table(frame, rows=max(held, 1), text_length=80)
     if hidden:
         print(f"{hidden:,} more row(s) not shown; raise --max-rows, or write them with --out")
