@@ -122,8 +122,8 @@ _CACHE_TABLES = re.compile(
 _SQL = re.compile(r"\b(SELECT|FROM|JOIN|INSERT|UPDATE|DELETE|CREATE|ALTER|ATTACH|DROP|COPY)\b")
 # Examples for people, in the CLI's help: their own SQL, which the cache runs as theirs.
 _SQL_FOR_PEOPLE = {
-    ("llm_ops/cli.py", "(SELECT * FROM cache.llm_cache)"),
-    ("llm_ops/cli.py", '"SELECT count(*) FROM cache.llm_cache"'),
+    ("llm_ops/cli/_sql.py", "(SELECT * FROM cache.llm_cache)"),
+    ("llm_ops/cli/_sql.py", '"SELECT count(*) FROM cache.llm_cache"'),
 }
 
 

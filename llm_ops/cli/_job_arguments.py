@@ -1,0 +1,170 @@
+"""The arguments of a job on files (``run``, ``estimate``), and the options they make.
+
+Every option of :class:`llm_ops.Options` that holds a number, a text or a choice is a flag of
+its own name, with the first sentence of its description in :func:`llm_ops.llm_complete` as
+its help; prices, the semantic cache and a cascade's escalation have flags of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from .._operator import llm_complete
+from .._options import Options
+from .._pricing import Price
+from .._semantic import SemanticCache
+from ..exceptions import ConfigError
+from ._parser import add_api_key_env, api_key
+
+# Options a flag can carry (a number or a text), under their own names; the rest have flags of
+# their own below (prices, the semantic cache), come from the environment (api_key, named by
+# --api-key-env) or do not apply to files.
+_SKIPPED = {
+    "api_key",
+    "on_error",
+    "progress",
+    "schema",
+    "repair",
+    "pricing",
+    "escalate",
+    "semantic_cache",
+    "model",
+}
+
+
+def _flag(hint: object) -> dict[str, Any] | None:
+    """How argparse reads an option that holds one number, text or choice (or None)."""
+    if get_origin(hint) is Literal:
+        return {"choices": list(get_args(hint))}
+    kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
+    for kind in (int, float, str):
+        if kind in kinds:
+            return {"type": kind}
+    return None
+
+
+def _option_help() -> dict[str, str]:
+    """Each option's first sentence, from llm_complete's docstring: one text for both."""
+    doc = inspect.getdoc(llm_complete) or ""
+    section = doc.split("Parameters\n----------\n", 1)[-1].split("\n\nExamples", 1)[0]
+    found: dict[str, str] = {}
+    for block in re.split(r"\n(?=\S)", section):
+        names, _, text = block.partition("\n")
+        sentence = " ".join(text.split()).split(". ")[0].rstrip(".")
+        for name in names.split(","):
+            found[name.strip()] = sentence.replace("%", "%%").replace("``", "")
+    return found
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a job on files; the names of the options given as flags are kept as
+    ``args.option_flags`` for :func:`job_options`."""
+    parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
+    parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        help="model name; give it again for a cascade, cheapest first "
+        "(--model small --model large)",
+    )
+    helps = _option_help()
+    named = []
+    for name, hint in get_type_hints(Options).items():
+        how = _flag(hint)
+        if name in _SKIPPED or how is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "stop":
+            parser.add_argument(flag, action="append", help=helps.get(name))
+        else:
+            parser.add_argument(flag, **how, help=helps.get(name))
+        named.append(name)
+    parser.add_argument(
+        "--batch", action="store_const", const="batch", dest="mode", help="the same as --mode batch"
+    )
+    parser.add_argument(
+        "--price-input",
+        type=float,
+        metavar="USD",
+        help="$ per 1M input tokens (default: llm_ops.PRICES for the model)",
+    )
+    parser.add_argument("--price-output", type=float, metavar="USD", help="$ per 1M output tokens")
+    parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
+    parser.add_argument(
+        "--price",
+        action="append",
+        type=_model_price,
+        metavar="MODEL=IN,OUT",
+        help="$ per 1M input and output tokens of one model, e.g. sim-small=0.15,0.60; once "
+        "per model of a cascade (instead of --price-input/--price-output)",
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=5_000, help="distinct requests sent per chunk"
+    )
+    parser.add_argument(
+        "--batch-rows", type=int, default=100_000, help="rows read and written per batch"
+    )
+    parser.add_argument(
+        "--escalate",
+        metavar="SQL",
+        help="with a cascade: rows for the next model besides failed ones, a SQL "
+        "condition over the columns, e.g. \"completion LIKE 'unsure:%%'\"",
+    )
+    parser.add_argument(
+        "--semantic-cache",
+        metavar="EMBEDDING_MODEL",
+        help="reuse answers of similar cached requests, compared with this "
+        "embedding model (rows get status 'similar')",
+    )
+    parser.add_argument(
+        "--similarity",
+        type=float,
+        default=0.95,
+        metavar="COSINE",
+        help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
+    )
+    add_api_key_env(parser)
+    parser.set_defaults(option_flags=named)
+
+
+def job_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's options from the flags, by their names (see :class:`llm_ops.Options`)."""
+    options = {
+        name: getattr(args, name) for name in args.option_flags if getattr(args, name) is not None
+    }
+    price = Price.given(args.price_input, args.price_output, args.price_request)
+    if price is not None and args.price:
+        raise ConfigError(
+            "give prices per model (--price MODEL=IN,OUT) or for every model "
+            "(--price-input/--price-output/--price-request), not both"
+        )
+    if price is not None:
+        options["pricing"] = price
+    if args.price:
+        options["pricing"] = dict(args.price)
+    if args.semantic_cache:
+        options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
+    if args.escalate:
+        options["escalate"] = args.escalate
+    key = api_key(args)
+    if key is not None:
+        options["api_key"] = key
+    return options
+
+
+def _model_price(text: str) -> tuple[str, Price]:
+    """``MODEL=IN,OUT`` (dollars per million input and output tokens) → (model, price)."""
+    model, _, rates = text.partition("=")
+    try:
+        given, taken = (float(rate) for rate in rates.split(","))
+    except ValueError:
+        model = ""
+    if not model:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not MODEL=IN,OUT, e.g. gpt-4o-mini=0.15,0.60"
+        )
+    return model, Price(input_per_million=given, output_per_million=taken)

@@ -1,0 +1,121 @@
+"""The ``llm-ops`` parser, and what several commands share: how a command is added, the
+endpoint and the cache file they use (``--base-url``, ``--cache``, ``--api-key-env``), the
+format of an ``--out`` file, how a table is printed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+import polars as pl
+
+from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from ..exceptions import ConfigError
+
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""Where a group adds its commands: what ``add_subparsers`` returns."""
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+"""What carries a command out: its parsed arguments in, the exit status out."""
+
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+CACHE_HELP = f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
+
+
+def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
+    """``llm-ops``, with the commands each of ``groups`` adds, in that order."""
+    top = argparse.ArgumentParser(
+        prog="llm-ops",
+        description="Run and estimate LLM jobs on files, query with SQL, serve the local "
+        "endpoint, manage the cache. Errors print one line and exit non-zero; --debug shows "
+        "tracebacks.",
+    )
+    top.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_commands in groups:
+        add_commands(commands)
+    return top
+
+
+def command(
+    commands: Commands,
+    name: str,
+    handler: Handler,
+    *,
+    summary: str,
+    description: str,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    """Add the command ``name``, carried out by ``handler`` (as ``args.handler``, the way the
+    argparse documentation suggests for subcommands); ``summary`` is its line in the list of
+    commands, ``description`` the top of its ``--help``."""
+    added = commands.add_parser(name, parents=list(parents), help=summary, description=description)
+    added.set_defaults(handler=handler)
+    return added
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--base-url`` and ``--cache``: where a command's client sends, and its cache file."""
+    parser.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
+    parser.add_argument("--cache", help=CACHE_HELP)
+
+
+def add_api_key_env(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help=f"environment variable that holds the API key (default {DEFAULT_KEY_ENV})",
+    )
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key in the variable ``--api-key-env`` names; ``None`` without the flag (the client
+    then reads OPENAI_API_KEY itself)."""
+    if args.api_key_env is None:
+        return None
+    key = os.environ.get(args.api_key_env)
+    if not key:
+        raise ConfigError(
+            f"the environment variable {args.api_key_env} is not set: set it to your API key "
+            "(--api-key-env names the variable that holds it)"
+        )
+    return key
+
+
+def cache_of(args: argparse.Namespace) -> Cache:
+    """The cache ``--cache`` names, else the one of ``LLM_OPS_CACHE``, else the default."""
+    path = resolve_cache_path(args.cache)
+    assert path is not None
+    return Cache(path)
+
+
+def missing_cache(path: Path, *, so: str = "") -> ConfigError:
+    """The error for a command that needs a cache where there is none (yet)."""
+    return ConfigError(
+        f"there is no cache at {path} yet{so}; run a job first, or pass the path "
+        f"of an existing cache (--cache or {CACHE_ENV})"
+    )
+
+
+def output_format(out: Path) -> Literal["parquet", "csv"]:
+    suffix = out.suffix.lower()
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    raise ConfigError(f"cannot write {out}: name a .parquet or a .csv file")
+
+
+def print_table(
+    frame: pl.DataFrame | pl.Series, *, rows: int | None = None, text_length: int | None = None
+) -> None:
+    """``frame`` as a table, without its shape and column types: up to ``rows`` rows, texts cut
+    at ``text_length`` characters (else Polars' own settings)."""
+    with pl.Config(tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=True) as config:
+        if rows is not None:
+            config.set_tbl_rows(rows)
+        if text_length is not None:
+            config.set_fmt_str_lengths(text_length)
+        print(frame)
