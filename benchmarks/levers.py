@@ -343,7 +343,7 @@ def search_scale(work: Path, sizes: list[tuple[int, int, int]]) -> None:
             }
         )
         started = time.perf_counter()
-        SemanticCache("emb").nearest(frame, Cache(path))
+        Cache(path).nearest(frame, embedding_model="emb")
         ours = time.perf_counter() - started
         sql = ""
         ratio = ""

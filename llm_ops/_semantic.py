@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ._cache import Cache
 from ._key import build_request, canonical_json, messages_for
 from .exceptions import ConfigError
 
@@ -75,13 +74,6 @@ class SemanticCache:
     def params(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
 
-    def nearest(self, queries: pl.DataFrame, cache: Cache) -> pl.DataFrame:
-        """The most similar indexed answer in ``cache`` for each query: ``queries`` has
-        ``key``, ``scope`` and ``embedding`` (a list of floats from this cache's model);
-        returns ``key``, ``similar_to`` and ``similarity``, threshold not applied. This is the
-        search a job runs for its misses."""
-        return search(queries, self, cache)
-
 
 def scope_of(
     *, endpoint: str, model: str, params: Mapping[str, Any], system: str | None, template: str
@@ -98,44 +90,3 @@ def scope_of(
 def normalised(vectors: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1.0, norms)
-
-
-def search(misses: pl.DataFrame, semantic: SemanticCache, cache: Cache) -> pl.DataFrame:
-    """The most similar candidate of each miss in its scope: key, similar_to, similarity."""
-    schema = {"key": pl.String, "similar_to": pl.String, "similarity": pl.Float64}
-    if misses.is_empty():
-        return pl.DataFrame(schema=schema)
-    dimensions = len(misses["embedding"][0])
-    queries = normalised(misses["embedding"].list.to_array(dimensions).to_numpy())
-    codes = {scope: code for code, scope in enumerate(misses["scope"].unique().to_list())}
-    query_scopes = np.asarray([codes[s] for s in misses["scope"].to_list()])
-    best = np.full(len(queries), -np.inf, dtype=np.float32)
-    best_key = np.full(len(queries), None, dtype=object)
-    for batch in cache.similar_candidates(
-        list(codes),
-        embedding_model=semantic.model,
-        dimensions=dimensions,
-        batch_rows=CANDIDATE_BLOCK,
-    ):
-        keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
-        scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])
-        flat = batch.column("embedding").flatten().to_numpy(zero_copy_only=False)
-        candidates = normalised(flat.reshape(len(keys), dimensions).astype(np.float32))
-        for start in range(0, len(queries), MISS_BLOCK):
-            block = slice(start, start + MISS_BLOCK)
-            scores = queries[block] @ candidates.T
-            scores[query_scopes[block, None] != scopes[None, :]] = -np.inf
-            top = scores.argmax(axis=1)
-            top_score = scores[np.arange(len(top)), top]
-            better = top_score > best[block]
-            best[block] = np.where(better, top_score, best[block])
-            best_key[block] = np.where(better, keys[top], best_key[block])
-    found = np.isfinite(best)
-    return pl.DataFrame(
-        {
-            "key": misses["key"].filter(pl.Series(found)),
-            "similar_to": best_key[found].tolist(),
-            "similarity": np.minimum(best[found], 1.0).astype(np.float64),
-        },
-        schema=schema,
-    )

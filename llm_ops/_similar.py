@@ -33,7 +33,7 @@ from ._outcome import Counters, Outcome
 from ._plan import lookup_answers
 from ._pricing import Budget
 from ._savings import embedding_cost
-from ._semantic import MISS_BLOCK, normalised, scope_of, search
+from ._semantic import MISS_BLOCK, normalised, scope_of
 from ._spec import EmbeddingSpec
 from ._status import RESULTS
 from ._vectors import distinct_texts, embed_distinct
@@ -172,7 +172,7 @@ async def _find_in_slice(
     )
     cache = backend.cache
     assert cache is not None  # make_job refuses the semantic cache without one
-    best = search(with_vectors, semantic, cache)
+    best = cache.nearest(with_vectors, embedding_model=semantic.model)
     matched = best.filter(pl.col("similarity") >= semantic.threshold)
     reused = lookup_answers(cache, matched.select(pl.col("similar_to").alias("key")))
     results = _similar_results(matched, reused)

@@ -1,7 +1,7 @@
 """:class:`Cache`, the one face of the cache database to every stage, and :func:`open_cache`
 for people's own queries. Each method says what it does and hands the work to the module that
 does it: opening (:mod:`._connection`), reading (:mod:`._reads`), writing and merging
-(:mod:`._writes`), and what people do with a cache (:mod:`._admin`)."""
+(:mod:`._writes`), the semantic cache's search (:mod:`._nearest`), and what people do with a cache (:mod:`._admin`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import duckdb
 
 from .._journal import JournalWriter
 from ..exceptions import CacheError
-from . import _admin, _connection, _reads, _writes
+from . import _admin, _connection, _nearest, _reads, _writes
 from ._connection import CACHE_ENV, resolve_cache_path
 from ._migrations import migrate
 
@@ -35,7 +35,8 @@ class Cache:
     while another process holds the file (up to ``lock_timeout`` seconds for reads). Each
     method is a function of the module of its kind, which takes the cache as its first
     argument: :mod:`._connection` opens the file, :mod:`._reads` reads it with the journal,
-    :mod:`._writes` writes through the journal and merges it, :mod:`._admin` holds what
+    :mod:`._writes` writes through the journal and merges it, :mod:`._nearest` finds the
+    nearest cached answers by embedding, :mod:`._admin` holds what
     people do with a cache.
     """
 
@@ -72,6 +73,7 @@ class Cache:
     lookup_embeddings = _reads.lookup_embeddings
     answers_view = _reads.answers_view
     similar_candidates = _reads.similar_candidates
+    nearest = _nearest.nearest
     batch_parts = _reads.batch_parts
     batch_keys = _reads.batch_keys
 
