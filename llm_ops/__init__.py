@@ -7,20 +7,20 @@ Every row of a result gets one of these statuses:
 ('ok', 'cached', 'similar', 'skipped', 'rejected', 'filtered', 'failed', 'truncated', 'invalid')
 """
 
-from ._batch import BatchPart
 from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
-from ._estimate import Estimate
 from ._expr import ExprOptions, LlmNamespace, last_report
+from ._expr.frames import llm_classify, llm_extract, llm_filter
 from ._key import canonical_json, request_key
 from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
 from ._options import CallOptions, ClientOptions, EmbedOptions, Options, RequestOptions
+from ._pipeline.batch import BatchPart
+from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._semantic import SemanticCache
-from ._semantic_ops import llm_classify, llm_extract, llm_filter
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from .exceptions import (

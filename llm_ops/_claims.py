@@ -12,7 +12,7 @@ An owner is alive while its journal writer holds the ``flock`` on ``<writer id>.
 :mod:`llm_ops._journal`): the kernel releases it when the process dies, however it dies, so a
 killed owner never leaves keys that no one sends. A claimer that is gone may have answered
 before it went, so a key whose earlier claimers are all gone is looked up once more before it
-is sent (see :func:`llm_ops._dispatch.dispatch`).
+is sent (see :func:`llm_ops._pipeline.dispatch.dispatch`).
 
 Every participant holds a shared ``flock`` on ``claims.lock`` while it may claim; the last to
 leave takes it exclusively and removes the log, so it only grows while jobs overlap.

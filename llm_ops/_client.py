@@ -12,13 +12,8 @@ from typing import Any, Literal, TypeVar, Unpack, overload
 
 import polars as pl
 
-from ._backend import Backend
-from ._batch import BatchPart, BatchRunner
 from ._cache import Cache, resolve_cache_path
-from ._dispatch import requests_for
-from ._embed import embed_frame
-from ._engine import Engine
-from ._estimate import Estimate, estimate_frame
+from ._engine.engine import Engine
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import Limiter
 from ._options import (
@@ -34,11 +29,16 @@ from ._options import (
     make_job,
 )
 from ._outcome import Outcome, Request
-from ._persist import AnswerSink
-from ._plan import plan_frame
+from ._pipeline.backend import Backend
+from ._pipeline.batch import BatchPart, BatchRunner
+from ._pipeline.dispatch import requests_for
+from ._pipeline.embed import embed_frame
+from ._pipeline.estimate import Estimate, estimate_frame
+from ._pipeline.persist import AnswerSink
+from ._pipeline.plan import plan_frame
+from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport
-from ._run import run_frame
 from ._signals import graceful_sigterm
 from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
 from .exceptions import ConfigError

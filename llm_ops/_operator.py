@@ -10,9 +10,9 @@ import os
 from typing import Any, Literal, Unpack, cast, overload
 
 from ._client import Client
-from ._estimate import Estimate
 from ._frames import Frame
 from ._options import EmbedOptions, ModelOption, Options, ResultOptions, split_options
+from ._pipeline.estimate import Estimate
 from ._report import RunReport
 
 

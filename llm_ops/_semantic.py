@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import polars as pl
 
 from ._key import build_request, canonical_json, messages_for
 from .exceptions import ConfigError

@@ -46,7 +46,7 @@ from typing import Any
 
 from ._cache import Cache
 from ._client import Client
-from ._dispatcher import DRAIN_SECONDS
+from ._engine.dispatcher import DRAIN_SECONDS
 from ._journal import JournalWriter
 from ._limits import LeasedBudget, RateLimiter, parse_duration
 from ._options import Job

@@ -34,12 +34,12 @@ import pyarrow as pa
 from duckdb.func import FunctionNullHandling, PythonUDFType
 from duckdb.sqltypes import DOUBLE, INTEGER, VARCHAR
 
-from ._backend import Backend
 from ._client import Client
 from ._options import ClientOptions, Job, make_job
-from ._plan import key_rows
+from ._pipeline.backend import Backend
+from ._pipeline.plan import key_rows
+from ._pipeline.run import run_frame
 from ._report import RunReport
-from ._run import run_frame
 from ._status import FAILED
 from .exceptions import ConfigError, RowsFailedError
 

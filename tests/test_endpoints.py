@@ -7,7 +7,7 @@ import pytest
 from yarl import URL
 
 from llm_ops import ConfigError, llm_complete
-from llm_ops._transport import proxy_for
+from llm_ops._engine.transport import proxy_for
 
 DF = pl.DataFrame({"text": ["red dress", "blue coat"]})
 

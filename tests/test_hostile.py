@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 
 from llm_ops import ConfigError, JobAbortedError, llm_complete
-from llm_ops._answers import retry_after
-from llm_ops._engine import join_url
+from llm_ops._engine.answers import retry_after
+from llm_ops._engine.engine import join_url
 from llm_ops.testing import expected_reply
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from llm_ops._join import join_back
 from llm_ops._key import build_request, messages_for, request_key
 from llm_ops._options import Columns, make_job
-from llm_ops._plan import key_rows
+from llm_ops._pipeline.join import join_back
+from llm_ops._pipeline.plan import key_rows
 from llm_ops._spec import RequestSpec
 from llm_ops._status import RESULTS
 from llm_ops.testing import expected_reply

@@ -36,7 +36,7 @@ def test_every_exception_the_library_defines_is_in_the_tree_rooted_at_llm_ops_er
 
     import llm_ops
     from llm_ops import LlmOpsError
-    from llm_ops._answers import Final, Retryable
+    from llm_ops._engine.answers import Final, Retryable
 
     modules = [
         importlib.import_module(module.name)

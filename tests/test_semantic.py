@@ -8,7 +8,7 @@ import pytest
 
 from llm_ops import ConfigError, SemanticCache, request_key
 from llm_ops._outcome import Outcome
-from llm_ops._similar import follow_leaders
+from llm_ops._pipeline.similar import follow_leaders
 from llm_ops.testing import expected_reply
 
 SEMANTIC = SemanticCache("sim-embed", threshold=0.9)
@@ -107,7 +107,7 @@ def test_it_needs_a_cache_file(complete):
 
 
 def test_misses_are_searched_a_slice_at_a_time(warm, monkeypatch):
-    monkeypatch.setattr("llm_ops._similar._SLICE", 2)
+    monkeypatch.setattr("llm_ops._pipeline.similar._SLICE", 2)
     out = _ask(warm, "a", "b", "The red dress is LOVELY!", "c", "d", semantic_cache=SEMANTIC)
     assert out["completion_status"].to_list() == ["ok", "ok", "similar", "ok", "ok"]
 

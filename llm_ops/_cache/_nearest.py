@@ -3,19 +3,15 @@ over the cached embeddings, read a block at a time."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import numpy as np
 import polars as pl
 
 from .._semantic import CANDIDATE_BLOCK, MISS_BLOCK, normalised
 from . import _reads
-
-if TYPE_CHECKING:
-    from ._store import Cache
+from ._connection import Place
 
 
-def nearest(cache: Cache, queries: pl.DataFrame, *, embedding_model: str) -> pl.DataFrame:
+def nearest(place: Place, queries: pl.DataFrame, *, embedding_model: str) -> pl.DataFrame:
     """The most similar indexed answer of each query in its scope.
 
     ``queries`` has ``key``, ``scope`` and ``embedding`` (a list of floats from
@@ -31,7 +27,7 @@ def nearest(cache: Cache, queries: pl.DataFrame, *, embedding_model: str) -> pl.
     best = np.full(len(vectors), -np.inf, dtype=np.float32)
     best_key = np.full(len(vectors), None, dtype=object)
     for batch in _reads.similar_candidates(
-        cache,
+        place,
         list(codes),
         embedding_model=embedding_model,
         dimensions=dimensions,

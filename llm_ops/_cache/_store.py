@@ -1,7 +1,8 @@
 """:class:`Cache`, the one face of the cache database to every stage, and :func:`open_cache`
 for people's own queries. Each method says what it does and hands the work to the module that
 does it: opening (:mod:`._connection`), reading (:mod:`._reads`), writing and merging
-(:mod:`._writes`), the semantic cache's search (:mod:`._nearest`), and what people do with a cache (:mod:`._admin`)."""
+(:mod:`._writes`), the semantic cache's search (:mod:`._nearest`), and what people do with
+a cache (:mod:`._admin`)."""
 
 from __future__ import annotations
 

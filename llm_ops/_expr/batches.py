@@ -13,10 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import polars as pl
 
-from .._backend import Backend
 from .._client import Client
-from .._embed import embed_frame
-from .._join import raise_failed_rows, status_counts
 from .._options import (
     CallOptions,
     EmbedOptions,
@@ -27,9 +24,12 @@ from .._options import (
     make_job,
     split_options,
 )
+from .._pipeline.backend import Backend
+from .._pipeline.embed import embed_frame
+from .._pipeline.join import raise_failed_rows, status_counts
+from .._pipeline.run import run_frame
 from .._progress import resolve_progress
 from .._report import RunReport
-from .._run import run_frame
 from .._spec import EmbeddingSpec, positive_int
 from .._status import FAILED
 from ..exceptions import ConfigError, RowsFailedError

@@ -25,12 +25,12 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .._backend import Backend
 from .._cache import resolve_cache_path
 from .._client import Client
-from .._engine import Engine
+from .._engine.engine import Engine
 from .._journal import JournalWriter
 from .._options import ClientOptions
+from .._pipeline.backend import Backend
 from .._signals import graceful_sigterm
 from ..exceptions import ConfigError
 

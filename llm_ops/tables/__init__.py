@@ -27,8 +27,8 @@ A cascade (``model=[small, large]``) runs batch by batch through the models inst
 (:meth:`Table.run_cascade`), because which rows reach the next model depends on the answers.
 """
 
-from .._batch import BatchPart
 from .._outcome import Counters
+from .._pipeline.batch import BatchPart
 from ._files import input_files
 from ._plan import TablePlan
 from ._send import send_chunk as send_chunk

@@ -9,12 +9,12 @@ from pathlib import Path
 import polars as pl
 
 from .._cache import Cache
-from .._estimate import Estimate, price_plan
 from .._options import Job
 from .._outcome import Counters
-from .._plan import key_rows, lookup_answers
+from .._pipeline.estimate import Estimate, price_plan
+from .._pipeline.plan import key_rows, lookup_answers
+from .._pipeline.savings import Tally, usage_report
 from .._report import RunReport
-from .._savings import Tally, usage_report
 from ._files import read_batches
 from ._plan import TablePlan, open_plan_db
 

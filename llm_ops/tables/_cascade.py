@@ -11,9 +11,9 @@ from pathlib import Path
 import polars as pl
 
 from .._cache import Cache
-from .._cascade import run_cascade
 from .._client import Client
 from .._options import Job
+from .._pipeline.cascade import run_cascade
 from .._report import RunReport, add_spending, sum_reports
 from ._files import OutputFile, no_rows, read_batches
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .._cache import DUCKDB_CONFIG, Cache
 from .._options import Job
-from .._plan import key_rows
+from .._pipeline.plan import key_rows
 from ._files import read_batches
 
 CHUNK_GLOB = "chunk-*.parquet"

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import polars as pl
 
-from .._batch import BatchPart, BatchRunner
 from .._cache import Cache
 from .._client import Client
-from .._dispatch import requests_for
 from .._options import Job
 from .._outcome import Counters, Outcome, Request
-from .._pipeline import answer_misses
-from .._plan import lookup_answers
+from .._pipeline.batch import BatchPart, BatchRunner
+from .._pipeline.dispatch import requests_for
+from .._pipeline.line import answer_misses
+from .._pipeline.plan import lookup_answers
+from .._pipeline.savings import spent_by
 from .._progress import ChunkedProgress
-from .._savings import spent_by
 from .._status import CACHEABLE
 from ._plan import OUTCOME_SCHEMA, TablePlan, chunk_sizes, results_path
 

@@ -21,14 +21,14 @@ from typing import Unpack
 
 import polars as pl
 
-from .._batch import BatchPart
 from .._cache import Cache
 from .._client import Client
-from .._estimate import Estimate
 from .._options import CallOptions, Job, ModelOption, check_job, make_job
 from .._outcome import Counters
+from .._pipeline.batch import BatchPart
+from .._pipeline.estimate import Estimate
+from .._pipeline.savings import completion_cost
 from .._report import RunReport
-from .._savings import completion_cost
 from .._spec import positive_int
 from ..exceptions import ConfigError
 from ._accounting import estimate_table, table_report

@@ -9,10 +9,10 @@ from pathlib import Path
 import polars as pl
 
 from .._cache import Cache
-from .._join import join_back, status_counts
 from .._options import Job
-from .._plan import key_rows, lookup_answers
-from .._savings import Tally
+from .._pipeline.join import join_back, status_counts
+from .._pipeline.plan import key_rows, lookup_answers
+from .._pipeline.savings import Tally
 from .._status import RESULTS
 from ._accounting import count_tallies
 from ._files import OutputFile, no_rows, read_batches

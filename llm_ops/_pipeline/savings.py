@@ -18,11 +18,11 @@ from pathlib import Path
 
 import polars as pl
 
-from ._options import Job
-from ._outcome import Counters
-from ._pricing import Price, add_costs, cost_or_none, subtract_costs
-from ._report import ModelUsage, RunReport, Saving, make_report
-from ._status import ANSWERED
+from .._options import Job
+from .._outcome import Counters
+from .._pricing import Price, add_costs, cost_or_none, subtract_costs
+from .._report import ModelUsage, RunReport, Saving, make_report
+from .._status import ANSWERED
 
 
 def account(

@@ -6,10 +6,10 @@
     (_plan)  (_cache)      (_dispatch)  (_persist)  (_join)     (_savings, _report)
 
 Levers sit beside the line: packing shapes the requests (:mod:`llm_ops._pack`), the semantic
-cache answers misses by similarity before they are sent (:mod:`llm_ops._similar`), a budget
+cache answers misses by similarity before they are sent (:mod:`llm_ops._pipeline.similar`), a budget
 stops sending (:mod:`llm_ops._pricing`), batch mode sends through the provider's Batch API
-(:mod:`llm_ops._batch`), and a cascade runs passes model after model
-(:mod:`llm_ops._cascade`).
+(:mod:`llm_ops._pipeline.batch`), and a cascade runs passes model after model
+(:mod:`llm_ops._pipeline.cascade`).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from ._backend import Backend
-from ._dispatch import Dispatched, dispatch, rows_of
-from ._join import join, results_frame, status_counts
-from ._options import Job
-from ._plan import plan
-from ._pricing import Budget
-from ._report import RunReport
-from ._savings import account
-from ._similar import answer_by_similarity
+from .._options import Job
+from .._pricing import Budget
+from .._report import RunReport
+from .backend import Backend
+from .dispatch import Dispatched, dispatch, rows_of
+from .join import join, results_frame, status_counts
+from .plan import plan
+from .savings import account
+from .similar import answer_by_similarity
 
 
 async def answer_misses(

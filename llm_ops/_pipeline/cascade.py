@@ -14,14 +14,14 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from ._backend import Backend
-from ._join import status_counts
-from ._options import Job
-from ._pipeline import Tier, run_once
-from ._pricing import add_costs, subtract_costs
-from ._report import RunReport, Saving, add_spending, sum_reports
-from ._savings import Tally, prefix_discount, tally
-from ._status import ANSWERED, ESCALATE, STATUSES
+from .._options import Job
+from .._pricing import add_costs, subtract_costs
+from .._report import RunReport, Saving, add_spending, sum_reports
+from .._status import ANSWERED, ESCALATE, STATUSES
+from .backend import Backend
+from .join import status_counts
+from .line import Tier, run_once
+from .savings import Tally, prefix_discount, tally
 
 _ROW = "__llm_ops_row"
 
@@ -100,7 +100,7 @@ def _combined_report(
 
     # The cascade saves the last model's price on the rows an earlier model answered and kept,
     # and pays for everything the earlier models did. Savings count what was spent at the full
-    # input price: a server's prefix-cache discount is no lever's (see llm_ops._savings).
+    # input price: a server's prefix-cache discount is no lever's (see llm_ops._pipeline.savings).
     last_model = job.models[-1]
     last_price = job.spending.price(last_model)
     kept_fresh, every_row = Tally(), Tally()

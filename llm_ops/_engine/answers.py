@@ -1,7 +1,7 @@
 """What an endpoint's answer says: an outcome, or why not, and what to do about it.
 
 Everything here reads; nothing here sends, waits or changes how the job goes on. The dispatcher
-(:mod:`llm_ops._dispatcher`) acts on what is read: it retries an attempt that ended in
+(:mod:`llm_ops._engine.dispatcher`) acts on what is read: it retries an attempt that ended in
 :class:`Retryable`, keeps the outcome of one that ended in :class:`Final`, pauses every sender
 for a ``Retry-After`` and stops the job when an answer refuses the whole of it.
 
@@ -22,10 +22,10 @@ import numpy as np
 import orjson
 from yarl import URL
 
-from ._boundary import one_line, redact
-from ._outcome import TRUNCATED_MESSAGE, Batch, Counters, Outcome, Pack, Request, Sent
-from ._pack import unpack
-from ._schema import InvalidOutput
+from .._outcome import TRUNCATED_MESSAGE, Batch, Counters, Outcome, Pack, Request, Sent
+from .._pack import unpack
+from .._schema import InvalidOutput
+from .boundary import one_line, redact
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})

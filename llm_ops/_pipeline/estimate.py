@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ._cache import Cache
-from ._dispatch import requests_for
-from ._options import Job
-from ._plan import plan_frame
-from ._pricing import PRICES, Price, add_costs, approx_tokens, cost_or_none
-from ._report import dollars
+from .._cache import Cache
+from .._options import Job
+from .._pricing import PRICES, Price, add_costs, approx_tokens, cost_or_none
+from .._report import dollars
+from .dispatch import requests_for
+from .plan import plan_frame
 
 
 @dataclass(frozen=True)

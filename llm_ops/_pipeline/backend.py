@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._cache import Cache
-from ._engine import Engine
+from .._cache import Cache
+from .._engine.engine import Engine
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Where the HTTP libraries' errors become ours: one mapping, at one boundary.
 
-Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._transport`) and
-the ``openai`` SDK for the Files and Batches API (:mod:`llm_ops._batch`). Their exceptions
+Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._engine.transport`) and
+the ``openai`` SDK for the Files and Batches API (:mod:`llm_ops._pipeline.batch`). Their exceptions
 are mapped here, and only here, to exceptions of the tree rooted at
 :class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
 
@@ -33,7 +33,7 @@ from typing import ClassVar
 import aiohttp
 import openai
 
-from .exceptions import JobAbortedError, LlmOpsError
+from ..exceptions import JobAbortedError, LlmOpsError
 
 MIN_SECRET_LENGTH = 8  # shorter keys ("x", "local") cannot be told from words in a message
 _SECRET_LIKE = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{4,}|Bearer\s+\S+)")

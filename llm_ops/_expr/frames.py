@@ -16,15 +16,15 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from ._client import Client
-from ._expr import ExprOptions
-from ._expr.asks import Ask, classification, extraction, one_schema, verdict
-from ._expr.batches import Completions, completion
-from ._frames import Frame, from_arrow, schema_of
-from ._options import ModelOption, SchemaOption
-from ._report import RunReport
-from ._template import check_columns, parse_template
-from .exceptions import ConfigError
+from .._client import Client
+from .._frames import Frame, from_arrow, schema_of
+from .._options import ModelOption, SchemaOption
+from .._report import RunReport
+from .._template import check_columns, parse_template
+from ..exceptions import ConfigError
+from . import ExprOptions
+from .asks import Ask, classification, extraction, one_schema, verdict
+from .batches import Completions, completion
 
 __all__ = ["llm_classify", "llm_extract", "llm_filter"]
 

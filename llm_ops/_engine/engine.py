@@ -1,13 +1,13 @@
 """The engine: one client's connection to its endpoint, and what it learned about it.
 
 The dispatch engine is three modules: this one (the :class:`Engine`, which dispatches borrow),
-:mod:`llm_ops._dispatcher` (workers, retries, one attempt) and :mod:`llm_ops._answers` (what an
-answer says).
+:mod:`llm_ops._engine.dispatcher` (workers, retries, one attempt) and
+:mod:`llm_ops._engine.answers` (what an answer says).
 
 The official ``openai`` SDK configures the endpoint (base URL, auth and default headers, its
 own retries off, so retrying is owned by the dispatcher). On the hot path each request's JSON
 body is serialised once with ``orjson`` and posted through one long-lived aiohttp session
-(:mod:`llm_ops._transport`) with the headers the SDK computed, and only the fields we use are
+(:mod:`llm_ops._engine.transport`) with the headers the SDK computed, and only the fields we use are
 read from the answer: the SDK's per-call option transform, request and response models cost
 more CPU per request than everything else together (see ``benchmarks/``), which on a 2-core
 machine is the difference between CPU-bound and latency-bound at high concurrency.
@@ -30,12 +30,12 @@ import openai
 import orjson
 from yarl import URL
 
-from ._answers import duration
-from ._boundary import TransportError, describe, redact, redact_in_logs
-from ._limits import AdaptiveConcurrency, Limiter, RateLimiter
-from ._spec import Endpoint, Limits
-from ._transport import Transport
-from .exceptions import ConfigError
+from .._limits import AdaptiveConcurrency, Limiter, RateLimiter
+from .._spec import Endpoint, Limits
+from ..exceptions import ConfigError
+from .answers import duration
+from .boundary import TransportError, describe, redact, redact_in_logs
+from .transport import Transport
 
 T = TypeVar("T")
 
@@ -54,7 +54,8 @@ class Engine:
     can be reached). It lives on the client's event loop; dispatches borrow it.
 
     The official ``openai`` SDK configures it (base URL, auth and default headers); requests go
-    through :class:`~llm_ops._transport.Transport`, one aiohttp session for the engine's life.
+    through :class:`~llm_ops._engine.transport.Transport`, one aiohttp session for the
+    engine's life.
     """
 
     def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):

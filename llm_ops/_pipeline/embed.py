@@ -9,14 +9,14 @@ from datetime import UTC, datetime
 
 import polars as pl
 
-from ._backend import Backend
-from ._join import raise_failed_rows, status_and_error, status_counts
-from ._options import Columns
-from ._progress import ProgressCallback
-from ._report import RunReport, make_report
-from ._spec import EmbeddingSpec
-from ._vectors import distinct_texts, embed_distinct
-from .exceptions import ConfigError
+from .._options import Columns
+from .._progress import ProgressCallback
+from .._report import RunReport, make_report
+from .._spec import EmbeddingSpec
+from ..exceptions import ConfigError
+from .backend import Backend
+from .join import raise_failed_rows, status_and_error, status_counts
+from .vectors import distinct_texts, embed_distinct
 
 
 async def embed_frame(

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from ._cache import DUCKDB_CONFIG, Cache
-from ._key import UPPERCASE_ESCAPE_PATTERN
-from ._outcome import TRUNCATED_MESSAGE
-from ._spec import RequestSpec
-from ._status import RESULTS
+from .._cache import DUCKDB_CONFIG, Cache
+from .._key import UPPERCASE_ESCAPE_PATTERN
+from .._outcome import TRUNCATED_MESSAGE
+from .._spec import RequestSpec
+from .._status import RESULTS
 
 
 @dataclass

@@ -6,11 +6,11 @@ import asyncio
 
 import polars as pl
 
-from ._options import Columns
-from ._outcome import Outcome
-from ._schema import OutputSchema
-from ._status import ANSWERED, FAILED, RESULTS, STATUS_DTYPE
-from .exceptions import RowsFailedError
+from .._options import Columns
+from .._outcome import Outcome
+from .._schema import OutputSchema
+from .._status import ANSWERED, FAILED, RESULTS, STATUS_DTYPE
+from ..exceptions import RowsFailedError
 
 NOT_SENT = "not sent: the job was stopped before this request was dispatched"
 
@@ -60,9 +60,9 @@ def join_back(
     """The added columns, one row per row of ``row_keys`` (``ROW_KEYS``), in its order.
 
     With ``row_group``, ``row_keys`` holds one row per group of rows (see
-    :class:`~llm_ops._plan.Keyed`) and the columns get one row per entry of ``row_group``, the
-    group of each row: the join and the expressions run once per group, and each row only
-    gathers its group's values.
+    :class:`~llm_ops._pipeline.plan.Keyed`) and the columns get one row per entry of
+    ``row_group``, the group of each row: the join and the expressions run once per group, and
+    each row only gathers its group's values.
     """
     joined = row_keys.join(results, on="key", how="left", maintain_order="left")
     if row_group is not None and joined.height != row_keys.height:  # a key settled twice

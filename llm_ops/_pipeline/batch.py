@@ -44,18 +44,18 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ._answers import RETRYABLE_STATUS, CompletionReader, Final, Retryable
-from ._backend import Backend
-from ._boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
-from ._cache import Cache
-from ._dispatcher import Dispatcher
-from ._key import build_request, canonical_json
-from ._options import Job
-from ._outcome import Outcome, Request
-from ._pricing import Budget
-from ._schema import output_schema
-from ._signals import stopped_by_signals
-from .exceptions import JobInterruptedError
+from .._cache import Cache
+from .._engine.answers import RETRYABLE_STATUS, CompletionReader, Final, Retryable
+from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
+from .._engine.dispatcher import Dispatcher
+from .._key import build_request, canonical_json
+from .._options import Job
+from .._outcome import Outcome, Request
+from .._pricing import Budget
+from .._schema import output_schema
+from .._signals import stopped_by_signals
+from ..exceptions import JobInterruptedError
+from .backend import Backend
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
@@ -94,7 +94,8 @@ class BatchPart:
 
 class BatchRunner:
     """Sends one dispatch's requests as batches and collects their answers; it stands where a
-    live :class:`~llm_ops._dispatcher.Dispatcher` would (same ``run``, ``counters``, ``stop``)."""
+    live :class:`~llm_ops._engine.dispatcher.Dispatcher` would (same ``run``, ``counters``,
+    ``stop``)."""
 
     def __init__(self, job: Job, backend: Backend, *, budget: Budget | None = None):
         """``budget``: the job's, shared with its other dispatches (else the job's own)."""
@@ -141,7 +142,7 @@ class BatchRunner:
 
     def provider_errors(self) -> AbstractContextManager[None]:
         """The SDK's errors, as one :class:`JobAbortedError` whose message hides the key (see
-        :func:`llm_ops._boundary.provider_errors`)."""
+        :func:`llm_ops._engine.boundary.provider_errors`)."""
         return provider_errors(self.engine.secrets)
 
     # -- submitting ---------------------------------------------------------------------------

@@ -12,13 +12,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._backend import Backend
-from ._cache import Cache
-from ._claims import Claims
-from ._options import Job
-from ._outcome import STOPS, Outcome, Request
-from ._progress import ProgressCallback, TerminalDisplay, Tracker
-from ._status import CACHEABLE
+from .._cache import Cache
+from .._claims import Claims
+from .._options import Job
+from .._outcome import STOPS, Outcome, Request
+from .._progress import ProgressCallback, TerminalDisplay, Tracker
+from .._status import CACHEABLE
+from .backend import Backend
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
 CLOSE_WAIT = 0.5  # at the end of a dispatch; what the file does not take then waits for the
@@ -117,8 +117,9 @@ class AnswerSink:
 
 
 class Sender(Protocol):
-    """What sends a dispatch's requests: a live :class:`~llm_ops._dispatcher.Dispatcher`, or a
-    :class:`~llm_ops._batch.BatchRunner`."""
+    """What sends a dispatch's requests: a live
+    :class:`~llm_ops._engine.dispatcher.Dispatcher`, or a
+    :class:`~llm_ops._pipeline.batch.BatchRunner`."""
 
     async def run(
         self, requests: Iterable[Request], on_outcome: Callable[[Request, Outcome], Awaitable[None]]

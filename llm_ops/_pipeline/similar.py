@@ -26,17 +26,17 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ._backend import Backend
-from ._dispatch import Dispatched, dispatch, rows_of
-from ._options import Job
-from ._outcome import Counters, Outcome
-from ._plan import lookup_answers
-from ._pricing import Budget
-from ._savings import embedding_cost
-from ._semantic import MISS_BLOCK, normalised, scope_of
-from ._spec import EmbeddingSpec
-from ._status import RESULTS
-from ._vectors import distinct_texts, embed_distinct
+from .._options import Job
+from .._outcome import Counters, Outcome
+from .._pricing import Budget
+from .._semantic import MISS_BLOCK, normalised, scope_of
+from .._spec import EmbeddingSpec
+from .._status import RESULTS
+from .backend import Backend
+from .dispatch import Dispatched, dispatch, rows_of
+from .plan import lookup_answers
+from .savings import embedding_cost
+from .vectors import distinct_texts, embed_distinct
 
 _SLICE = 8_192  # misses embedded and searched together
 
@@ -50,7 +50,7 @@ async def answer_by_similarity(
     misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, budget: Budget | None
 ) -> Dispatched:
     """The misses answered by the semantic cache where a similar answer is found, the rest
-    sent (:func:`~llm_ops._dispatch.dispatch`): ``settled`` holds the similar answers.
+    sent (:func:`~llm_ops._pipeline.dispatch.dispatch`): ``settled`` holds the similar answers.
 
     Misses that follow another miss of the job (see :func:`find_similar`) wait for its answer;
     if it got none, they are sent themselves. ``rows`` is the job's row count, for progress;

@@ -6,8 +6,8 @@ transform, httpx-style request and response models and the httpx-to-aiohttp adap
 about 0.5 ms of CPU (see ``benchmarks/PROFILE.txt``), more than everything else a request
 needs; here a request is one ``session.post`` of bytes and one read of bytes.
 
-aiohttp's exceptions become ours (a :class:`~llm_ops._boundary.TransportError`) at the one
-boundary, :mod:`llm_ops._boundary`, so the engine decides retries without knowing the HTTP
+aiohttp's exceptions become ours (a :class:`~llm_ops._engine.boundary.TransportError`) at the one
+boundary, :mod:`llm_ops._engine.boundary`, so the engine decides retries without knowing the HTTP
 library.
 
 Bodies are read with a bound: a server (or anything between) can send a body of any size, or a
@@ -27,7 +27,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from ._boundary import AIOHTTP_FAILURES, BadBody, no_answer
+from .boundary import AIOHTTP_FAILURES, BadBody, no_answer
 
 KEEPALIVE_SECONDS = 30.0
 READ_CHUNK = 2**16

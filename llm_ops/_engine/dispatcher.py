@@ -1,10 +1,10 @@
-"""Dispatch: distinct requests sent concurrently over the :class:`~llm_ops._engine.Engine`,
+"""Dispatch: distinct requests sent concurrently over the :class:`~llm_ops._engine.engine.Engine`,
 retried in one place, each reported as one :class:`~llm_ops._outcome.Outcome`.
 
 A dispatch runs ``concurrency`` workers over one iterator of requests. Each request goes
 through :meth:`Dispatcher._request_loop`, which alone decides retries: every attempt is
 admitted by the engine's rate limiter and concurrency, posted once, and its answer read
-(:mod:`llm_ops._answers`); a pack whose ids did not come back, or an embeddings batch the
+(:mod:`llm_ops._engine.answers`); a pack whose ids did not come back, or an embeddings batch the
 endpoint refused, is split in halves and each half sent again. ``stop()`` (SIGTERM) sends
 nothing new and lets what is in flight finish for :data:`DRAIN_SECONDS`.
 """
@@ -20,7 +20,12 @@ from typing import Any
 
 import orjson
 
-from ._answers import (
+from .._outcome import Batch, Counters, Outcome, Pack, Request
+from .._pack import PACK_FORMAT
+from .._pricing import Budget, approx_tokens
+from .._signals import stopped_by_signals
+from ..exceptions import JobAbortedError, JobInterruptedError
+from .answers import (
     ABORT_STATUS,
     RETRYABLE_STATUS,
     CompletionReader,
@@ -33,14 +38,9 @@ from ._answers import (
     refusal,
     retry_after,
 )
-from ._boundary import BadBody, CouldNotConnect, TimedOut, TransportError, one_line, redact
-from ._engine import Engine
-from ._outcome import Batch, Counters, Outcome, Pack, Request
-from ._pack import PACK_FORMAT
-from ._pricing import Budget, approx_tokens
-from ._signals import stopped_by_signals
-from ._transport import Answer
-from .exceptions import JobAbortedError, JobInterruptedError
+from .boundary import BadBody, CouldNotConnect, TimedOut, TransportError, one_line, redact
+from .engine import Engine
+from .transport import Answer
 
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long

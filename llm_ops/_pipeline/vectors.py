@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ._backend import Backend
-from ._dispatcher import EmbeddingDispatcher
-from ._key import canonical_json
-from ._outcome import Batch, Counters, Outcome, Request
-from ._persist import CacheSink, dispatch_durably
-from ._plan import group_and_key
-from ._progress import ProgressCallback, Tracker
-from ._spec import EmbeddingSpec
+from .._engine.dispatcher import EmbeddingDispatcher
+from .._key import canonical_json
+from .._outcome import Batch, Counters, Outcome, Request
+from .._progress import ProgressCallback, Tracker
+from .._spec import EmbeddingSpec
+from .backend import Backend
+from .persist import CacheSink, dispatch_durably
+from .plan import group_and_key
 
 
 def distinct_texts(

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import polars as pl
 
-from ._backend import Backend
-from ._cascade import run_cascade
-from ._join import raise_failed_rows
-from ._options import Job
-from ._pipeline import run_once
-from ._report import RunReport
-from .exceptions import JobInterruptedError
+from .._options import Job
+from .._report import RunReport
+from ..exceptions import JobInterruptedError
+from .backend import Backend
+from .cascade import run_cascade
+from .join import raise_failed_rows
+from .line import run_once
 
 
 async def run_frame(

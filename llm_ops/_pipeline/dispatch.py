@@ -2,9 +2,10 @@
 
 Requests go out in the job's send order (:mod:`llm_ops._order`), built a distinct miss at a time
 (:func:`requests_for`, packed when the packing lever is on), to a live
-:class:`~llm_ops._engine.Dispatcher` or, in batch mode, a :class:`~llm_ops._batch.BatchRunner`;
-every answer is persisted as it arrives (:mod:`llm_ops._persist`). Requests another job sharing
-the cache claimed first are waited for instead (:mod:`llm_ops._claims`).
+:class:`~llm_ops._engine.dispatcher.Dispatcher` or, in batch mode, a
+:class:`~llm_ops._pipeline.batch.BatchRunner`; every answer is persisted as it arrives
+(:mod:`llm_ops._pipeline.persist`). Requests another job sharing the cache claimed first are
+waited for instead (:mod:`llm_ops._claims`).
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ from typing import Any
 
 import polars as pl
 
-from ._backend import Backend
-from ._batch import BatchRunner
-from ._claims import Claims
-from ._dispatcher import Dispatcher
-from ._key import canonical_json
-from ._options import Job
-from ._order import send_order
-from ._outcome import Counters, Outcome, Request, make_pack
-from ._persist import AnswerSink, dispatch_durably
-from ._plan import lookup_answers
-from ._pricing import CHARS_PER_TOKEN, Budget
-from ._progress import Tracker
-from ._status import RESULTS
+from .._claims import Claims
+from .._engine.dispatcher import Dispatcher
+from .._key import canonical_json
+from .._options import Job
+from .._order import send_order
+from .._outcome import Counters, Outcome, Request, make_pack
+from .._pricing import CHARS_PER_TOKEN, Budget
+from .._progress import Tracker
+from .._status import RESULTS
+from .backend import Backend
+from .batch import BatchRunner
+from .persist import AnswerSink, dispatch_durably
+from .plan import lookup_answers
 
 
 def requests_for(
@@ -73,7 +74,7 @@ def requests_for(
 @dataclass
 class Dispatched:
     """What one dispatch produced: an outcome per request sent, the counters, why it stopped
-    early (one of :data:`~llm_ops._engine.STOPS`), if it did, and in ``settled`` the misses
+    early (one of :data:`~llm_ops._outcome.STOPS`), if it did, and in ``settled`` the misses
     answered without sending (:data:`~llm_ops._status.RESULTS`): by another job sharing the
     cache, which had claimed them first, or (see :class:`Answered`) by similarity."""
 
