@@ -236,3 +236,10 @@ def test_an_empty_quota_costs_one_request_whatever_the_concurrency(complete, end
     with pytest.raises(JobAbortedError, match="out of quota"):
         _rows(50).pipe(complete, prompt="{text}", concurrency=32)
     assert endpoint.stats()["requests"] == 1
+
+
+def test_requests_carry_the_key_but_not_the_sdks_telemetry_headers(complete, endpoint):
+    _rows(3).pipe(complete, prompt="{text}")
+    names = {name.lower() for name in endpoint.stats()["header_names"]}
+    assert "authorization" in names and "user-agent" in names
+    assert not any(name.startswith("x-stainless") for name in names)

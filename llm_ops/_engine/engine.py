@@ -90,7 +90,13 @@ class Engine:
             base_url=self.base_url,
             limit=limits.concurrency,
             headers={
-                **{k: v for k, v in self.client.default_headers.items() if isinstance(v, str)},
+                **{
+                    k: v
+                    for k, v in self.client.default_headers.items()
+                    # the SDK's X-Stainless-* telemetry: 7 headers on every request, which the
+                    # endpoint must parse too; a caller's own default headers are kept
+                    if isinstance(v, str) and not k.lower().startswith("x-stainless-")
+                },
                 **self.client.auth_headers,
             },
         )

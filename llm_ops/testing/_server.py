@@ -468,6 +468,7 @@ class Simulator:
         self.answered_total = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.header_names: set[str] = set()
         self.completion_tokens = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -486,6 +487,7 @@ class Simulator:
             "answered": self.answered_total,
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
+            "header_names": sorted(self.header_names),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
@@ -709,6 +711,7 @@ class Simulator:
 
     def _refuse(self, request: web.Request) -> web.Response | None:
         """401 without the configured key; 429 ``insufficient_quota`` once it is spent."""
+        self.header_names.update(request.headers.keys())
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             return _error(
