@@ -142,9 +142,19 @@ class _Budget:
     def take(self, amount: float) -> None:
         self.level -= amount  # may go negative for a request larger than one burst
 
-    def empty_until(self, moment: float) -> None:
+    def empty_until(self, moment: float, ready: float = 0.0) -> None:
+        """Empty now, refilled so as to hold ``ready`` (at most one unit) at ``moment``."""
         self.level = 0.0
-        self.stamp = max(self.stamp, moment)
+        self.stamp = moment - (min(ready, 1.0) * 60 / self.per_minute if ready > 0 else 0.0)
+
+    def drain(self, left: float) -> None:
+        """The endpoint says less than one unit is left: if this budget would pay one now, it
+        is ahead of the endpoint and holds ``left`` from now. Less than one, it agrees (the
+        header counts whole units), and keeps its place in the refill: draining it too would
+        drop the share of a unit refilled so far at every such answer."""
+        self._refill()
+        if self.level >= 1.0:
+            self.level = min(self.level, left)
 
 
 class LeasedBudget(_Budget):
@@ -159,6 +169,9 @@ class LeasedBudget(_Budget):
 
     def wait_for(self, amount: float) -> float:
         return 0.0 if self.level >= amount else math.inf  # until more is leased
+
+    def empty_until(self, moment: float, ready: float = 0.0) -> None:
+        super().empty_until(moment)  # nothing is ready that was not leased
 
 
 class Limiter(Protocol):
@@ -183,7 +196,8 @@ class RateLimiter:
     """Requests/min and tokens/min budgets, user-set or learned from ``x-ratelimit-*`` headers.
 
     The tighter of the two wins. A ``Retry-After`` pauses every sender until it has passed and
-    empties the budgets, so traffic resumes at the paced rate rather than all at once.
+    empties the budgets but for one request then, so traffic resumes at the paced rate rather
+    than all at once.
     """
 
     def __init__(self, *, rpm: float | None, tpm: float | None, burst: float = 1.0):
@@ -246,12 +260,17 @@ class RateLimiter:
         until = time.monotonic() + seconds
         if until > self.paused_until:
             self.paused_until = until
-            for budget in (self.requests, self.tokens):
-                if budget:
-                    budget.empty_until(until)
+            # Retry-After names when the refused request will be taken: one may go then, the
+            # rest at the pace. Refilling from empty only once the wait was over cost every
+            # 429 one more request's time of the limit.
+            if self.requests:
+                self.requests.empty_until(until, ready=1.0)
+            if self.tokens:
+                self.tokens.empty_until(until)
 
     def observe(self, headers: Mapping[str, str]) -> None:
-        """Learn limits from ``x-ratelimit-*`` headers; pause when a budget is spent."""
+        """Learn limits from ``x-ratelimit-*`` headers; hold a budget back when they say it is
+        spent."""
         for kind in ("requests", "tokens"):
             limit = headers.get(f"x-ratelimit-limit-{kind}")
             if limit is None:
@@ -264,9 +283,19 @@ class RateLimiter:
             if value > 0:
                 self._learn(kind, value, _count(remaining))
             reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
-            if remaining is not None and remaining.strip() == "0" and reset:
-                # The reset is the time to a full budget; one request's worth is enough.
-                self.pause(min(reset, 60 / value if kind == "requests" and value > 0 else 1.0))
+            if remaining is None or remaining.strip() != "0" or not reset:
+                continue
+            budget = self.requests if kind == "requests" else self.tokens
+            if budget is None or value <= 0:
+                self.pause(min(reset, 1.0))
+            elif kind == "requests":
+                # Less than one request left: the next may go once one has refilled, or at
+                # the reset (the time to a full budget) if sooner. Only this budget is
+                # spent, so no sender is paused: pausing and then refilling from empty
+                # waited two requests' time, and kept the pace behind the endpoint's.
+                budget.drain(1.0 - min(reset * budget.per_minute / 60, 1.0))
+            else:
+                budget.drain(0.0)
 
     def _learn(self, kind: str, per_minute: float, remaining: float | None) -> None:
         """A limit the endpoint names; a new budget starts with what it says ``remaining``

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
 
 import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import JobAbortedError, Progress
+from llm_ops import JobAbortedError, Progress, _limits
+from llm_ops._answers import retry_after
 from llm_ops._limits import RateLimiter, parse_duration
 from llm_ops._progress import TerminalDisplay
 from llm_ops.testing import expected_reply
@@ -132,6 +137,44 @@ def test_a_learned_limit_starts_with_the_burst_the_server_still_allows(remaining
         headers["x-ratelimit-remaining-requests"] = remaining
     limiter.observe(headers)
     assert limiter.requests is not None and limiter.requests.level == level
+
+
+def _answer_headers(endpoint) -> dict[str, str]:
+    """The headers of one chat completion, answered or refused."""
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hello"}]}
+    request = urllib.request.Request(
+        f"{endpoint.base_url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=10) as response:
+            return {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as refused:
+        return {k.lower(): v for k, v in refused.headers.items()}
+
+
+def test_after_a_429_the_next_request_goes_when_retry_after_says(endpoint, monkeypatch):
+    endpoint.configure(rpm=60, rate_window=1.0)  # a budget of one request
+    answered, refused = _answer_headers(endpoint), _answer_headers(endpoint)
+    wait = retry_after(refused)
+    assert answered["x-ratelimit-remaining-requests"] == "0" and wait is not None
+    # The limiter's clock is a counter its sleeps advance: what it plans, not what it takes.
+    clock = SimpleNamespace(now=0.0)
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    monkeypatch.setattr(_limits, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(_limits, "asyncio", SimpleNamespace(sleep=sleep))
+    limiter = RateLimiter(rpm=None, tpm=None)
+    limiter.observe(answered)
+    limiter.observe(refused)
+    limiter.pause(wait)  # as the dispatcher does for a 429 with Retry-After
+    asyncio.run(limiter.admit(1))
+    # Up to 50 ms spread the restart of paused senders; not a second request's time more.
+    assert wait <= clock.now <= wait + 0.05 + 1e-9
 
 
 JOB = """
