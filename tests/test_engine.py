@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import duckdb
 import polars as pl
 import pytest
-from llm_ops._answers import retry_after
 
 from llm_ops import JobAbortedError, Progress, _limits
+from llm_ops._engine.answers import retry_after
 from llm_ops._limits import RateLimiter, parse_duration
 from llm_ops._progress import TerminalDisplay
 from llm_ops.testing import expected_reply
