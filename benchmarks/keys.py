@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,9 @@ import polars as pl
 from pydantic import BaseModel
 
 from llm_ops import canonical_json, request_key
-from llm_ops._key import _json_canonical
-from llm_ops._schema import output_schema
-from llm_ops._spec import EmbeddingSpec, RequestSpec
-from llm_ops._template import parse_template
 
 ENDPOINT = "https://api.openai.com/v1"
+SYSTEM = "You are a careful annotator."
 
 
 class Review(BaseModel):
@@ -33,38 +31,39 @@ class Review(BaseModel):
     topics: list[str]
 
 
+def json_canonical(value: Any) -> str:
+    """The canonical form by definition (README, "The cache"): what keys are hashed from."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chat(prompt: str, *, system: str | None = None, **params: Any) -> dict[str, Any]:
+    """A request object of the README's documented form: parameters, endpoint, model, messages."""
+    messages = [{"role": "user", "content": prompt}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return {**params, "endpoint": ENDPOINT, "model": "gpt-4o-mini", "messages": messages}
+
+
 def requests(texts: list[str]) -> dict[str, list[dict[str, Any]]]:
-    prompt = parse_template("Classify the sentiment of this review: {text}")
-    plain = RequestSpec.build(endpoint=ENDPOINT, model="gpt-4o-mini", prompt=prompt)
-    sampled = RequestSpec.build(
-        endpoint=ENDPOINT,
-        model="gpt-4o-mini",
-        prompt=prompt,
-        system=parse_template("You are a careful annotator."),
-        temperature=0.0,
-        top_p=0.9,
-        max_tokens=64,
-        seed=1,
-    )
-    structured = RequestSpec.build(
-        endpoint=ENDPOINT,
-        model="gpt-4o-mini",
-        prompt=prompt,
-        temperature=0.2,
-        schema=output_schema(Review),
-    )
-    embedding = EmbeddingSpec(endpoint=ENDPOINT, model="text-embedding-3-small")
-    system = "You are a careful annotator."
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "Review", "schema": Review.model_json_schema(), "strict": True},
+    }
+    sampling = {"temperature": 0.0, "top_p": 0.9, "max_tokens": 64, "seed": 1}
     return {
-        "prompt only": [plain.request(None, f"Classify: {t}") for t in texts],
-        "system + sampling": [sampled.request(system, f"Classify: {t}") for t in texts],
-        "structured output": [structured.request(None, f"Classify: {t}") for t in texts],
-        "embedding": [embedding.request(t) for t in texts],
+        "prompt only": [chat(f"Classify: {t}") for t in texts],
+        "system + sampling": [chat(f"Classify: {t}", system=SYSTEM, **sampling) for t in texts],
+        "structured output": [
+            chat(f"Classify: {t}", temperature=0.2, response_format=schema) for t in texts
+        ],
+        "embedding": [
+            {"endpoint": ENDPOINT, "model": "text-embedding-3-small", "input": t} for t in texts
+        ],
     }
 
 
 def json_key(request: dict[str, Any]) -> str:
-    return "v1:" + hashlib.sha256(_json_canonical(request).encode()).hexdigest()
+    return "v1:" + hashlib.sha256(json_canonical(request).encode()).hexdigest()
 
 
 def cpu_per_call(function: Callable[[Any], object], values: list[Any], repeats: int) -> float:
@@ -90,10 +89,10 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, values in requests(texts).items():
-        assert all(canonical_json(v) == _json_canonical(v) for v in values), name
+        assert all(canonical_json(v) == json_canonical(v) for v in values), name
         assert all(request_key(v) == json_key(v) for v in values), name
-        chars = sum(len(_json_canonical(v)) for v in values) // len(values)
-        before = cpu_per_call(_json_canonical, values, args.repeats)
+        chars = sum(len(json_canonical(v)) for v in values) // len(values)
+        before = cpu_per_call(json_canonical, values, args.repeats)
         after = cpu_per_call(canonical_json, values, args.repeats)
         key_before = cpu_per_call(json_key, values, args.repeats)
         key_after = cpu_per_call(request_key, values, args.repeats)
