@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar, Unpack, overload
 
@@ -190,7 +190,7 @@ class Client:
     async def _complete(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
     ) -> tuple[Frame, RunReport]:
-        job = self._job(df, prompt, model, options)
+        job = self._job(prompt, model, options, columns=schema_of(df))
         frame = to_polars(df)
         backend = await self.prepare(models=job.endpoint_models)
         columns, report = await run_frame(frame, job, backend)
@@ -243,8 +243,16 @@ class Client:
         result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
         return result
 
-    def _job(self, df: Frame, prompt: str, model: ModelOption, options: CallOptions) -> Job:
-        """The job of a call on this client, checked against the frame's columns."""
+    def _job(
+        self,
+        prompt: str,
+        model: ModelOption,
+        options: CallOptions,
+        *,
+        columns: Mapping[str, pl.DataType],
+    ) -> Job:
+        """The job of a call on this client, checked against the input's ``columns``: settings
+        only, so a job never carries the data it runs over."""
         job = make_job(
             prompt=prompt,
             model=model,
@@ -252,7 +260,7 @@ class Client:
             cached=self.cache is not None,
             options=options,
         )
-        check_job(job, schema_of(df))
+        check_job(job, columns)
         return job
 
     # -- estimates ----------------------------------------------------------------------------
@@ -261,7 +269,7 @@ class Client:
         self, df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
     ) -> Estimate:
         """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
-        job = self._job(df, prompt, model, options)
+        job = self._job(prompt, model, options, columns=schema_of(df))
         return estimate_frame(to_polars(df), job, self.cache)
 
     # -- provider batches -------------------------------------------------------------------
@@ -283,7 +291,7 @@ class Client:
     async def _submit(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
     ) -> list[BatchPart]:
-        job = self._job(df, prompt, model, options)
+        job = self._job(prompt, model, options, columns=schema_of(df))
         backend = await self.prepare()
         plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
         wanted = {request.key: request for request in requests_for(plan.misses, job)}

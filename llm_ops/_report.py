@@ -278,10 +278,14 @@ def make_report(
     statuses: dict[str, int],
     stopped: BaseException | None,
     cost: float | None = None,
+    cost_saved: float | None = None,
+    savings: dict[str, Saving] | None = None,
+    models: dict[str, ModelUsage] | None = None,
+    mode: str = "live",
     budget_stop: str | None = None,
     cache: Path | None = None,
 ) -> RunReport:
-    """The report of a finished (or stopped) run; savings and models are added after."""
+    """The report of a finished (or stopped) run."""
     if stopped is None:
         outcome = "completed"
     else:
@@ -306,6 +310,10 @@ def make_report(
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
         cost=cost,
+        cost_saved=cost_saved,
+        savings={} if savings is None else savings,
+        models={} if models is None else models,
+        mode=mode,
         budget_stop=budget_stop,
         cache=None if cache is None else str(cache),
     )

@@ -11,7 +11,7 @@ waited for instead (:mod:`llm_ops._claims`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
@@ -83,6 +83,12 @@ class Dispatched:
     stopped: BaseException | None
     budget_stop: str | None = None
     settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
+
+
+Send = Callable[[pl.DataFrame, int], Awaitable[Dispatched]]
+"""How a lever hands requests (``REQUESTS``) back to the line's dispatch, with the rows still
+waiting on other requests (for progress): :func:`~llm_ops._pipeline.line.answer_misses` gives
+one to the semantic cache."""
 
 
 def rows_of(requests: pl.DataFrame) -> int:

@@ -34,15 +34,22 @@ from .similar import answer_by_similarity
 async def answer_misses(
     misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, budget: Budget | None = None
 ) -> Dispatched:
-    """Answer the cache misses: by similarity where the semantic cache lever is on, else by
-    sending them; ``rows`` is the job's row count, for progress; ``budget`` the job's (else a
-    fresh one)."""
+    """Answer the cache misses: by similarity where the semantic cache lever is on, which
+    hands what it cannot answer back to dispatch, else by sending them; ``rows`` is the job's
+    row count, for progress; ``budget`` the job's (else a fresh one)."""
     budget = job.budget() if budget is None else budget
-    if job.semantic is not None:
-        return await answer_by_similarity(misses, job, backend, rows=rows, budget=budget)
-    return await dispatch(
-        misses, job, backend, rows=rows, rows_settled=rows - rows_of(misses), budget=budget
-    )
+    if job.semantic is None:
+        return await dispatch(
+            misses, job, backend, rows=rows, rows_settled=rows - rows_of(misses), budget=budget
+        )
+
+    async def send(requests: pl.DataFrame, waiting: int) -> Dispatched:
+        settled = rows - rows_of(requests) - waiting
+        return await dispatch(
+            requests, job, backend, rows=rows, rows_settled=settled, budget=budget
+        )
+
+    return await answer_by_similarity(misses, job, backend, send=send, budget=budget)
 
 
 @dataclass

@@ -11,7 +11,6 @@ job spent when a saving is worked out (see :func:`prefix_discount`).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -77,8 +76,15 @@ def usage_report(
     cache: Path | None,
 ) -> RunReport:
     """The report of a run (one model's pass, or a table's chunks) from its counts and the
-    :func:`tally` of its requests: counts, tokens and cost, per model and per lever."""
-    report = make_report(
+    :func:`tally` of its requests: counts, tokens and cost, per model and per lever.
+
+    Everything is priced first, so the report is made once, complete."""
+    completions = completion_cost(job, counters)
+    embeddings = embedding_cost(job, counters)
+    cost = add_costs(completions, embeddings)
+    at_full_input_price = add_costs(cost, prefix_discount(job.price, counters.cached_tokens))
+    answered_rows = sum(n for status, n in statuses.items() if status in ANSWERED)
+    return make_report(
         model=job.spec.model,
         endpoint=job.spec.endpoint,
         started_at=started_at,
@@ -89,17 +95,20 @@ def usage_report(
         counters=counters,
         statuses=statuses,
         stopped=stopped,
-        cost=completion_cost(job, counters),
+        cost=cost,
+        cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), at_full_input_price),
+        savings=lever_savings(
+            job,
+            tallies,
+            cached=cache is not None,
+            counters=counters,
+            on_completions=completions,
+            on_embeddings=embeddings,
+        ),
+        models=model_usage(job, counters, answered_rows, completions, embeddings),
+        mode="live" if job.batching is None else "batch",
         budget_stop=budget_stop,
         cache=cache,
-    )
-    return with_usage(
-        report,
-        job,
-        answered_rows=sum(n for status, n in statuses.items() if status in ANSWERED),
-        cached=cache is not None,
-        tallies=tallies,
-        counters=counters,
     )
 
 
@@ -149,50 +158,30 @@ def spent_by(job: Job, counters: Counters) -> tuple[float, int, int]:
     )
 
 
-def with_usage(
-    report: RunReport,
+def model_usage(
     job: Job,
-    *,
-    answered_rows: int,
-    cached: bool,
-    tallies: dict[str, Tally],
     counters: Counters,
-) -> RunReport:
-    """``report`` with its models, savings per lever and total saving filled in."""
+    answered_rows: int,
+    completions: float | None,
+    embeddings: float | None,
+) -> dict[str, ModelUsage]:
+    """Per model: the job's model, and the semantic cache's embedding model when it is on."""
     models = {
         job.spec.model: ModelUsage(
             rows=answered_rows,
             requests=counters.sent,
             prompt_tokens=counters.prompt_tokens,
             completion_tokens=counters.completion_tokens,
-            cost=report.cost,
+            cost=completions,
         )
     }
-    embeddings = embedding_cost(job, counters)
     if job.semantic is not None:
         models[job.semantic.model] = ModelUsage(
             requests=counters.embedding_requests,
             prompt_tokens=counters.embedding_tokens,
             cost=embeddings,
         )
-    cost = add_costs(report.cost, embeddings)
-    savings = lever_savings(
-        job,
-        tallies,
-        cached=cached,
-        counters=counters,
-        on_completions=report.cost,
-        on_embeddings=embeddings,
-    )
-    at_full_input_price = add_costs(cost, prefix_discount(job.price, counters.cached_tokens))
-    return dataclasses.replace(
-        report,
-        cost=cost,
-        models=models,
-        savings=savings,
-        cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), at_full_input_price),
-        mode="live" if job.batching is None else "batch",
-    )
+    return models
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from .._semantic import MISS_BLOCK, normalised, scope_of
 from .._spec import EmbeddingSpec
 from .._status import RESULTS
 from .backend import Backend
-from .dispatch import Dispatched, dispatch, rows_of
+from .dispatch import Dispatched, Send, rows_of
 from .plan import lookup_answers
 from .savings import embedding_cost
 from .vectors import distinct_texts, embed_distinct
@@ -47,14 +47,14 @@ _FOLLOWERS = pl.DataFrame(
 
 
 async def answer_by_similarity(
-    misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, budget: Budget | None
+    misses: pl.DataFrame, job: Job, backend: Backend, *, send: Send, budget: Budget | None
 ) -> Dispatched:
     """The misses answered by the semantic cache where a similar answer is found, the rest
-    sent (:func:`~llm_ops._pipeline.dispatch.dispatch`): ``settled`` holds the similar answers.
+    handed to ``send`` (the line's dispatch): ``settled`` holds the similar answers.
 
     Misses that follow another miss of the job (see :func:`find_similar`) wait for its answer;
-    if it got none, they are sent themselves. ``rows`` is the job's row count, for progress;
-    the embeddings are paid from ``budget``, as the completions are.
+    if it got none, they are sent themselves. The embeddings are paid from ``budget``, as the
+    completions are.
     """
     similar = await find_similar(misses, job, backend)
     counters = similar.counters
@@ -63,22 +63,13 @@ async def answer_by_similarity(
     if budget is not None:
         spent = embedding_cost(job, counters) or 0.0
         budget.charge(spent, counters.embedding_requests, counters.embedding_tokens)
-    done = await dispatch(
-        similar.misses,
-        job,
-        backend,
-        rows=rows,
-        rows_settled=rows - rows_of(similar.misses) - rows_of(similar.followers),
-        budget=budget,
-    )
+    done = await send(similar.misses, rows_of(similar.followers))
     counters.add(done.counters)
     followed, resend = follow_leaders(similar.followers, done.outcomes)
     outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
     settled = [similar.results, followed, done.settled]
     if not resend.is_empty() and stopped is None:  # their leaders got no answer
-        again = await dispatch(
-            resend, job, backend, rows=rows, rows_settled=rows - rows_of(resend), budget=budget
-        )
+        again = await send(resend, 0)
         counters.add(again.counters)
         outcomes, stopped = outcomes + again.outcomes, again.stopped
         budget_stop = budget_stop or again.budget_stop
