@@ -396,17 +396,18 @@ class Client:
 
         Tables, SQL functions and cluster workers drive the pipeline through it; run it on
         this client's loop (:meth:`run`, :meth:`run_async`)."""
-        # the cache's file work (DuckDB, off the GIL) overlaps the engine's first imports
+        # the cache's file work (DuckDB, off the GIL) overlaps the engine's making and the
+        # round trip to /models
         loop = asyncio.get_running_loop()
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
         try:
             if self._engine is None:
                 self._engine = self.new_engine()
+            if models:
+                await self._engine.check_models(models)
         finally:
             if prepared is not None:
                 await prepared
-        if models:
-            await self._engine.check_models(models)
         return Backend(self._engine, self.cache)
 
     def new_engine(self) -> Engine:
