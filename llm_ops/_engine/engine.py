@@ -75,15 +75,16 @@ class Engine:
         self._announced_until = 0.0  # the end of the last pause logged
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()
-        # The SDK: configuration, and the paths that are not hot (provider batches, files).
-        self.client = openai.AsyncOpenAI(
+        # The SDK: the endpoint's configuration now; its HTTP client (``sdk``) when the paths
+        # that are not hot (provider batches, files) first need it.
+        self.config = openai.AsyncOpenAI(
             base_url=endpoint.base_url,
             api_key=endpoint.api_key,
             max_retries=0,
             timeout=limits.timeout,
-            http_client=openai.DefaultAioHttpClient(timeout=limits.timeout, verify=_tls()),
+            http_client=httpx2.AsyncClient(transport=_NotConnected()),
         )
-        self.base_url = str(self.client.base_url)
+        self.base_url = str(self.config.base_url)
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
         redact_in_logs(endpoint.query.values())
         self.http = Transport(
@@ -92,13 +93,22 @@ class Engine:
             headers={
                 **{
                     k: v
-                    for k, v in self.client.default_headers.items()
+                    for k, v in self.config.default_headers.items()
                     # the SDK's X-Stainless-* telemetry: 7 headers on every request, which the
                     # endpoint must parse too; a caller's own default headers are kept
                     if isinstance(v, str) and not k.lower().startswith("x-stainless-")
                 },
-                **self.client.auth_headers,
+                **self.config.auth_headers,
             },
+        )
+
+    @functools.cached_property
+    def sdk(self) -> openai.AsyncOpenAI:
+        """The SDK's client for provider batches and files. Made on first use: its HTTP client
+        loads TLS certificates and imports httpcore2, 70 ms of a job's start on a fresh
+        process, which a job that sends only completions never needs."""
+        return self.config.with_options(
+            http_client=openai.DefaultAioHttpClient(timeout=self.limits.timeout, verify=_tls())
         )
 
     def url(self, path: str) -> URL:
@@ -212,12 +222,21 @@ class Engine:
 
     async def close(self) -> None:
         await self.http.close()
-        await self.client.close()
+        if "sdk" in self.__dict__:
+            await self.sdk.close()
+        await self.config.close()
 
 
 def join_url(base: str, path: str, query: str = "") -> URL:
     """``path`` under ``base``, whether ``base`` ends in a slash or not."""
     return URL(f"{base.rstrip('/')}/{path}{query}", encoded=True)
+
+
+class _NotConnected(httpx2.AsyncBaseTransport):
+    """The transport of the SDK client that only configures: it never sends."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        raise RuntimeError("llm-ops sends through Engine.http or Engine.sdk, never Engine.config")
 
 
 @functools.cache

@@ -106,8 +106,8 @@ class BatchRunner:
         self.engine = backend.engine
         # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After),
         # except creating a batch, which is not idempotent (see _create).
-        self.sdk = backend.engine.client.with_options(max_retries=4)
-        self.sdk_once = backend.engine.client.with_options(max_retries=0)
+        self.sdk = backend.engine.sdk.with_options(max_retries=4)
+        self.sdk_once = backend.engine.sdk.with_options(max_retries=0)
         # The bodies, token projections and budget a live dispatch would have; answers are
         # read as a live dispatch reads them.
         self.live = Dispatcher(
