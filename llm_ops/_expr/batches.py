@@ -105,7 +105,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     name = ctypes.util.find_library("c")
     try:
         return cast(Callable[[int], int], ctypes.CDLL(name).malloc_trim) if name else None
-    except (OSError, AttributeError):  # not glibc: its allocator returns memory itself
+    except (OSError, AttributeError):  # not glibc: there is no such call, nor its arenas
         return None
 
 
