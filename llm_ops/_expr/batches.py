@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import ctypes.util
 import dataclasses
 import functools
 import time
@@ -102,10 +101,11 @@ def embedding(
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
+    """glibc's ``malloc_trim``, from the symbols this process already has (``find_library``
+    would run ``ldconfig``); ``None`` elsewhere: without glibc there are no such arenas."""
     try:
-        return cast(Callable[[int], int], ctypes.CDLL(name).malloc_trim) if name else None
-    except (OSError, AttributeError):  # not glibc: there is no such call, nor its arenas
+        return cast("Callable[[int], int] | None", getattr(ctypes.CDLL(None), "malloc_trim", None))
+    except (OSError, TypeError):  # no dlopen(NULL): Windows
         return None
 
 
