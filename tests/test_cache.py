@@ -45,6 +45,14 @@ def test_every_run_is_recorded(complete, cache):
     ]
 
 
+def test_a_jobs_end_folds_duckdbs_log_into_the_file(complete, cache):
+    # A log left beside the file is replayed by every connection of the next job: skipping
+    # the checkpoint saved the end of a job 0.17 s and cost a warm rerun of 5,000 rows as
+    # much again (0.19 s -> 0.35 s).
+    DF.pipe(complete, prompt="{text}")
+    assert not cache.with_name(cache.name + ".wal").exists()
+
+
 def test_cache_false_writes_no_file_and_always_sends(complete, cache, endpoint):
     DF.pipe(complete, prompt="{text}", cache=False)
     DF.pipe(complete, prompt="{text}", cache=False)
