@@ -21,7 +21,7 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
         └── BadBody            the answer was too large, or in an encoding not asked for
 
 The internal ones live where they are raised (:mod:`llm_ops._schema`,
-:mod:`llm_ops._engine.boundary`), not in this module's ``__all__``. Errors raised by aiohttp
+:mod:`llm_ops._engine.boundary`), not in this module's ``__all__``. Errors raised by sockets
 and the ``openai`` SDK are mapped to this tree at one boundary
 (:mod:`llm_ops._engine.boundary`), DuckDB's by the cache (:mod:`llm_ops._cache`); all are
 chained with ``raise ... from exc``, and messages never contain an API key.

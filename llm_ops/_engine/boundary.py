@@ -1,19 +1,21 @@
 """Where the HTTP libraries' errors become ours: one mapping, at one boundary.
 
-Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._engine.transport`) and
-the ``openai`` SDK for the Files and Batches API (:mod:`llm_ops._pipeline.batch`). Their exceptions
-are mapped here, and only here, to exceptions of the tree rooted at
-:class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
+Two stacks talk to the endpoint: our own HTTP/1.1 on asyncio's sockets on the hot path
+(:mod:`llm_ops._engine.transport`) and the ``openai`` SDK for the Files and Batches API
+(:mod:`llm_ops._pipeline.batch`). Their exceptions are mapped here, and only here, to exceptions
+of the tree rooted at :class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
 
-- aiohttp's (and the operating system's), by :func:`no_answer`, to a :class:`TransportError`,
-  so the engine decides retries without knowing the HTTP library:
+- the operating system's (sockets, name lookups, TLS), by :func:`refused` and
+  :func:`no_answer`, to a :class:`TransportError`, so the engine decides retries without
+  knowing how the bytes travel:
 
   - :class:`CouldNotConnect`: no connection was made (refused, unresolvable, connect timeout);
     nothing was sent, so retrying cannot duplicate work;
   - :class:`TimedOut`: the attempt took longer than its timeout;
   - :class:`ConnectionFailed`: the connection broke while sending or reading;
   - :class:`BadBody` (raised by the transport itself): the answer's body was larger than
-    allowed (compressed or decompressed), or in an encoding we did not ask for;
+    allowed (compressed or decompressed), or in an encoding we did not ask for; the transport
+    also raises :class:`ConnectionFailed` itself for bytes that are not an HTTP answer;
 
 - the SDK's, by :func:`provider_errors`, to one :class:`~llm_ops.exceptions.JobAbortedError`
   (after the SDK's own retries), whose message says what to do next.
@@ -30,7 +32,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-import aiohttp
 import openai
 
 from ..exceptions import JobAbortedError, LlmOpsError
@@ -60,21 +61,19 @@ class BadBody(TransportError):
     its end."""
 
 
-AIOHTTP_FAILURES = (aiohttp.ClientError, OSError)  # TimeoutError is an OSError
-"""What aiohttp (or the socket under it) raises when an attempt gets no answer."""
-
 ANSWER_MAY_BE_LOST = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 """The SDK's errors after which the provider may have done what was asked all the same (a
 timeout, a dropped connection, a 5xx): a call that is not idempotent is looked up before it
 is made again."""
 
 
-def no_answer(exc: BaseException, timeout: float) -> TransportError:
-    """The :class:`TransportError` for one of :data:`AIOHTTP_FAILURES`."""
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
-        return CouldNotConnect(describe(exc))
-    if isinstance(exc, TimeoutError):
-        return TimedOut(f"timed out after {timeout:g}s")
+def refused(exc: OSError) -> CouldNotConnect:
+    """No connection: refused, a name that does not resolve, a failed TLS handshake."""
+    return CouldNotConnect(describe(exc))
+
+
+def no_answer(exc: OSError) -> ConnectionFailed:
+    """A connection that broke while the request was sent or its answer read."""
     return ConnectionFailed(describe(exc))
 
 

@@ -6,11 +6,12 @@ The dispatch engine is three modules: this one (the :class:`Engine`, which dispa
 
 The official ``openai`` SDK configures the endpoint (base URL, auth and default headers, its
 own retries off, so retrying is owned by the dispatcher). On the hot path each request's JSON
-body is serialised once with ``orjson`` and posted through one long-lived aiohttp session
-(:mod:`llm_ops._engine.transport`) with the headers the SDK computed, and only the fields we use are
-read from the answer: the SDK's per-call option transform, request and response models cost
-more CPU per request than everything else together (see ``benchmarks/``), which on a 2-core
-machine is the difference between CPU-bound and latency-bound at high concurrency.
+body is serialised once with ``orjson`` and posted on one long-lived pool of keep-alive
+connections (:mod:`llm_ops._engine.transport`) with the headers the SDK computed, and only
+the fields we use are read from the answer: the SDK's per-call option transform, request and
+response models cost more CPU per request than everything else together (see
+``benchmarks/``), which on a 2-core machine is the difference between CPU-bound and
+latency-bound at high concurrency.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class Engine:
     can be reached). It lives on the client's event loop; dispatches borrow it.
 
     The official ``openai`` SDK configures it (base URL, auth and default headers); requests go
-    through :class:`~llm_ops._engine.transport.Transport`, one aiohttp session for the
-    engine's life.
+    through :class:`~llm_ops._engine.transport.Transport`, one pool of keep-alive connections
+    for the engine's life.
     """
 
     def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):
@@ -100,6 +101,7 @@ class Engine:
                 },
                 **self.config.auth_headers,
             },
+            tls=_tls,
         )
 
     @functools.cached_property
