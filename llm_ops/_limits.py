@@ -174,6 +174,47 @@ class LeasedBudget(_Budget):
         super().empty_until(moment)  # nothing is ready that was not leased
 
 
+class SlowStart:
+    """A job's first requests, paced until the endpoint's first answer says what its limits are.
+
+    No limit is known before an answer names one, and requests sent blind meet a limit all at
+    once: against a burst of 20, a wave of 64 took 15 429s before the first came back (1 to 3
+    with a slow start). So the count sent doubles every ``doubling`` seconds: the first request
+    (which the engine's first-request gate sends alone) and the ``first`` after it go at once,
+    the rest at an even exponential pace. The first answer ends it (:meth:`end`), a 429 naming
+    the limit included, and the budgets pace from there. A job that meets no limit loses
+    about ``doubling * (log2(concurrency / first) - 1.4)`` seconds of its concurrency, once
+    per client; an endpoint farther away than ``doubling`` answers too late to spare the
+    wave its 429s (they are retried), and ``rpm=`` spares them.
+    """
+
+    def __init__(self, *, first: int = 4, doubling: float = 0.01):
+        self.first = first
+        self.doubling = doubling
+        self.sent = 0
+        self.started = 0.0  # when the second request went: the gate held the rest till then
+        self._ended: asyncio.Future[None] | None = None
+
+    async def admit(self) -> None:
+        """Wait for this request's turn, or for the end of the slow start."""
+        sent, self.sent = self.sent, self.sent + 1
+        now = time.monotonic()
+        if sent == 1:
+            self.started = now
+        if sent <= self.first:
+            return
+        wait = self.started + self.doubling * math.log2(sent / self.first) - now
+        if wait > 0:
+            if self._ended is None:
+                self._ended = asyncio.get_running_loop().create_future()
+            await asyncio.wait((self._ended,), timeout=wait)
+
+    def end(self) -> None:
+        """An answer came: whoever waits for a turn goes on to the budgets."""
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
+
 class Limiter(Protocol):
     """What the engine asks of a rate limiter: this process's :class:`RateLimiter`, or one
     that leases from a budget shared by a cluster's workers (:mod:`llm_ops.ray`)."""
@@ -200,8 +241,17 @@ class RateLimiter:
     than all at once.
     """
 
-    def __init__(self, *, rpm: float | None, tpm: float | None, burst: float = 1.0):
+    def __init__(
+        self,
+        *,
+        rpm: float | None,
+        tpm: float | None,
+        burst: float = 1.0,
+        slow_start: bool = True,
+    ):
         self.user_rpm, self.user_tpm = rpm, tpm
+        # with no limit given, the first requests go slowly until an answer names one
+        self.slow_start = SlowStart() if slow_start and not rpm and not tpm else None
         self.learned_rpm: float | None = None
         self.learned_tpm: float | None = None
         self.burst = burst
@@ -222,7 +272,10 @@ class RateLimiter:
         return self.tpm is not None and tokens > self.tpm
 
     async def admit(self, tokens: int) -> None:
-        """Wait until a pause is over and both budgets can pay for this request, then pay."""
+        """Wait for the slow start's turn, until a pause is over and until both budgets can
+        pay for this request, then pay."""
+        if self.slow_start is not None:
+            await self.slow_start.admit()
         while True:
             now = time.monotonic()
             if now < self.paused_until:
@@ -255,8 +308,14 @@ class RateLimiter:
         if self.tokens:
             self.tokens.level = min(self.tokens.capacity, self.tokens.level + estimated - actual)
 
+    def _answered(self) -> None:
+        if self.slow_start is not None:
+            self.slow_start.end()
+            self.slow_start = None
+
     def pause(self, seconds: float) -> None:
         """Stop every sender for ``seconds`` (a ``Retry-After``)."""
+        self._answered()
         until = time.monotonic() + seconds
         if until > self.paused_until:
             self.paused_until = until
@@ -269,8 +328,9 @@ class RateLimiter:
                 self.tokens.empty_until(until)
 
     def observe(self, headers: Mapping[str, str]) -> None:
-        """Learn limits from ``x-ratelimit-*`` headers; hold a budget back when they say it is
-        spent."""
+        """Learn limits from ``x-ratelimit-*`` headers (of any answer, which ends the slow
+        start); hold a budget back when they say it is spent."""
+        self._answered()
         for kind in ("requests", "tokens"):
             limit = headers.get(f"x-ratelimit-limit-{kind}")
             if limit is None:

@@ -437,7 +437,7 @@ class LeasedLimiter(RateLimiter):
     endpoint says (limits, ``Retry-After``)."""
 
     def __init__(self, quota: Any, limits: Limits):
-        super().__init__(rpm=None, tpm=None)
+        super().__init__(rpm=None, tpm=None, slow_start=False)  # the quota paces the cluster
         self.quota = quota
         self._checked = -CHECK_SECONDS
         self._told: dict[str, str] = {}  # header values the quota has heard

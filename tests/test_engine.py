@@ -19,7 +19,7 @@ import pytest
 
 from llm_ops import JobAbortedError, Progress, _limits
 from llm_ops._engine.answers import retry_after
-from llm_ops._limits import RateLimiter, parse_duration
+from llm_ops._limits import RateLimiter, SlowStart, parse_duration
 from llm_ops._progress import TerminalDisplay
 from llm_ops.testing import expected_reply
 
@@ -44,6 +44,41 @@ def test_goodput_under_a_request_rate_limit(complete, endpoint):
     out, report = _rows(120).pipe(complete, prompt="{text}", concurrency=32, return_report=True)
     assert out["completion_status"].to_list() == ["ok"] * 120
     assert 120 / report.wall_seconds * 60 >= 0.9 * 1200
+
+
+def test_a_limit_nobody_named_meets_a_slow_start_not_a_wave(complete, endpoint):
+    endpoint.configure(rpm=1200, rate_window=1.0, latency=0.1)  # a burst of 20
+    _rows(64).pipe(complete, prompt="{text}", concurrency=64)
+    # Sent as one wave, 15 of them met the limit before its first 429 named it.
+    assert endpoint.stats()["by_status"].get("429", 0) <= 6
+
+
+def test_a_slow_start_doubles_what_it_lets_through():
+    async def scenario() -> float:
+        slow = SlowStart(first=4, doubling=0.05)
+        started = time.monotonic()
+        await asyncio.gather(*(slow.admit() for _ in range(17)))
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) >= 0.05 * 2  # the 17th went two doublings after the 2nd
+
+
+def test_the_first_answer_ends_the_slow_start():
+    async def scenario() -> float:
+        limiter = RateLimiter(rpm=None, tpm=None)
+        limiter.slow_start = SlowStart(first=1, doubling=10.0)
+        started = time.monotonic()
+        waiting = asyncio.gather(*(limiter.admit(1) for _ in range(3)))
+        await asyncio.sleep(0.05)
+        limiter.observe({})  # an answer, whatever it says
+        await waiting
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 5
+
+
+def test_a_limit_given_needs_no_slow_start():
+    assert RateLimiter(rpm=600, tpm=None).slow_start is None
 
 
 def test_retry_after_pauses_every_sender(complete, endpoint):
