@@ -78,6 +78,8 @@ class Transport:
         for name, value in fields.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 raise ConfigError(f"the header {name!r} holds a line break; remove it")
+            if not f"{name}{value}".isascii():
+                raise ConfigError(f"the header {name!r} holds characters HTTP cannot carry")
         self._fields = "".join(f"{name}: {value}\r\n" for name, value in fields.items())
         self.proxy = proxy_for(URL(base_url))
         if self.proxy is not None and self.proxy.scheme != "http":
@@ -123,10 +125,10 @@ class Transport:
         known = self._heads.get((method, url))
         if known is not None:
             return known
-        if url.scheme not in ("http", "https") or not url.host:
+        if url.scheme not in ("http", "https") or not url.raw_host:
             raise ValueError(f"cannot send to {url}: only http:// and https:// URLs are served")
         port = url.port or (443 if url.scheme == "https" else 80)
-        origin = (url.scheme, url.host, port)
+        origin = (url.scheme, url.raw_host, port)
         pool = self._pools.get(origin)
         if pool is None:
             pool = self._pools[origin] = _Pool(
@@ -137,7 +139,7 @@ class Transport:
         fields = self._fields if direct else self._fields + _proxy_auth(self.proxy)
         head = f"{method} {target} HTTP/1.1\r\nHost: {_host_field(url, port)}\r\n{fields}"
         head += "\r\n" if method == "GET" else "Content-Length: "
-        self._heads[(method, url)] = route = (pool, head.encode("latin-1"))
+        self._heads[(method, url)] = route = (pool, head.encode("ascii"))
         return route
 
     async def close(self) -> None:
@@ -210,8 +212,14 @@ class _Pool:
         else:
             raise last
         if tls is not None and via is not None:
-            await connection.tunnel(self.host, self.port, _proxy_auth(via))
-            tunnelled = await loop.start_tls(transport, connection, tls, server_hostname=self.host)
+            try:
+                await connection.tunnel(self.host, self.port, _proxy_auth(via))
+                tunnelled = await loop.start_tls(
+                    transport, connection, tls, server_hostname=self.host
+                )
+            except BaseException:  # a refusal, a failed handshake, the attempt's timeout
+                connection.close()
+                raise
             if tunnelled is None:
                 raise ConnectionResetError(f"{self.host} closed the connection during TLS")
             connection.transport = tunnelled
@@ -314,8 +322,9 @@ class _Connection(asyncio.Protocol):
     async def tunnel(self, host: str, port: int, auth: str) -> None:
         """Ask the proxy for a tunnel to ``host:port`` (``CONNECT``), for TLS through it."""
         self._connect = True
-        request = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}\r\n"
-        answer = await self.exchange(request.encode("latin-1"), MAX_HEAD_BYTES)
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n{auth}\r\n"
+        answer = await self.exchange(request.encode("ascii"), MAX_HEAD_BYTES)
         self._connect = False
         if not 200 <= answer.status < 300:
             raise ConnectionRefusedError(
@@ -367,7 +376,7 @@ class _Connection(asyncio.Protocol):
         del buffer[: end + 4]
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        if not version.startswith("HTTP/1.") or not code.isdigit() or rest[3:4] not in ("", " "):
             raise ConnectionFailed(f"not an HTTP answer: {lines[0][:80]!r}")
         status = int(code)
         headers: dict[str, str] = {}
