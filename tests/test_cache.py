@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -12,7 +13,7 @@ import pyarrow as pa
 
 import llm_ops
 from llm_ops import default_cache_path
-from llm_ops._cache import Cache
+from llm_ops._cache import MIGRATIONS, Cache
 
 DF = pl.DataFrame({"text": ["a", "b"]})
 
@@ -33,7 +34,36 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (6, "create llm_semantic_index"),
         (7, "create llm_batches and llm_batch_requests; add mode to llm_runs"),
         (8, "add cached_tokens to llm_cache and llm_runs"),
+        (9, "no primary key index on the tables that grow with the answers"),
     ]
+
+
+def test_two_writers_of_one_answer_leave_one_row(cache):
+    store = Cache(cache)
+    store.prepare()
+    row = {"key": "v1:k", "model": "m", "endpoint": "e", "request": "{}", "status": "ok"}
+    for text in ("first", "second"):
+        writer = store.writer()
+        writer.answer({**row, "response_text": text})
+        writer.close(wait=5.0)
+    assert _query(cache, "SELECT response_text FROM llm_cache") == [("first",)]
+
+
+def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, cache, tmp_path):
+    DF.pipe(complete, prompt="{text}")
+    old = tmp_path / "old.duckdb"
+    shutil.copy(cache, old)
+    with duckdb.connect(str(old)) as con:  # back to version 8: llm_cache with its index
+        con.execute("ALTER TABLE llm_cache RENAME TO answers")
+        con.execute(MIGRATIONS[0][2])
+        con.execute("ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER")
+        con.execute("INSERT INTO llm_cache SELECT * FROM answers")
+        con.execute("DROP TABLE answers")
+        con.execute("DELETE FROM llm_ops_migrations WHERE version = 9")
+    report = DF.pipe(complete, prompt="{text}", cache=old, return_report=True)[1]
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+    kinds = "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'llm_cache'"
+    assert "PRIMARY KEY" not in {kind for (kind,) in _query(old, kinds)}
 
 
 def test_every_run_is_recorded(complete, cache):

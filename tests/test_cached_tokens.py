@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from llm_ops import Price
-from llm_ops._cache import MIGRATIONS
+from llm_ops._cache import LATEST_VERSION, MIGRATIONS
 
 PREFIX = ("Summarize this customer review in one short sentence, keeping its tone. " * 4)[:251]
 PROMPT = PREFIX + "{text}"
@@ -114,6 +114,6 @@ def test_a_cache_made_before_cached_tokens_migrates(complete, prefix_cached, cac
     more = pl.concat([ROWS, pl.DataFrame({"text": ["review 4"]})])
     report = _run(complete, frame=more, cache=old)
     assert (report.cache_hits, report.requests_sent, report.cached_tokens) == (4, 1, 64)
-    assert _query(old, "SELECT max(version) FROM llm_ops_migrations") == [(8,)]
+    assert _query(old, "SELECT max(version) FROM llm_ops_migrations") == [(LATEST_VERSION,)]
     cached = _query(old, "SELECT cached_tokens FROM llm_cache ORDER BY cached_tokens NULLS FIRST")
     assert cached == [(None,)] * 4 + [(64,)]

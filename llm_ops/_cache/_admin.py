@@ -15,7 +15,7 @@ from ..exceptions import CacheError, ConfigError
 from ._connection import DUCKDB_CONFIG, NEW_FILE, Place, attached, connect, sql_string
 from ._journal_sql import journal_files, journal_sql
 from ._migrations import COLUMNS
-from ._writes import merge_orphans
+from ._writes import insert_new, merge_orphans
 
 
 def snapshot(place: Place, target: str | os.PathLike[str]) -> Path:
@@ -37,11 +37,8 @@ def snapshot(place: Place, target: str | os.PathLike[str]) -> Path:
             files = journal_files(place, table)
             if files:
                 names = list(COLUMNS[table])
-                con.execute(
-                    f"INSERT INTO snapshot.{table} ({', '.join(names)}) "
-                    f"{journal_sql(table, names, files)} "
-                    "ON CONFLICT DO NOTHING"
-                )
+                rows = journal_sql(table, names, files)
+                con.execute(insert_new(table, names, rows, schema="snapshot."))
         con.execute("DETACH snapshot")
     return out
 
@@ -113,12 +110,9 @@ def insert(
         raise ConfigError(
             f"insert takes llm_cache, llm_embeddings or llm_semantic_index, got {table!r}"
         )
-    names = ", ".join(rows.column_names)
     with connect(place, read_only=False) as con:
         con.register("new_rows", rows)
-        con.execute(
-            f"INSERT INTO {table} ({names}) SELECT {names} FROM new_rows ON CONFLICT DO NOTHING"
-        )
+        con.execute(insert_new(table, rows.column_names, "SELECT * FROM new_rows"))
         con.unregister("new_rows")
 
 

@@ -24,7 +24,7 @@ from .._journal import JournalWriter, finished, held
 from ..exceptions import CacheError, CacheLockedError
 from ._connection import Place, connect, fatal_error
 from ._journal_sql import check_lines, journal_sql
-from ._migrations import ANSWERS, COLUMNS, JSON_COLUMNS
+from ._migrations import ANSWERS, COLUMNS, JSON_COLUMNS, KEYS
 
 _log = logging.getLogger("llm_ops")
 
@@ -159,12 +159,22 @@ def _insert(
                     " or ".join(JSON_COLUMNS[table]),
                 )
             lines = f"SELECT * FROM ({lines}) WHERE {valid}"
-        inserted = con.execute(
-            f"INSERT INTO {table} ({', '.join(names)}) {lines} ON CONFLICT DO NOTHING"
-        ).fetchall()
+        inserted = con.execute(insert_new(table, names, lines)).fetchall()
         rows[table] = rows.get(table, 0) + int(inserted[0][0])
     con.execute("COMMIT")
     return rows
+
+
+def insert_new(table: str, names: Sequence[str], rows: str, *, schema: str = "") -> str:
+    """SQL that inserts the rows of the query ``rows`` (columns ``names``) whose key
+    (:data:`~._migrations.KEYS`) ``table`` lacks, one row per key: a key already present keeps
+    its row. ``schema``: of an attached database, say ``"snapshot."``."""
+    key, listed, target = KEYS[table], ", ".join(names), f"{schema}{table}"
+    return (
+        f"INSERT INTO {target} ({listed}) SELECT {listed} FROM ({rows}) AS new "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {target} AS old WHERE old.{key} = new.{key}) "
+        f"QUALIFY row_number() OVER (PARTITION BY new.{key}) = 1"
+    )
 
 
 def merge_orphans(place: Place, *, wait: float, directory: Path | None = None) -> int:
