@@ -13,6 +13,7 @@ import pytest
 import trustme
 from yarl import URL
 
+from llm_ops import ConfigError
 from llm_ops._engine.boundary import BadBody, ConnectionFailed, CouldNotConnect, TimedOut
 from llm_ops._engine.transport import Answer, Transport
 
@@ -96,6 +97,12 @@ def test_a_request_carries_its_headers_and_body():
         assert b"\r\nContent-Length: 8" in head and body == b'{"a": 1}'
 
     run(test)
+
+
+@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "clé"])
+def test_a_header_http_cannot_carry_is_refused_before_anything_is_sent(value):
+    with pytest.raises(ConfigError, match="X-Team"):
+        Transport(limit=1, headers={"X-Team": value}, base_url="http://127.0.0.1/")
 
 
 def test_answers_keep_their_connection_alive():
