@@ -345,6 +345,8 @@ class _Connection(asyncio.Protocol):
     def _done(self, body: bytes) -> None:
         assert self._answer is not None
         self.reusable = self.reusable and not self._buffer
+        # an idle connection holds nothing of its last answer (a bytearray keeps its size)
+        self._buffer, self._chunks = bytearray(), []
         self._answer.set_result(Answer(self._status, self._headers, body))
 
     # -- parsing ------------------------------------------------------------------------------
