@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import polars as pl
 import pytest
 from pydantic import BaseModel
@@ -19,6 +22,8 @@ from llm_ops import (
     llm_filter,
     open_cache,
 )
+from llm_ops._cache import Cache
+from llm_ops._expr.reports import record_unrecorded
 from llm_ops.polars import llm
 from llm_ops.testing import expected_reply
 
@@ -120,6 +125,28 @@ def test_a_query_is_recorded_in_llm_runs(options):
     with open_cache(options["cache"]) as con:
         runs = con.sql("SELECT rows, statuses['rejected'] FROM llm_runs").fetchall()
     assert runs == [(5, 1)]
+
+
+def test_the_exit_waits_for_a_run_record_under_way(options, small_batches, monkeypatch):
+    calls, started, finished = [], threading.Event(), threading.Event()
+    record_run = Cache.record_run
+
+    def slow(self, run, **kwargs):  # the second record is the one the timer writes
+        calls.append(run)
+        if len(calls) == 2:
+            started.set()
+            time.sleep(0.3)
+        try:
+            return record_run(self, run, **kwargs)
+        finally:
+            if len(calls) == 2:
+                finished.set()
+
+    monkeypatch.setattr(Cache, "record_run", slow)
+    TEXTS.lazy().select(summary(options, flush_seconds=0.5)).collect()
+    assert started.wait(10)
+    record_unrecorded()  # what the exit does: the timer's thread is a daemon
+    assert finished.is_set()
 
 
 def test_on_error_raise_names_the_rows_of_the_batch(options):

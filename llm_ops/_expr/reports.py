@@ -62,6 +62,9 @@ class Reports:
         self._recorded_at: float | None = None
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
+        # held while a record is written: the exit waits for one under way on the timer's
+        # (daemon) thread, which the interpreter would otherwise stop inside DuckDB
+        self._recording = threading.Lock()
 
     def so_far(self, job: Job) -> RunReport:
         """Every batch's report added up (no rows yet: an empty report of ``job``)."""
@@ -94,15 +97,18 @@ class Reports:
     def record(self, *, wait: float | None = 0.5) -> None:
         """Record the batches not recorded yet, as one run, trying the file for ``wait``
         seconds (``None``: the cache's ``merge_wait``, at exit); the journal keeps the rest."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._recorded_at = time.monotonic()
-            _unrecorded.discard(self)
-        if pending and self.cache is not None:
-            self.cache.record_run(added_up(pending).as_dict(), wait=wait)
+        with self._recording:
+            with self._lock:
+                pending, self._pending = self._pending, []
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                self._recorded_at = time.monotonic()
+            if pending and self.cache is not None:
+                self.cache.record_run(added_up(pending).as_dict(), wait=wait)
+            with self._lock:
+                if not self._pending:
+                    _unrecorded.discard(self)
 
 
 def record_unrecorded() -> None:

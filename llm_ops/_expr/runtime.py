@@ -9,7 +9,7 @@ a batch function, none ever is (with two cores, two llm expressions in one with_
 So a batch does not hop to the client's own loop thread: the thread Polars called drives an
 event loop of the client's expressions itself and runs the pipeline's work in place (where
 a pool worker runs nested Polars work itself). Only the network waits on that loop, and the
-journal's merges (which wait for the cache file) and aiohttp's DNS lookups go to a thread.
+journal's merges (which wait for the cache file) and host name lookups go to a thread.
 """
 
 from __future__ import annotations
