@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -128,18 +129,20 @@ def test_a_query_is_recorded_in_llm_runs(options):
 
 
 def test_the_exit_waits_for_a_run_record_under_way(options, small_batches, monkeypatch):
-    calls, started, finished = [], threading.Event(), threading.Event()
+    calls, counting = itertools.count(1), threading.Lock()
+    started, finished = threading.Event(), threading.Event()
     record_run = Cache.record_run
 
-    def slow(self, run, **kwargs):  # the second record is the one the timer writes
-        calls.append(run)
-        if len(calls) == 2:
+    def slow(self, run, **kwargs):  # this query's second record is the one the timer writes
+        with counting:
+            timers = self.path == options["cache"] and next(calls) == 2
+        if timers:
             started.set()
             time.sleep(0.3)
         try:
             return record_run(self, run, **kwargs)
         finally:
-            if len(calls) == 2:
+            if timers:
                 finished.set()
 
     monkeypatch.setattr(Cache, "record_run", slow)
