@@ -105,6 +105,13 @@ def test_a_header_http_cannot_carry_is_refused_before_anything_is_sent(value):
         Transport(limit=1, headers={"X-Team": value}, base_url="http://127.0.0.1/")
 
 
+def test_a_proxy_llm_ops_cannot_speak_to_is_refused_before_anything_is_sent(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://user:secret@proxy.example:1080")
+    with pytest.raises(ConfigError, match="not an http:// proxy") as refused:
+        Transport(limit=1, headers={}, base_url="https://api.example/v1")
+    assert "secret" not in str(refused.value)
+
+
 def test_answers_keep_their_connection_alive():
     async def test(transport: Transport) -> None:
         async with Scripted(OK, OK) as server:
