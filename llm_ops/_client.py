@@ -26,6 +26,7 @@ from ._options import (
     ResultOptions,
     cache_options,
     check_job,
+    connection_of,
     make_job,
 )
 from ._outcome import Outcome, Request
@@ -59,9 +60,10 @@ class Client:
     Parameters
     ----------
     **options
-        ``base_url``, ``api_key``, ``cache``, ``concurrency``, ``max_attempts``, ``timeout``,
-        ``rpm``, ``tpm``, ``flush_every``, ``flush_seconds``, ``merge_wait``: as for
-        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
+        ``base_url``, ``api_key``, ``headers``, ``verify``, ``cert``, ``proxy``, ``cache``,
+        ``concurrency``, ``max_attempts``, ``timeout``, ``rpm``, ``tpm``, ``flush_every``,
+        ``flush_seconds``, ``merge_wait``: as for :func:`llm_ops.llm_complete` (see
+        :class:`llm_ops.ClientOptions`).
 
     Examples
     --------
@@ -88,8 +90,12 @@ class Client:
                 f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
                 "them to complete() instead"
             )
+        self.connection = connection_of(options)
         self.endpoint = Endpoint.resolve(
-            options.get("base_url"), options.get("api_key"), name=options.get("endpoint_name")
+            options.get("base_url"),
+            options.get("api_key"),
+            name=options.get("endpoint_name"),
+            keyed_by_headers=self.connection.authenticates,
         )
         self.options: ClientOptions = ClientOptions(**options)
         """The options the client was made with (a cluster's workers are made with them)."""
@@ -415,7 +421,7 @@ class Client:
         first used on: :meth:`prepare` makes one for the client's own loop, and the ``llm``
         expressions one for the loop of the thread Polars runs them on."""
         limiter = None if self.limiter is None else self.limiter(self.limits)
-        return Engine(self.endpoint, self.limits, limiter)
+        return Engine(self.endpoint, self.limits, limiter, self.connection)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop and wait for it, from sync code (a

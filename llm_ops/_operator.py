@@ -74,6 +74,20 @@ def llm_complete(
     base_url, api_key
         The endpoint. Default to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, then to OpenAI. A
         loopback endpoint needs no key. The key is never stored, logged or put in a message.
+    headers
+        Headers sent with every request, such as Azure OpenAI's ``{"api-key": ...}`` or a
+        gateway's tenant header; with ``Authorization``, ``api-key`` or ``x-api-key`` among
+        them no API key is needed. Never part of a cache key; values of headers named like a
+        credential never appear in a message or log.
+    verify, cert
+        TLS: ``verify`` checks the server's certificate against the system's authorities
+        (``True``), a CA bundle's path, or an :class:`ssl.SSLContext`; ``False`` checks
+        nothing. ``cert`` is a client certificate for servers that ask for one (mutual TLS): a
+        PEM file holding the key too, or a ``(certificate, key)`` pair of paths.
+    proxy
+        An ``http://`` or ``https://`` proxy (``user:password@`` in it for one that asks);
+        by default the one ``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` names, unless
+        ``NO_PROXY`` names the host.
     endpoint_name
         The endpoint's name in cache keys instead of its URL, so one server reached under
         several URLs (a changing port, a load balancer and its replicas) shares its answers.
@@ -271,7 +285,8 @@ def llm_embed(
     batch_size
         Inputs per request.
     base_url, api_key, cache, concurrency, max_attempts, timeout, on_error, progress
-        As for :func:`llm_ops.llm_complete`.
+        As for :func:`llm_ops.llm_complete`, and so are ``headers``, ``verify``, ``cert`` and
+        ``proxy``.
 
     Examples
     --------

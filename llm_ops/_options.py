@@ -15,6 +15,7 @@ pipeline composes around the path. Each part checks itself, so a bad option is a
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict, cast
@@ -28,7 +29,7 @@ from ._pricing import Budget, Price, PricingOption, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
-from ._spec import Limits, RequestSpec, is_number, positive_int, seconds
+from ._spec import Connection, Limits, RequestSpec, is_number, positive_int, seconds
 from ._template import check_columns, parse_template
 from .exceptions import ConfigError
 
@@ -45,6 +46,10 @@ class ClientOptions(TypedDict, total=False):
     base_url: str | None
     api_key: str | None
     endpoint_name: str | None
+    headers: Mapping[str, str] | None
+    verify: bool | str | os.PathLike[str] | ssl.SSLContext
+    cert: str | os.PathLike[str] | tuple[str, str] | None
+    proxy: str | None
     cache: CachePath
     concurrency: int
     max_attempts: int
@@ -111,6 +116,15 @@ CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
 LIMIT_OPTIONS = CLIENT_OPTIONS & {item.name for item in fields(Limits)}
 """The client options that are fields of :class:`~llm_ops._spec.Limits` (which holds their
 defaults and checks them)."""
+CONNECTION_OPTIONS = CLIENT_OPTIONS & {item.name for item in fields(Connection)}
+"""The client options that are fields of :class:`~llm_ops._spec.Connection`."""
+
+
+def connection_of(options: Mapping[str, Any]) -> Connection:
+    """The :class:`~llm_ops._spec.Connection` of a client's ``options``, checked (an option
+    given as ``None`` keeps its default)."""
+    given = {k: options[k] for k in CONNECTION_OPTIONS if options.get(k) is not None}
+    return Connection(**given)
 
 
 def cache_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The typed parts of a job: where requests go, how hard to push, and what is asked.
 
 * :class:`Endpoint`: base URL and credentials; its :attr:`~Endpoint.identity` is what keys see.
+* :class:`Connection`: how requests reach it (headers of one's own, TLS, a proxy), never part
+  of a key.
 * :class:`Limits`: transport settings, never part of a key.
 * :class:`RequestSpec`: exactly what is keyed: endpoint identity, model, templates,
   output-affecting parameters and the output schema.
@@ -12,14 +14,19 @@ anything is sent. No ``repr`` shows a secret.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import math
 import os
 import re
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import httpx2
 
 from ._key import (
     build_embedding_request,
@@ -121,9 +128,12 @@ class Endpoint:
         *,
         name: str | None = None,
         need_key: bool = True,
+        keyed_by_headers: bool = False,
     ) -> Endpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
-        Credentials in the URL are refused; a loopback endpoint needs no key."""
+        Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
+        credentials go in headers of the caller's (``keyed_by_headers``: then, without a key,
+        no ``Authorization`` header is sent)."""
         if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
             raise ConfigError(
                 "endpoint_name must be a name of letters, digits, '.', '_' and '-' "
@@ -159,12 +169,15 @@ class Endpoint:
         key = api_key or os.environ.get("OPENAI_API_KEY")
         if key:
             _check_api_key(key)
+        elif keyed_by_headers:
+            key = ""
         elif endpoint.local or not need_key:
             key = NO_KEY
         else:
             raise MissingApiKeyError(
-                f"no API key for {endpoint.shown}: pass api_key=... or set OPENAI_API_KEY "
-                "(a local endpoint on 127.0.0.1 needs none)"
+                f"no API key for {endpoint.shown}: pass api_key=... or set OPENAI_API_KEY, or "
+                "send the credentials in headers= (e.g. Azure's {'api-key': ...}); a local "
+                "endpoint on 127.0.0.1 needs none"
             )
         return dataclasses.replace(endpoint, api_key=key)
 
@@ -178,6 +191,151 @@ def _check_api_key(key: object) -> None:
             "an HTTP header cannot carry; check for a stray newline or quote "
             "(the key is not shown)"
         )
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # what a header's name may be (RFC 9110)
+_FRAMING = frozenset(
+    ("host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "upgrade")
+)
+_CREDENTIAL = re.compile(r"auth|key|token|secret|passw|cookie|signature|credential|session", re.I)
+"""Header names whose values are credentials: redacted wherever a message could show them."""
+AUTHENTICATING = frozenset(("authorization", "api-key", "x-api-key"))
+"""Headers that carry the credentials themselves (Azure's ``api-key``, a gateway's bearer):
+with one of these, no API key is needed besides."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How requests reach the endpoint, besides its URL: transport settings, never part of a
+    key, and never shown (no ``repr`` holds a header's value or a proxy's credentials).
+
+    ``headers`` go with every request (Azure's ``api-key``, a gateway's tenant header); a
+    caller's header replaces the SDK's of the same name. ``verify``: check the server's
+    certificate against the system's authorities (``True``), a CA bundle file or folder, or
+    an :class:`ssl.SSLContext` of one's own; ``False`` checks nothing. ``cert``: a client
+    certificate for servers that ask for one (mutual TLS), a PEM file holding the key too or
+    a ``(certificate, key)`` pair. ``proxy``: an ``http://`` or ``https://`` proxy (without a
+    scheme, ``http://``); by default the one the environment names (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``), as httpx reads it.
+    """
+
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    verify: bool | str | os.PathLike[str] | ssl.SSLContext = True
+    cert: str | os.PathLike[str] | tuple[str, str] | None = None
+    proxy: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.headers, Mapping):
+            raise ConfigError(
+                "headers must be a dict of header names to values, like {'api-key': '...'}"
+            )
+        for name, value in self.headers.items():
+            _check_header(name, value)
+        object.__setattr__(self, "headers", dict(self.headers))
+        if not isinstance(self.verify, bool | str | os.PathLike | ssl.SSLContext):
+            raise ConfigError(
+                "verify must be True, False, a CA bundle's path or an ssl.SSLContext, got "
+                f"{type(self.verify).__name__}"
+            )
+        if isinstance(self.verify, str | os.PathLike) and not Path(self.verify).exists():
+            raise ConfigError(f"verify names a CA bundle that does not exist: {self.verify}")
+        if self.cert is not None:
+            files = _cert_files(self.cert)
+            if len(files) not in (1, 2):
+                raise ConfigError(
+                    "cert must be a PEM file's path, or a (certificate, key) pair of paths"
+                )
+            for file in files:
+                if not Path(file).is_file():
+                    raise ConfigError(f"cert names a file that does not exist: {file}")
+            if isinstance(self.verify, ssl.SSLContext):
+                raise ConfigError(
+                    "cert cannot be added to an ssl.SSLContext given as verify: load it into "
+                    "that context (context.load_cert_chain(...)) and drop cert="
+                )
+        if self.proxy is not None:
+            object.__setattr__(self, "proxy", _proxy_url(self.proxy))
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether a header carries the credentials (then no API key is needed)."""
+        return any(name.lower() in AUTHENTICATING for name in self.headers)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The values no message may show: credential-named headers', the proxy's password."""
+        values = [v for name, v in self.headers.items() if _CREDENTIAL.search(name)]
+        password = urlsplit(self.proxy).password if self.proxy else None
+        return (*values, *([password] if password else []))
+
+    def tls(self) -> ssl.SSLContext:
+        """The TLS context of these settings (one per process for each: loading the system's
+        certificates takes about 30 ms)."""
+        if isinstance(self.verify, ssl.SSLContext):
+            return self.verify
+        verify = self.verify if isinstance(self.verify, bool) else os.fspath(self.verify)
+        return _tls_context(verify, _cert_files(self.cert) or None)
+
+
+def _cert_files(cert: object) -> tuple[str, ...]:
+    """The paths of ``cert=`` (none when it holds something else than paths)."""
+    files = cert if isinstance(cert, tuple) else () if cert is None else (cert,)
+    if not all(isinstance(file, str | os.PathLike) for file in files):
+        return ()
+    return tuple(os.fspath(file) for file in files)
+
+
+@functools.cache
+def _tls_context(verify: bool | str, cert: tuple[str, ...] | None) -> ssl.SSLContext:
+    if verify is True:  # the SDK's own choice of authorities, for both stacks
+        context = httpx2.create_ssl_context()
+    elif verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif os.path.isdir(verify):
+        context = ssl.create_default_context(capath=verify)
+    else:
+        context = ssl.create_default_context(cafile=verify)
+    if cert is not None:
+        try:
+            context.load_cert_chain(*cert)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"cert could not be loaded ({exc}); give a PEM certificate with its key, or a "
+                "(certificate, key) pair"
+            ) from None
+    return context
+
+
+def _check_header(name: object, value: object) -> None:
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        raise ConfigError(f"{name!r} is not a header name HTTP can carry")
+    if name.lower() in _FRAMING:
+        raise ConfigError(f"the header {name!r} is set by the HTTP client; drop it from headers")
+    if not isinstance(value, str):
+        raise ConfigError(f"the header {name!r} must have a string value")
+    if not value.isascii() or any((c < " " and c != "\t") or c == "\x7f" for c in value):
+        raise ConfigError(
+            f"the header {name!r} holds a line break or a character HTTP cannot carry "
+            "(the value is not shown)"
+        )
+
+
+def _proxy_url(proxy: object) -> str:
+    if not isinstance(proxy, str) or not proxy.strip():
+        raise ConfigError(f"proxy must be a URL like 'http://proxy.example:3128', got {proxy!r}")
+    url = proxy.strip() if "://" in proxy else f"http://{proxy.strip()}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises for a bad port)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            "proxy must be an http:// or https:// proxy's URL like 'http://proxy.example:3128'"
+        )
+    return url
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,12 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
         ├── CouldNotConnect    nothing was sent
         ├── TimedOut           the attempt took longer than its timeout
         ├── ConnectionFailed   the connection broke while sending or reading
+        ├── Malformed          not a well-formed HTTP answer: retried once, else ``failed``
+        ├── Refused            a proxy or TLS server refuses every request alike: job stops
         └── BadBody            the answer was too large, or in an encoding not asked for
 
 The internal ones live where they are raised (:mod:`llm_ops._schema`,
-:mod:`llm_ops._engine.boundary`), not in this module's ``__all__``. Errors raised by sockets
+:mod:`llm_ops._engine.boundary`), not in this module's ``__all__``. Errors raised by aiohttp
 and the ``openai`` SDK are mapped to this tree at one boundary
 (:mod:`llm_ops._engine.boundary`), DuckDB's by the cache (:mod:`llm_ops._cache`); all are
 chained with ``raise ... from exc``, and messages never contain an API key.

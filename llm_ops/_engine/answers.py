@@ -38,14 +38,22 @@ MAX_TOKENS_BELIEVED = 2**31 - 1
 
 
 class Retryable(Exception):
-    """An attempt that may succeed if made again; ``retry_after`` is the wait it asked for."""
+    """An attempt that may succeed if made again; ``retry_after`` is the wait it asked for.
+    A ``malformed`` answer (broken framing or JSON) may be a torn connection, or a server
+    that answers every attempt so: it is made again once, not every attempt."""
 
     def __init__(
-        self, message: str, retry_after: float | None = None, http_status: int | None = None
+        self,
+        message: str,
+        retry_after: float | None = None,
+        http_status: int | None = None,
+        *,
+        malformed: bool = False,
     ):
         super().__init__(message)
         self.retry_after = retry_after
         self.http_status = http_status
+        self.malformed = malformed
 
 
 class Final(Exception):
@@ -187,7 +195,9 @@ class CompletionReader(Reader):
             text = choice["message"]["content"]
             finish_reason = choice.get("finish_reason")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise Retryable(f"malformed response body: {preview(payload)!r}") from exc
+            raise Retryable(
+                f"malformed response body: {preview(payload)!r}", malformed=True
+            ) from exc
         usage = self.count(body.get("usage"))
         self._check(body, text, finish_reason)
         prompt_tokens, completion_tokens, cached_tokens = usage or (0, 0, 0)
@@ -284,7 +294,9 @@ class EmbeddingReader(Reader):
             items = sorted(body["data"], key=lambda item: item["index"])
             vectors = [item["embedding"] for item in items]
         except (ValueError, KeyError, TypeError) as exc:
-            raise Retryable(f"malformed response body: {preview(payload)!r}") from exc
+            raise Retryable(
+                f"malformed response body: {preview(payload)!r}", malformed=True
+            ) from exc
         if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
             raise Retryable(
                 f"the endpoint returned {len(vectors)} embeddings for {expected} inputs"

@@ -1,21 +1,23 @@
 """Where the HTTP libraries' errors become ours: one mapping, at one boundary.
 
-Two stacks talk to the endpoint: our own HTTP/1.1 on asyncio's sockets on the hot path
-(:mod:`llm_ops._engine.transport`) and the ``openai`` SDK for the Files and Batches API
-(:mod:`llm_ops._pipeline.batch`). Their exceptions are mapped here, and only here, to exceptions
-of the tree rooted at :class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
+Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._engine.transport`)
+and the ``openai`` SDK for the Files and Batches API (:mod:`llm_ops._pipeline.batch`). Their
+exceptions are mapped here, and only here, to exceptions of the tree rooted at
+:class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
 
-- the operating system's (sockets, name lookups, TLS), by :func:`refused` and
-  :func:`no_answer`, to a :class:`TransportError`, so the engine decides retries without
-  knowing how the bytes travel:
+- aiohttp's (and the operating system's), by :func:`no_answer`, to a :class:`TransportError`,
+  so the engine decides retries without knowing the HTTP library:
 
-  - :class:`CouldNotConnect`: no connection was made (refused, unresolvable, connect timeout);
-    nothing was sent, so retrying cannot duplicate work;
+  - :class:`CouldNotConnect`: no connection was made (refused, unresolvable, connect timeout,
+    a certificate that does not verify); nothing was sent, so retrying cannot duplicate work;
   - :class:`TimedOut`: the attempt took longer than its timeout;
   - :class:`ConnectionFailed`: the connection broke while sending or reading;
+  - :class:`Malformed`: bytes that are not a well-formed HTTP answer (a bad status line or
+    header, a broken chunk): retried once, since a torn connection can look so;
+  - :class:`Refused`: something on the way refuses every request alike (the proxy asks for
+    credentials; the TLS server wants a client certificate, or not ours): the job stops once;
   - :class:`BadBody` (raised by the transport itself): the answer's body was larger than
-    allowed (compressed or decompressed), or in an encoding we did not ask for; the transport
-    also raises :class:`ConnectionFailed` itself for bytes that are not an HTTP answer;
+    allowed (compressed or decompressed), or in an encoding we did not ask for;
 
 - the SDK's, by :func:`provider_errors`, to one :class:`~llm_ops.exceptions.JobAbortedError`
   (after the SDK's own retries), whose message says what to do next.
@@ -32,7 +34,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
+import aiohttp
 import openai
+from yarl import URL
 
 from ..exceptions import JobAbortedError, LlmOpsError
 
@@ -56,9 +60,26 @@ class ConnectionFailed(TransportError):
     """The connection broke while the request was sent or the answer read."""
 
 
+class Malformed(TransportError):
+    """The bytes that came back are not a well-formed HTTP answer."""
+
+
+class Refused(TransportError):
+    """Every request would be refused alike by something on the way (a proxy, a TLS server)."""
+
+
 class BadBody(TransportError):
     """The answer's body was too large, or in an encoding we cannot read; it was not read to
     its end."""
+
+
+AIOHTTP_FAILURES = (aiohttp.ClientError, OSError)  # TimeoutError is an OSError
+"""What aiohttp (or the socket under it) raises when an attempt gets no answer."""
+
+_TORN = "Response payload is not completed"
+"""How aiohttp's message of a body cut short by the connection's end begins: a torn
+connection, unlike a body that breaks HTTP's framing (its type is the same)."""
+_CLIENT_CERTIFICATE = re.compile(r"ALERT_(CERTIFICATE_REQUIRED|BAD_CERTIFICATE|UNKNOWN_CA)")
 
 
 ANSWER_MAY_BE_LOST = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
@@ -67,14 +88,72 @@ timeout, a dropped connection, a 5xx): a call that is not idempotent is looked u
 is made again."""
 
 
-def refused(exc: OSError) -> CouldNotConnect:
-    """No connection: refused, a name that does not resolve, a failed TLS handshake."""
-    return CouldNotConnect(describe(exc))
-
-
-def no_answer(exc: OSError) -> ConnectionFailed:
-    """A connection that broke while the request was sent or its answer read."""
+def no_answer(exc: BaseException, timeout: float, proxy: URL | None) -> TransportError:
+    """The :class:`TransportError` for one of :data:`AIOHTTP_FAILURES` (through ``proxy``)."""
+    if isinstance(exc, aiohttp.ClientHttpProxyError) and proxy is not None:
+        if exc.status == 407:
+            return proxy_refused(proxy, exc.status)
+        return CouldNotConnect(
+            f"the proxy {shown_proxy(proxy)} refused a tunnel (HTTP {exc.status})"
+        )
+    alert = _client_certificate_alert(exc)
+    if alert is not None:
+        return Refused(
+            f"the server refused the connection for want of a client certificate it accepts "
+            f"(TLS alert {alert}): pass cert='client.pem' or cert=('client.crt', "
+            "'client.key'), signed by an authority the server trusts"
+        )
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        return CouldNotConnect(describe(exc))
+    if isinstance(exc, TimeoutError):
+        return TimedOut(f"timed out after {timeout:g}s")
+    if isinstance(exc, aiohttp.ClientPayloadError) and not str(exc).startswith(_TORN):
+        return Malformed(f"the answer's body is not well-formed HTTP: {_first_line(exc)}")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return ConnectionFailed("the server closed the connection in the middle of its answer")
+    if isinstance(exc, aiohttp.ClientResponseError):  # never a status: we raise for none
+        return Malformed(f"not a well-formed HTTP answer: {_first_line(exc)}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return ConnectionFailed("the server closed the connection before answering")
     return ConnectionFailed(describe(exc))
+
+
+def is_reset_before_answer(exc: BaseException) -> bool:
+    """Whether the connection broke before any of the answer came (not while connecting)."""
+    return isinstance(exc, aiohttp.ServerDisconnectedError) or (
+        isinstance(exc, aiohttp.ClientOSError) and not isinstance(exc, aiohttp.ClientConnectorError)
+    )
+
+
+def proxy_refused(proxy: URL, status: int) -> Refused:
+    return Refused(
+        f"the proxy {shown_proxy(proxy)} asks for credentials (HTTP {status}): give them in "
+        "the proxy's URL (http://user:password@host:port, in proxy= or HTTPS_PROXY), or name "
+        "a proxy that takes these"
+    )
+
+
+def shown_proxy(proxy: URL) -> str:
+    """A proxy as a message may show it: scheme, host and port, never its credentials."""
+    return f"{proxy.scheme}://{proxy.host}:{proxy.port}"
+
+
+def _client_certificate_alert(exc: BaseException) -> str | None:
+    """The TLS alert by which a server refused us a connection for our client certificate
+    (none given, or one it does not accept), if that is what ``exc`` is. aiohttp copies the
+    ``ssl`` error's text into its own exceptions, so the text is what is searched."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = _CLIENT_CERTIFICATE.search(str(seen))
+        if found:
+            return found.group(1).replace("_", " ").lower()
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    """aiohttp's message of a parse error, which shows the bytes it stopped at."""
+    return one_line(str(getattr(exc, "message", None) or exc), 160)
 
 
 @contextmanager

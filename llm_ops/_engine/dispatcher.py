@@ -38,12 +38,22 @@ from .answers import (
     refusal,
     retry_after,
 )
-from .boundary import BadBody, CouldNotConnect, TimedOut, TransportError, one_line, redact
+from .boundary import (
+    BadBody,
+    CouldNotConnect,
+    Malformed,
+    Refused,
+    TimedOut,
+    TransportError,
+    one_line,
+    redact,
+)
 from .engine import Engine
 from .transport import Answer
 
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
+MALFORMED_RETRIES = 1  # a malformed answer is sent again once (see answers.Retryable)
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
 EMBEDDING_BYTES_PER_INPUT = 128 * 1024  # room for one vector of up to ~6,000 floats as JSON
 REPAIR_PROMPT = (
@@ -200,7 +210,7 @@ class Dispatcher:
         estimate = self.estimate_tokens(request)
         if self.engine.limiter.too_large(estimate):
             return self._too_large(request, estimate)
-        messages, repaired, failure = request.messages, False, None
+        messages, repaired, failure, malformed = request.messages, False, None, 0
         attempt, last = 0, self.settings.max_attempts
         for attempt in range(1, last + 1):
             if self._aborted is not None or (self._stopping and attempt > 1):
@@ -215,8 +225,11 @@ class Dispatcher:
             except Retryable as exc:
                 self._bill(expected, None)
                 failure = exc
+                malformed += exc.malformed
                 if split_on_status and exc.http_status not in (None, 429):
                     break  # the caller splits the request instead
+                if malformed > MALFORMED_RETRIES:
+                    break
                 if attempt < last:
                     await asyncio.sleep(self._backoff(attempt, exc.retry_after))
                 continue
@@ -382,6 +395,15 @@ class Dispatcher:
         engine = self.engine
         if isinstance(exc, BadBody):
             return Final("failed", redact(str(exc), *engine.secrets))
+        if isinstance(exc, Refused):
+            message = redact(str(exc), *engine.secrets)
+            self._abort(
+                f"{message}; the job was stopped and nothing more was sent. Rerun once that is "
+                "fixed: answers so far are cached."
+            )
+            return Final("aborted", message)
+        if isinstance(exc, Malformed):
+            return Retryable(redact(str(exc), *engine.secrets), malformed=True)
         if isinstance(exc, CouldNotConnect):
             detail, give_up = engine.could_not_connect(exc)
             if give_up:

@@ -20,10 +20,9 @@ import asyncio
 import difflib
 import functools
 import logging
-import ssl
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 import httpx2
@@ -32,7 +31,7 @@ import orjson
 from yarl import URL
 
 from .._limits import AdaptiveConcurrency, Limiter, RateLimiter
-from .._spec import Endpoint, Limits
+from .._spec import NO_KEY, Connection, Endpoint, Limits
 from ..exceptions import ConfigError
 from .answers import duration
 from .boundary import TransportError, describe, redact, redact_in_logs
@@ -59,12 +58,19 @@ class Engine:
     for the engine's life.
     """
 
-    def __init__(self, endpoint: Endpoint, limits: Limits, limiter: Limiter | None = None):
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        limits: Limits,
+        limiter: Limiter | None = None,
+        connection: Connection | None = None,
+    ):
         self.limits = limits
         self.endpoint = endpoint.shown
+        self.connection = connection = connection or Connection()
         self.concurrency = AdaptiveConcurrency(limits.concurrency)
         self.limiter: Limiter = limiter or RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
-        self.secrets = (endpoint.api_key, *endpoint.query.values())
+        self.secrets = (endpoint.api_key, *endpoint.query.values(), *connection.secrets)
         # Until one request got through, requests go one at a time (first_request).
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
@@ -77,17 +83,21 @@ class Engine:
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()
         # The SDK: the endpoint's configuration now; its HTTP client (``sdk``) when the paths
-        # that are not hot (provider batches, files) first need it.
+        # that are not hot (provider batches, files) first need it. Without a key, the
+        # credentials are in the caller's headers: the SDK, which insists on a key, is given
+        # a placeholder and told (by its Omit) to send no Authorization of its own.
+        keyless = {} if endpoint.api_key else {"Authorization": cast(str, openai.Omit())}
         self.config = openai.AsyncOpenAI(
             base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
+            api_key=endpoint.api_key or NO_KEY,
             max_retries=0,
             timeout=limits.timeout,
+            default_headers={**keyless, **connection.headers},
             http_client=httpx2.AsyncClient(transport=_NotConnected()),
         )
         self.base_url = str(self.config.base_url)
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
-        redact_in_logs(endpoint.query.values())
+        redact_in_logs((*endpoint.query.values(), *connection.secrets))
         self.http = Transport(
             base_url=self.base_url,
             limit=limits.concurrency,
@@ -99,9 +109,11 @@ class Engine:
                     # endpoint must parse too; a caller's own default headers are kept
                     if isinstance(v, str) and not k.lower().startswith("x-stainless-")
                 },
-                **self.config.auth_headers,
+                **(self.config.auth_headers if endpoint.api_key else {}),
+                **connection.headers,
             },
-            tls=_tls,
+            tls=connection.tls(),
+            proxy=connection.proxy,
         )
 
     @functools.cached_property
@@ -110,7 +122,11 @@ class Engine:
         loads TLS certificates and imports httpcore2, 70 ms of a job's start on a fresh
         process, which a job that sends only completions never needs."""
         return self.config.with_options(
-            http_client=openai.DefaultAioHttpClient(timeout=self.limits.timeout, verify=_tls())
+            http_client=openai.DefaultAioHttpClient(
+                timeout=self.limits.timeout,
+                verify=self.connection.tls(),
+                proxy=self.connection.proxy,
+            )
         )
 
     def url(self, path: str) -> URL:
@@ -239,10 +255,3 @@ class _NotConnected(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         raise RuntimeError("llm-ops sends through Engine.http or Engine.sdk, never Engine.config")
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context per process: loading the certificates took about 30 ms of every new
-    client, ``http://`` endpoints included."""
-    return httpx2.create_ssl_context()

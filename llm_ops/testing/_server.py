@@ -121,8 +121,10 @@ class SimulatorConfig:
     pack_drop_rate, pack_shuffle
         For multi-row requests: the share of packs answered with one item missing, and
         whether items come back in a shuffled order.
-    api_key
-        When set, requests without ``Authorization: Bearer <api_key>`` get HTTP 401.
+    api_key, api_key_header
+        When ``api_key`` is set, requests without it get HTTP 401: in ``Authorization:
+        Bearer <api_key>`` by default, or as the value of ``api_key_header`` (Azure OpenAI's
+        ``api-key``, say).
     models
         The names ``/v1/models`` lists (clients such as llm_ops refuse a model the list lacks
         before sending; the simulator itself answers any name). Empty: ``/v1/models`` is a
@@ -183,6 +185,7 @@ class SimulatorConfig:
     pack_drop_rate: float = 0.0
     pack_shuffle: bool = False
     api_key: str | None = None
+    api_key_header: str = "Authorization"
     models: tuple[str, ...] = ("sim", "sim-small", "sim-embed")
     batch_seconds: float = 1.0
     batch_validation_seconds: float = 0.1
@@ -521,8 +524,7 @@ class Simulator:
         return web.json_response(asdict(self.config))
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        key = self.config.api_key
-        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+        if not self._authorised(request):
             return _error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )
@@ -709,11 +711,17 @@ class Simulator:
             response.headers.update(self._rate_headers())
         return response
 
+    def _authorised(self, request: web.Request) -> bool:
+        key, header = self.config.api_key, self.config.api_key_header
+        if key is None:
+            return True
+        expected = f"Bearer {key}" if header.lower() == "authorization" else key
+        return request.headers.get(header) == expected
+
     def _refuse(self, request: web.Request) -> web.Response | None:
         """401 without the configured key; 429 ``insufficient_quota`` once it is spent."""
         self.header_names.update(request.headers.keys())
-        key = self.config.api_key
-        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+        if not self._authorised(request):
             return _error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )
