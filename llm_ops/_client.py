@@ -8,7 +8,7 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
 import polars as pl
 
@@ -425,31 +425,32 @@ class Client:
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this client's loop and wait for it, from sync code (a
-        notebook's running loop included). Ctrl-C cancels it and waits until what was
-        answered is cached; SIGTERM drains it (see :mod:`llm_ops._signals`)."""
-        finished = threading.Event()
-
-        async def tracked() -> T:
-            try:
-                return await coroutine
-            finally:
-                finished.set()
-
-        future = asyncio.run_coroutine_threadsafe(tracked(), self._start())
+        notebook's running loop included). Ctrl-C stops the job as SIGTERM does (what is in
+        flight is answered and kept, for a few seconds at most) and waits for that; a second
+        Ctrl-C does not wait. SIGTERM drains it (see :mod:`llm_ops._signals`)."""
+        job = _Running(coroutine, self._start())
         with graceful_sigterm():
             try:
                 while True:  # wake up now and then: a signal is only handled between waits
                     with contextlib.suppress(concurrent.futures.TimeoutError):
-                        return future.result(timeout=0.1)
+                        return job.result.result(timeout=0.1)
             except KeyboardInterrupt:
-                future.cancel()
-                while not finished.wait(0.1):
-                    pass
+                job.cancel()
+                while not job.ended.done():
+                    concurrent.futures.wait((job.ended,), timeout=0.1)
                 raise
 
     async def run_async(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on this client's loop, awaited from another loop."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._start()))
+        """Run ``coroutine`` on this client's loop, awaited from another loop. Cancelling the
+        awaiting task stops the job as SIGTERM does (what is in flight is answered and kept,
+        for a few seconds at most) and waits for that before the cancellation goes on."""
+        job = _Running(coroutine, self._start())
+        try:
+            return await asyncio.shield(asyncio.wrap_future(job.result))
+        except asyncio.CancelledError:
+            job.cancel()
+            await asyncio.wrap_future(job.ended)
+            raise
 
     def close(self) -> None:
         """Close the connection pool and stop the client's loop; the client cannot be used
@@ -474,6 +475,38 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class _Running(Generic[T]):
+    """A coroutine running on a client's loop, for a caller on another thread: its
+    ``result``, and ``ended`` once it ran to its end, which a cancelled job reaches after it
+    drained (a cancelled ``result`` does not wait for that)."""
+
+    def __init__(self, coroutine: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop):
+        self.ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._loop = loop
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelled = False
+        self.result = asyncio.run_coroutine_threadsafe(self._run(coroutine), loop)
+
+    async def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        try:
+            if self._cancelled:  # before it started: it never will
+                coroutine.close()
+                raise asyncio.CancelledError
+            self._task = asyncio.current_task()
+            return await coroutine
+        finally:
+            self.ended.set_result(None)
+
+    def cancel(self) -> None:
+        """Cancel the coroutine, whether it runs already or not yet."""
+        self._loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _model(model: object) -> str:

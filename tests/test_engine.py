@@ -314,3 +314,34 @@ def test_requests_carry_the_key_but_not_the_sdks_telemetry_headers(complete, end
     names = {name.lower() for name in endpoint.stats()["header_names"]}
     assert "authorization" in names and "user-agent" in names
     assert not any(name.startswith("x-stainless") for name in names)
+
+
+def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, caplog):
+    from llm_ops import llm_complete_async
+
+    endpoint.configure(latency=0.3)
+    rows = _rows(200)
+
+    async def cancel_once_in_flight() -> None:
+        job = asyncio.create_task(
+            llm_complete_async(
+                rows,
+                prompt="{text}",
+                model="sim",
+                base_url=endpoint.base_url,
+                cache=cache,
+                concurrency=16,
+            )
+        )
+        while (await asyncio.to_thread(endpoint.stats))["requests"] < 16:
+            await asyncio.sleep(0.02)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+
+    asyncio.run(cancel_once_in_flight())
+    sent = endpoint.stats()["requests"]
+    with duckdb.connect(str(cache), read_only=True) as con:
+        cached = con.sql("SELECT count(*) FROM llm_cache").fetchall()
+    assert cached == [(sent,)] and sent < 200  # what was in flight was answered and kept
+    assert "destroyed but it is pending" not in caplog.text

@@ -92,7 +92,6 @@ class Dispatcher:
         self.reader = self._reader(validate)
         self._aborted: JobAbortedError | None = None
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
-        self._drained = False
         self._workers: list[asyncio.Task[None]] = []
         self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
         self.url = engine.url(self.path)
@@ -116,10 +115,7 @@ class Dispatcher:
         ]
         with stopped_by_signals(self):
             try:
-                await asyncio.gather(*workers)
-            except asyncio.CancelledError:
-                if not self._drained:
-                    raise
+                await self._until_done(workers)
             finally:
                 for worker in workers:
                     worker.cancel()
@@ -132,6 +128,17 @@ class Dispatcher:
                 "answer is cached, so a rerun sends only the rest"
             )
 
+    async def _until_done(self, workers: list[asyncio.Task[None]]) -> None:
+        """Wait for the workers. A cancelled job (``task.cancel()``, Ctrl-C) stops as SIGTERM
+        stops it: nothing new is sent, what is in flight may be answered (see :meth:`stop`)
+        and every answer is kept; then the cancellation goes on. A second one stops at once."""
+        try:
+            await _all_done(workers)
+        except asyncio.CancelledError:
+            self.stop()
+            await _all_done(workers)
+            raise
+
     def stop(self) -> None:
         """Send nothing new; give what is in flight up to :data:`DRAIN_SECONDS` (or the
         timeout, if shorter) to be answered, then cancel it."""
@@ -143,10 +150,8 @@ class Dispatcher:
         )
 
     def _drain_timeout(self) -> None:
-        if any(not worker.done() for worker in self._workers):
-            self._drained = True
-            for worker in self._workers:
-                worker.cancel()
+        for worker in self._workers:
+            worker.cancel()
 
     def _abort(self, message: str) -> None:
         """Stop the job: nothing new is sent, and :meth:`run` raises
@@ -469,6 +474,18 @@ class Dispatcher:
             f"Retry-After), more than max_retry_after={cap:g}s; not retried ({message})",
             http_status=status,
         )
+
+
+async def _all_done(tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for ``tasks`` without cancelling them when this wait is (as ``gather`` would);
+    the first exception one of them raises is raised."""
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                raise error
 
 
 class EmbeddingDispatcher(Dispatcher):
