@@ -58,9 +58,11 @@ DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
 # Prefect's API stores a flow run's parameters as it receives them, before the flow (and
 # Prefect's validation of its parameters) runs, so a key in base_url must be refused before
-# the API takes it: in Python, by EnrichConfig(...). The engine sends a URL's query with
-# every request (where gateways take keys), so no query passes but Azure's `api-version`:
-# a version, not a secret.
+# the API takes it: in Python by EnrichConfig(...), and for a deployment's runs by the API,
+# which checks them against the flow's parameter schema, where this pattern sits. Hence one
+# pattern for both, in the regex dialect Python and JavaScript share, anchored since JSON
+# Schema searches. The engine sends a URL's query with every request (where gateways take
+# keys), so no query passes but Azure's `api-version`: a version, not a secret.
 BASE_URL_PATTERN = (
     r"^[^@/?#]*//[^@/?#]*"  # scheme and host, without user:password@
     r"(/[^?#]*)?"  # path
@@ -114,6 +116,7 @@ class EnrichConfig(BaseModel):
         None,
         description="default: OPENAI_BASE_URL, then OpenAI; no credentials and no query but "
         "'?api-version=<version>' (the key: OPENAI_API_KEY or api_key_secret)",
+        json_schema_extra={"pattern": BASE_URL_PATTERN},
     )
     endpoint_name: str | None = Field(
         None, description="the endpoint's name in cache keys instead of its URL"
@@ -433,7 +436,8 @@ def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
-        enrich_table.serve(name="reviews", tags=["llm-ops"])
+        # The API then refuses a run whose base_url holds a key before storing its parameters.
+        enrich_table.serve(name="reviews", tags=["llm-ops"], enforce_parameter_schema=True)
         return
     from llm_ops.testing import LocalEndpoint
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 from pydantic import ValidationError
@@ -162,3 +164,17 @@ def test_the_refusal_says_where_the_key_goes():
 
 def test_azures_api_version_is_the_one_query_let_through():
     assert EnrichConfig(base_url=AZURE).base_url == AZURE
+
+
+def test_the_api_refuses_a_deployment_run_with_a_key_in_base_url_and_stores_nothing(prefect):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    deployment = enrich_table.to_deployment(name="keys-refused").apply()
+    with get_client(sync_client=True) as client:
+        with pytest.raises(PrefectHTTPStatusError, match="409"):
+            client.create_flow_run_from_deployment(
+                deployment, parameters={"config": {"base_url": f"https://gw.example/v1?k={SECRET}"}}
+            )
+        runs = client.read_flow_runs()
+    assert SECRET not in json.dumps([run.parameters for run in runs])
