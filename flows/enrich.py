@@ -21,11 +21,13 @@ import atexit
 import functools
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any, Literal, cast
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from prefect import flow, get_run_logger, task
@@ -37,7 +39,7 @@ from prefect.artifacts import (
 from prefect.blocks.system import Secret
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_ops import (
     Client,
@@ -54,10 +56,50 @@ from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
 
+# Prefect's API stores a flow run's parameters as it receives them, before the flow (and
+# Prefect's validation of its parameters) runs, so a key in base_url must be refused before
+# the API takes it: in Python by EnrichConfig(...), and for a deployment's runs by the API,
+# which checks them against the flow's parameter schema, where this pattern sits. Hence one
+# pattern for both, in the regex dialect Python and JavaScript share, anchored since JSON
+# Schema searches. The engine sends a URL's query with every request (where gateways take
+# keys), so no query passes but Azure's `api-version`: a version, not a secret.
+BASE_URL_PATTERN = (
+    r"^[^@/?#]*//[^@/?#]*"  # scheme and host, without user:password@
+    r"(/[^?#]*)?"  # path
+    r"(\?api-version=[A-Za-z0-9._-]+)?$"
+)
+_WHERE_THE_KEY_GOES = (
+    "Prefect stores a flow run's parameters: put the key in OPENAI_API_KEY or in a Prefect "
+    "Secret block named by api_key_secret"
+)
+
+
+def _why_refused(url: str) -> str:
+    """What is wrong with a refused base_url, without a word of it: a failed run's error is
+    stored and shown."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return "base_url is not a URL; write it like 'https://host/v1'"
+    if "@" in netloc:
+        return f"base_url must not hold credentials (user:password@host). {_WHERE_THE_KEY_GOES}."
+    if "?" in url.partition("#")[0]:
+        return (
+            f"base_url must have no query but '?api-version=<version>'. {_WHERE_THE_KEY_GOES} "
+            "(for a gateway that takes its key only in the query, leave base_url unset and "
+            "set OPENAI_BASE_URL, query and all, where the flow runs)."
+        )
+    if "#" in url:
+        return "base_url must have no fragment ('#...')."
+    return "base_url must be an http(s) URL like 'https://host/v1'."
+
 
 class EnrichConfig(BaseModel):
     """Parameters of :func:`enrich_table`. The API key is never a parameter: it comes from
     ``OPENAI_API_KEY`` or from the Prefect Secret block named by ``api_key_secret``."""
+
+    # pydantic's errors quote the input, and a refused base_url's input is a key.
+    model_config = ConfigDict(hide_input_in_errors=True)
 
     input: str = Field("data/womens_clothing_reviews.parquet", description="Parquet path or glob")
     output: str = Field("output/reviews_enriched.parquet", description="Parquet file to write")
@@ -70,7 +112,12 @@ class EnrichConfig(BaseModel):
     )
     output_column: str = "summary"
     system: str | None = None
-    base_url: str | None = Field(None, description="default: OPENAI_BASE_URL, then OpenAI")
+    base_url: str | None = Field(
+        None,
+        description="default: OPENAI_BASE_URL, then OpenAI; no credentials and no query but "
+        "'?api-version=<version>' (the key: OPENAI_API_KEY or api_key_secret)",
+        json_schema_extra={"pattern": BASE_URL_PATTERN},
+    )
     endpoint_name: str | None = Field(
         None, description="the endpoint's name in cache keys instead of its URL"
     )
@@ -130,6 +177,13 @@ class EnrichConfig(BaseModel):
     ray_workers: int | None = Field(
         None, ge=1, description="with Ray: chunks sent at once (a local cluster's CPUs)"
     )
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        if url is None or re.search(BASE_URL_PATTERN, url):
+            return url
+        raise ValueError(_why_refused(url))
 
     def options(self) -> dict[str, Any]:
         """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
@@ -382,7 +436,8 @@ def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
-        enrich_table.serve(name="reviews", tags=["llm-ops"])
+        # The API then refuses a run whose base_url holds a key before storing its parameters.
+        enrich_table.serve(name="reviews", tags=["llm-ops"], enforce_parameter_schema=True)
         return
     from llm_ops.testing import LocalEndpoint
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
+from pydantic import ValidationError
 
 from flows.enrich import EnrichConfig, enrich_table, open_table
 from llm_ops import ConfigError, JobAbortedError
 from llm_ops.tables import Counters
 from llm_ops.testing import expected_reply
 
+SECRET = "sk-gateway-0123456789"
+AZURE = "https://res.openai.azure.com/openai/deployments/gpt?api-version=2024-10-21"
 TEXTS = ["great fit", "runs small", None, "great fit", "love it", None, "runs small"] * 3
 
 
@@ -135,3 +140,41 @@ def test_flow_in_batch_mode_submits_then_waits_and_shows_its_batches(prefect, co
         )[0]
     table = latest.data if isinstance(latest.data, list) else __import__("json").loads(latest.data)
     assert [row["state"] for row in table] == ["collected", "collected"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://gateway.example/v1?key={SECRET}",
+        f"{AZURE}&key={SECRET}",
+        f"https://user:{SECRET}@gateway.example/v1",
+        f"https://gateway.example/v1#{SECRET}",
+    ],
+)
+def test_a_base_url_holding_a_key_is_refused_without_showing_it(url):
+    with pytest.raises(ValidationError, match="base_url must") as refused:
+        EnrichConfig(base_url=url)
+    assert SECRET not in str(refused.value)
+
+
+def test_the_refusal_says_where_the_key_goes():
+    with pytest.raises(ValidationError, match=r"OPENAI_API_KEY .* api_key_secret"):
+        EnrichConfig(base_url=f"https://gateway.example/v1?key={SECRET}")
+
+
+def test_azures_api_version_is_the_one_query_let_through():
+    assert EnrichConfig(base_url=AZURE).base_url == AZURE
+
+
+def test_the_api_refuses_a_deployment_run_with_a_key_in_base_url_and_stores_nothing(prefect):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    deployment = enrich_table.to_deployment(name="keys-refused").apply()
+    with get_client(sync_client=True) as client:
+        with pytest.raises(PrefectHTTPStatusError, match="409"):
+            client.create_flow_run_from_deployment(
+                deployment, parameters={"config": {"base_url": f"https://gw.example/v1?k={SECRET}"}}
+            )
+        runs = client.read_flow_runs()
+    assert SECRET not in json.dumps([run.parameters for run in runs])
