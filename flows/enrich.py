@@ -68,6 +68,17 @@ BASE_URL_PATTERN = (
     r"(/[^?#]*)?"  # path
     r"(\?api-version=[A-Za-z0-9._-]+)?$"
 )
+# Header names that hold credentials: their values come from Secret blocks (header_secrets),
+# never from a parameter. Case-insensitive without an inline flag, which JavaScript lacks.
+_CREDENTIAL_WORDS = (
+    "auth", "key", "token", "secret", "passw", "cookie", "signature", "credential", "session"
+)  # fmt: skip
+HEADER_NAME_PATTERN = (
+    r"^(?![\s\S]*("
+    + "|".join("".join(f"[{c.upper()}{c}]" for c in word) for word in _CREDENTIAL_WORDS)
+    + "))"
+)
+PROXY_PATTERN = "^[^@]*$"  # no user:password@: the proxy's credentials go in HTTPS_PROXY
 _WHERE_THE_KEY_GOES = (
     "Prefect stores a flow run's parameters: put the key in OPENAI_API_KEY or in a Prefect "
     "Secret block named by api_key_secret"
@@ -122,6 +133,28 @@ class EnrichConfig(BaseModel):
         None, description="the endpoint's name in cache keys instead of its URL"
     )
     api_key_secret: str | None = Field(None, description="name of a Prefect Secret block")
+    headers: dict[str, str] | None = Field(
+        None,
+        description="headers sent with every request, e.g. {'X-Tenant': 'acme'}; none that "
+        "holds a credential (see header_secrets)",
+        json_schema_extra={"propertyNames": {"pattern": HEADER_NAME_PATTERN}},
+    )
+    header_secrets: dict[str, str] | None = Field(
+        None,
+        description="headers whose values are in Prefect Secret blocks, header name to block "
+        "name, e.g. {'api-key': 'azure-openai-key'} for Azure OpenAI",
+    )
+    verify: bool | str = Field(
+        True, description="a CA bundle's path to check the server's certificate with; false: none"
+    )
+    cert: str | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    cert_key: str | None = Field(None, description="its key, if not in the cert file")
+    proxy: str | None = Field(
+        None,
+        description="http(s) proxy URL without credentials (a proxy that asks for them: "
+        "HTTPS_PROXY where the flow runs); default: HTTPS_PROXY, HTTP_PROXY, ALL_PROXY",
+        json_schema_extra={"pattern": PROXY_PATTERN},
+    )
     cache: str | None = Field(
         None,
         description="DuckDB cache file; default: LLM_OPS_CACHE, then ~/.cache/llm-ops/cache.duckdb",
@@ -185,6 +218,28 @@ class EnrichConfig(BaseModel):
             return url
         raise ValueError(_why_refused(url))
 
+    @field_validator("headers")
+    @classmethod
+    def _no_credential_headers(cls, headers: dict[str, str] | None) -> dict[str, str] | None:
+        for name in headers or {}:
+            if not re.search(HEADER_NAME_PATTERN, name):
+                raise ValueError(
+                    f"the header {name!r} holds a credential, and Prefect stores a flow run's "
+                    "parameters: put its value in a Prefect Secret block and name it in "
+                    "header_secrets instead"
+                )
+        return headers
+
+    @field_validator("proxy")
+    @classmethod
+    def _no_proxy_credentials(cls, proxy: str | None) -> str | None:
+        if proxy is not None and not re.search(PROXY_PATTERN, proxy):
+            raise ValueError(
+                "proxy must hold no credentials (user:password@), as Prefect stores a flow "
+                "run's parameters: set HTTPS_PROXY (or HTTP_PROXY) where the flow runs instead"
+            )
+        return proxy
+
     def options(self) -> dict[str, Any]:
         """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
         on as they are; the column name, prices and the semantic cache are put together."""
@@ -205,9 +260,18 @@ class EnrichConfig(BaseModel):
                 self.semantic_cache_model, threshold=self.similarity
             )
         if self.api_key_secret:
-            secret = cast("Secret[str]", Secret.load(self.api_key_secret))  # sync in a sync flow
-            options["api_key"] = secret.get()
+            options["api_key"] = _secret(self.api_key_secret)
+        if self.header_secrets:
+            secrets = {name: _secret(block) for name, block in self.header_secrets.items()}
+            options["headers"] = {**(self.headers or {}), **secrets}
+        if self.cert is not None and self.cert_key is not None:
+            options["cert"] = (self.cert, self.cert_key)
         return options
+
+
+def _secret(block: str) -> str:
+    """The value of the Prefect Secret block named ``block``."""
+    return cast("Secret[str]", Secret.load(block)).get()  # sync in a sync flow
 
 
 @functools.cache

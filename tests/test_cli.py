@@ -394,3 +394,21 @@ def test_a_malformed_price_is_a_usage_error(job, capsys):
     with pytest.raises(SystemExit):
         main(["estimate", *job, "--price", "sim=cheap"])
     assert "is not MODEL=IN,OUT" in capsys.readouterr().err
+
+
+def test_a_header_from_the_environment_opens_an_azure_shaped_endpoint(
+    job, tmp_path, endpoint, monkeypatch
+):
+    endpoint.configure(api_key="azure-key-0123456789", api_key_header="api-key")
+    monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-key-0123456789")
+    out = tmp_path / "out.parquet"
+    azure = ["--header-env", "api-key=AZURE_OPENAI_API_KEY", "--header", "X-Tenant: acme"]
+    assert main(["run", *job, *azure, "--out", str(out)]) == 0
+    assert pl.read_parquet(out)["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
+    assert "X-Tenant" in endpoint.stats()["header_names"]
+
+
+def test_a_header_env_naming_an_unset_variable_is_one_line(job, tmp_path, capsys):
+    out = str(tmp_path / "out.parquet")
+    assert main(["run", *job, "--header-env", "api-key=NOT_SET_ANYWHERE", "--out", out]) == 1
+    assert "--header-env takes NAME=VARIABLE with VARIABLE set" in capsys.readouterr().err

@@ -166,15 +166,52 @@ def test_azures_api_version_is_the_one_query_let_through():
     assert EnrichConfig(base_url=AZURE).base_url == AZURE
 
 
-def test_the_api_refuses_a_deployment_run_with_a_key_in_base_url_and_stores_nothing(prefect):
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"base_url": f"https://gw.example/v1?k={SECRET}"},
+        {"headers": {"api-key": SECRET}},
+        {"proxy": f"http://user:{SECRET}@proxy.example:3128"},
+    ],
+    ids=["base_url", "headers", "proxy"],
+)
+def test_the_api_refuses_a_deployment_run_holding_a_credential_and_stores_nothing(prefect, given):
     from prefect.client.orchestration import get_client
     from prefect.exceptions import PrefectHTTPStatusError
 
     deployment = enrich_table.to_deployment(name="keys-refused").apply()
     with get_client(sync_client=True) as client:
         with pytest.raises(PrefectHTTPStatusError, match="409"):
-            client.create_flow_run_from_deployment(
-                deployment, parameters={"config": {"base_url": f"https://gw.example/v1?k={SECRET}"}}
-            )
+            client.create_flow_run_from_deployment(deployment, parameters={"config": given})
         runs = client.read_flow_runs()
     assert SECRET not in json.dumps([run.parameters for run in runs])
+
+
+@pytest.mark.parametrize(
+    ("given", "refusal"),
+    [
+        ({"headers": {"api-key": SECRET}}, "header_secrets"),
+        ({"headers": {"X-Gateway-Token": SECRET}}, "header_secrets"),
+        ({"proxy": f"http://user:{SECRET}@proxy.example:3128"}, "HTTPS_PROXY"),
+    ],
+)
+def test_a_credential_among_the_connection_parameters_is_refused_without_showing_it(given, refusal):
+    with pytest.raises(ValidationError, match=refusal) as refused:
+        EnrichConfig(**given)
+    assert SECRET not in str(refused.value)
+
+
+def test_the_connection_parameters_become_the_clients_options():
+    options = EnrichConfig(
+        headers={"X-Tenant": "acme"}, verify=False, cert="c.pem", cert_key="k.pem"
+    ).options()
+    assert (options["headers"], options["verify"]) == ({"X-Tenant": "acme"}, False)
+    assert options["cert"] == ("c.pem", "k.pem") and "cert_key" not in options
+
+
+def test_a_header_secret_is_read_from_its_block(prefect):
+    from prefect.blocks.system import Secret
+
+    Secret(value=SECRET).save("gateway-key", overwrite=True)
+    options = EnrichConfig(headers={"X-Tenant": "a"}, header_secrets={"api-key": "gateway-key"})
+    assert options.options()["headers"] == {"X-Tenant": "a", "api-key": SECRET}

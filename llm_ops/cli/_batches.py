@@ -10,7 +10,16 @@ import polars as pl
 
 from .._client import Client
 from ..exceptions import ConfigError
-from ._parser import Commands, add_api_key_env, add_client_arguments, api_key, command, print_table
+from ._parser import (
+    Commands,
+    add_api_key_env,
+    add_client_arguments,
+    add_connection_arguments,
+    api_key,
+    command,
+    connection_options,
+    print_table,
+)
 
 
 def add_commands(commands: Commands) -> None:
@@ -27,12 +36,15 @@ def add_commands(commands: Commands) -> None:
     batches.add_argument("--job", help="only this submission (its id, as listed)")
     add_client_arguments(batches)
     add_api_key_env(batches)
+    add_connection_arguments(batches)
 
 
 def manage_batches(args: argparse.Namespace) -> int:
     if args.action == "cancel" and not args.job:
         raise ConfigError("cancel needs --job ID: the submission to cancel (see 'batches list')")
-    with Client(base_url=args.base_url, cache=args.cache, api_key=api_key(args)) as client:
+    with Client(
+        base_url=args.base_url, cache=args.cache, api_key=api_key(args), **connection_options(args)
+    ) as client:
         if args.action == "collect":
             collected = client.collect_batches(job_id=args.job)
             print(f"collected {collected:,} answer(s)")

@@ -17,13 +17,17 @@ from .._options import Options
 from .._pricing import Price
 from .._semantic import SemanticCache
 from ..exceptions import ConfigError
-from ._parser import add_api_key_env, api_key
+from ._parser import add_api_key_env, add_connection_arguments, api_key, connection_options
 
 # Options a flag can carry (a number or a text), under their own names; the rest have flags of
-# their own below (prices, the semantic cache), come from the environment (api_key, named by
-# --api-key-env) or do not apply to files.
+# their own below (prices, the semantic cache, the connection's), come from the environment
+# (api_key, named by --api-key-env) or do not apply to files.
 _SKIPPED = {
     "api_key",
+    "headers",
+    "verify",
+    "cert",
+    "proxy",
     "on_error",
     "progress",
     "schema",
@@ -128,6 +132,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
     )
     add_api_key_env(parser)
+    add_connection_arguments(parser)
     parser.set_defaults(option_flags=named)
 
 
@@ -153,7 +158,7 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
     key = api_key(args)
     if key is not None:
         options["api_key"] = key
-    return options
+    return {**options, **connection_options(args)}
 
 
 def _model_price(text: str) -> tuple[str, Price]:

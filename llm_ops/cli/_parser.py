@@ -8,7 +8,7 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import polars as pl
 
@@ -68,6 +68,66 @@ def add_api_key_env(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"environment variable that holds the API key (default {DEFAULT_KEY_ENV})",
     )
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """How a command's client reaches its endpoint besides its URL: headers, TLS, a proxy."""
+    parser.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a header sent with every request, e.g. 'X-Tenant: acme'; again for another "
+        "(a credential goes in --header-env)",
+    )
+    parser.add_argument(
+        "--header-env",
+        action="append",
+        default=[],
+        metavar="NAME=VARIABLE",
+        help="a header whose value is in an environment variable, e.g. "
+        "api-key=AZURE_OPENAI_API_KEY (Azure OpenAI), so it stays out of the shell history",
+    )
+    parser.add_argument(
+        "--verify",
+        metavar="CA_BUNDLE|false",
+        help="check the server's certificate against this CA bundle instead of the "
+        "system's; 'false' checks nothing",
+    )
+    parser.add_argument("--cert", metavar="PEM", help="client certificate (mutual TLS)")
+    parser.add_argument("--cert-key", metavar="PEM", help="its key, if not in the --cert file")
+    parser.add_argument(
+        "--proxy",
+        metavar="URL",
+        help="http:// or https:// proxy; default HTTPS_PROXY/HTTP_PROXY/ALL_PROXY unless "
+        "NO_PROXY names the host",
+    )
+
+
+def connection_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The client options of :func:`add_connection_arguments`' flags that were given."""
+    headers = {}
+    for given in args.header:
+        name, colon, value = given.partition(":")
+        if not colon:
+            raise ConfigError(f"--header takes 'NAME: VALUE', got {given!r}")
+        headers[name.strip()] = value.strip()
+    for given in args.header_env:
+        name, equals, variable = given.partition("=")
+        value = os.environ.get(variable.strip()) if equals else None
+        if not value:
+            raise ConfigError(f"--header-env takes NAME=VARIABLE with VARIABLE set, got {given!r}")
+        headers[name.strip()] = value
+    options: dict[str, Any] = {"headers": headers} if headers else {}
+    if args.verify is not None:
+        options["verify"] = False if args.verify.lower() == "false" else args.verify
+    if args.cert_key is not None and args.cert is None:
+        raise ConfigError("--cert-key goes with --cert, the certificate it is the key of")
+    if args.cert is not None:
+        options["cert"] = args.cert if args.cert_key is None else (args.cert, args.cert_key)
+    if args.proxy is not None:
+        options["proxy"] = args.proxy
+    return options
 
 
 def api_key(args: argparse.Namespace) -> str | None:

@@ -20,9 +20,11 @@ from ._parser import (
     Commands,
     add_api_key_env,
     add_client_arguments,
+    add_connection_arguments,
     api_key,
     cache_of,
     command,
+    connection_options,
     missing_cache,
     output_format,
     print_table,
@@ -50,6 +52,7 @@ def add_commands(commands: Commands) -> None:
         "--max-rows", type=int, default=100, metavar="N", help="rows printed (default 100)"
     )
     add_api_key_env(sql)
+    add_connection_arguments(sql)
 
 
 def run_query(args: argparse.Namespace) -> int:
@@ -95,7 +98,14 @@ def _register_functions(
     con: duckdb.DuckDBPyConnection, args: argparse.Namespace, key: str | None, cache: Path
 ) -> None:
     try:
-        register(con, model=args.model, base_url=args.base_url, api_key=key, cache=cache)
+        register(
+            con,
+            model=args.model,
+            base_url=args.base_url,
+            api_key=key,
+            cache=cache,
+            **connection_options(args),
+        )
     except MissingApiKeyError:
         # A query of the cache needs no key: the functions fail only when a query calls them.
         endpoint = Endpoint.resolve(args.base_url, need_key=False).identity
