@@ -42,8 +42,8 @@ import polars as pl
 
 from .exceptions import TemplateError
 
-# Their own text is their key's text, exactly as Polars casts them: changing how any of these
-# renders would orphan every answer cached for them.
+# Rendered as Polars casts them, as they always were: any other text would change their keys
+# and orphan every answer cached for them.
 _AS_CAST = (pl.String, pl.Categorical, pl.Enum, pl.Boolean, pl.Date, pl.Null)
 
 
