@@ -42,6 +42,7 @@ from ._progress import resolve_progress
 from ._report import RunReport
 from ._signals import graceful_sigterm
 from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
+from ._template import render
 from .exceptions import ConfigError
 
 T = TypeVar("T")
@@ -225,6 +226,7 @@ class Client:
                 f"column {column!r} is not in the table; available columns: "
                 f"{', '.join(schema_of(df))}"
             )
+        render(column, schema_of(df)[column], what="llm_embed")  # raises if it cannot be text
         positive_int("batch_size", batch_size)
         if on_error not in ("null", "raise"):
             raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")

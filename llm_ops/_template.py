@@ -4,6 +4,32 @@ Only plain column references are allowed. Attribute access (``{a.b}``), indexing
 conversions (``{a!r}``), format specs (``{a:>10}``) and positional fields (``{}``, ``{0}``) are
 rejected, so data can never reach into Python objects or change how a template is formatted.
 ``{{`` and ``}}`` stand for literal braces.
+
+How a value becomes text is part of the request key, so it is defined here, once
+(:func:`render`), for every entry point: frames, LazyFrames, Arrow tables, Parquet tables, the
+``llm`` expressions, ``llm_embed`` and ``estimate``. It depends on the value only, never on the
+time unit or the container the value came in:
+
+- String, Categorical, Enum: the text itself.
+- Integers: their digits (``-42``).
+- Floats: the shortest text that reads back as the same value of the column's width, so a
+  Float32 and a Float64 of ``0.1`` both give ``0.1``; ``2.0``, ``1e+20``, ``NaN``, ``-0.0``.
+- Decimal: the digits without trailing fractional zeros, whatever the scale: ``19.90`` and
+  ``19.9000`` give ``19.9``, ``2.00`` gives ``2``.
+- Boolean: ``true``, ``false``. Date: ``2024-01-02``.
+- Datetime, in ms, us or ns: ``2024-01-02 03:04:05.000000``, six fractional digits (what
+  Polars writes for its default unit, us); nine (``03:04:05.123456789``) only where a ns value
+  has a part finer than a microsecond, as that is a different value. A zoned datetime is
+  written in its own zone with its offset (``2024-01-02 04:04:05.000000+01:00``): the same
+  instant in another zone is other text.
+- Time: ``03:04:05``; a fraction of a second adds six digits (``03:04:05.500000``), or nine
+  where it is finer than a microsecond.
+- Duration, in ms, us or ns: ISO 8601 with days of 24 hours (``PT1H2M3S``, ``P2DT1H``,
+  ``PT0.5S``, ``-PT0.001S``).
+- Null (or a null value of any type): no text; the row is skipped.
+
+List, Array, Struct, Binary, Object and any other type are a :class:`TemplateError` before
+anything is sent, saying how to make one text column of them.
 """
 
 from __future__ import annotations
@@ -16,18 +42,94 @@ import polars as pl
 
 from .exceptions import TemplateError
 
-_RENDERABLE = (
-    pl.String,
-    pl.Categorical,
-    pl.Enum,
-    pl.Boolean,
-    pl.Date,
-    pl.Datetime,
-    pl.Time,
-    pl.Duration,
-    pl.Decimal,
-    pl.Null,
-)
+# Rendered as Polars casts them, as they always were: any other text would change their keys
+# and orphan every answer cached for them.
+_AS_CAST = (pl.String, pl.Categorical, pl.Enum, pl.Boolean, pl.Date, pl.Null)
+
+
+def render(column: str, dtype: pl.DataType, *, what: str = "prompt") -> pl.Expr:
+    """The values of ``column`` (of type ``dtype``) as prompt text, as the module's docstring
+    defines it; null where the value is null.
+
+    Raises
+    ------
+    TemplateError
+        ``dtype`` cannot be rendered (see :func:`unrenderable`).
+
+    Examples
+    --------
+    >>> from datetime import datetime
+    >>> when = datetime(2024, 1, 2, 3, 4, 5)
+    >>> units = pl.DataFrame([pl.Series(u, [when], pl.Datetime(u)) for u in ("ms", "us", "ns")])
+    >>> units.select(render(u, units.schema[u]) for u in units.columns).row(0)
+    ('2024-01-02 03:04:05.000000', '2024-01-02 03:04:05.000000', '2024-01-02 03:04:05.000000')
+    """
+    value = pl.col(column)
+    if isinstance(dtype, pl.Datetime):
+        return _datetime(value, dtype)
+    if isinstance(dtype, pl.Time):
+        return _time(value)
+    if isinstance(dtype, pl.Duration):
+        # Polars cannot cast a Duration to text; its ISO form is the same in every unit.
+        return value.dt.to_string("iso")
+    if isinstance(dtype, pl.Decimal):
+        return _decimal(value, dtype)
+    if dtype.is_numeric() or isinstance(dtype, _AS_CAST):
+        return value.cast(pl.String)
+    raise TemplateError(unrenderable(column, dtype, what=what))
+
+
+def _datetime(value: pl.Expr, dtype: pl.Datetime) -> pl.Expr:
+    # us is Polars' default unit, whose text keys most cached answers: the other units are
+    # written as it writes us. ms -> us is exact (and within chrono's range, never overflows).
+    if dtype.time_unit == "us":
+        return value.cast(pl.String)
+    micro = value.dt.cast_time_unit("us").cast(pl.String)
+    if dtype.time_unit == "ms":
+        return micro
+    # A ns value off the microsecond grid is a different instant: it keeps all nine digits.
+    return pl.when(value.to_physical() % 1_000 == 0).then(micro).otherwise(value.cast(pl.String))
+
+
+def _time(value: pl.Expr) -> pl.Expr:
+    # Polars' own cast drops the fraction (03:04:05.5 -> 03:04:05), so distinct times would share
+    # a key; whole seconds keep that text, and the keys cached for them.
+    nanoseconds = value.to_physical()
+    return (
+        pl.when(nanoseconds % 1_000_000_000 == 0)
+        .then(value.cast(pl.String))
+        .when(nanoseconds % 1_000 == 0)
+        .then(value.dt.to_string("%H:%M:%S%.6f"))
+        .otherwise(value.dt.to_string("%H:%M:%S%.9f"))
+    )
+
+
+def _decimal(value: pl.Expr, dtype: pl.Decimal) -> pl.Expr:
+    text = value.cast(pl.String)
+    if not dtype.scale:
+        return text  # no point, so no fractional zeros: "100" must stay "100"
+    # Polars writes all `scale` digits (1.50 in a scale-2 column, 1.500 in a scale-3 one).
+    return text.str.strip_chars_end("0").str.strip_suffix(".")
+
+
+def unrenderable(column: str, dtype: pl.DataType, *, what: str) -> str:
+    """Why ``column`` of type ``dtype`` cannot be rendered, and how to make it text."""
+    ref = f"pl.col({column!r})"
+    if isinstance(dtype, pl.List | pl.Array):
+        fix = f"join its items: df.with_columns({ref}.cast(pl.List(pl.String)).list.join(', '))"
+    elif isinstance(dtype, pl.Struct):
+        fix = (
+            f"pick a field, e.g. {ref}.struct.field('name'), or write it as JSON: "
+            f"df.with_columns({ref}.struct.json_encode())"
+        )
+    elif isinstance(dtype, pl.Binary):
+        fix = f"decode UTF-8 bytes: df.with_columns({ref}.cast(pl.String))"
+    else:
+        fix = f"convert it to text first, e.g. df.with_columns({ref}.map_elements(str))"
+    return (
+        f"{what} references column {column!r} of type {dtype}, which cannot be rendered as "
+        f"text; {fix}"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,14 +144,21 @@ class Template:
         """The referenced columns, each once, in order of first use."""
         return tuple(dict.fromkeys(col for _, col in self.parts if col is not None))
 
-    def expr(self) -> pl.Expr:
-        """A Polars expression rendering the template; null when any referenced column is null."""
+    def expr(self, schema: Mapping[str, pl.DataType], *, what: str = "prompt") -> pl.Expr:
+        """A Polars expression rendering the template over columns of ``schema``'s types (see
+        :func:`render`); null when any referenced column is null.
+
+        Raises
+        ------
+        TemplateError
+            A referenced column's type cannot be rendered.
+        """
         pieces: list[pl.Expr] = []
         for literal, column in self.parts:
             if literal:
                 pieces.append(pl.lit(literal, dtype=pl.String))
             if column is not None:
-                pieces.append(pl.col(column).cast(pl.String))
+                pieces.append(render(column, schema[column], what=f"{what} template"))
         if not pieces:
             return pl.lit("", dtype=pl.String)
         return pl.concat_str(pieces, ignore_nulls=False)
@@ -139,10 +248,4 @@ def check_columns(template: Template, schema: Mapping[str, pl.DataType], *, what
                 f"{what} template references column {column!r}, which is not in the table; "
                 f"available columns: {available}"
             )
-        dtype = schema[column]
-        if not (dtype.is_numeric() or isinstance(dtype, _RENDERABLE)):
-            raise TemplateError(
-                f"{what} template references column {column!r} of type {dtype}, which cannot be "
-                f"rendered as text; convert it first, e.g. "
-                f"df.with_columns(pl.col({column!r}).cast(pl.String)) or pick its fields"
-            )
+        render(column, schema[column], what=f"{what} template")

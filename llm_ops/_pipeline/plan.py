@@ -22,6 +22,7 @@ from .._key import UPPERCASE_ESCAPE_PATTERN
 from .._outcome import TRUNCATED_MESSAGE
 from .._spec import RequestSpec
 from .._status import RESULTS
+from .._template import render
 
 
 @dataclass
@@ -65,9 +66,13 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
         dict.fromkeys([*spec.prompt.columns, *(spec.system.columns if spec.system else ())])
     )
     row_group, values, counts = group_rows(frame, referenced)
-    system = spec.system.expr() if spec.system else pl.lit(None, dtype=pl.String)
+    system = (
+        spec.system.expr(values.schema, what="system")
+        if spec.system
+        else pl.lit(None, dtype=pl.String)
+    )
     # with_columns broadcasts a template without column references to every group
-    texts = values.with_columns(prompt=spec.prompt.expr(), system=system)
+    texts = values.with_columns(prompt=spec.prompt.expr(values.schema), system=system)
     expression, parameters = spec.key_sql()
     keys, grouped = key_texts(
         texts, counts, expression, parameters, spec.key, with_system=spec.system is not None
@@ -90,7 +95,8 @@ def group_rows(
 ) -> tuple[pl.Series, pl.DataFrame, pl.Series]:
     """Group the rows of ``frame`` by the values of ``columns``: the group of every row (UInt32,
     groups numbered in order of first appearance), the values of each group (float columns as
-    their text, so that ``0.0`` and ``-0.0`` stay apart) and each group's row count.
+    their rendered text, so that ``0.0`` and ``-0.0``, equal to ``group_by``, stay apart) and
+    each group's row count.
 
     Without ``columns`` every row is in group 0 (and ``values`` has a placeholder column).
     """
@@ -105,8 +111,9 @@ def group_rows(
     index = "row"
     while index in columns:
         index = f"_{index}"
+    schema = frame.schema
     by = [
-        pl.col(column).cast(pl.String) if frame.schema[column].is_float() else pl.col(column)
+        render(column, schema[column]) if schema[column].is_float() else pl.col(column)
         for column in columns
     ]
     grouped = (

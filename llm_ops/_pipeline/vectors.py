@@ -15,6 +15,7 @@ from .._key import canonical_json
 from .._outcome import Batch, Counters, Outcome, Request
 from .._progress import ProgressCallback, Tracker
 from .._spec import EmbeddingSpec
+from .._template import render
 from .backend import Backend
 from .persist import CacheSink, dispatch_durably
 from .plan import group_and_key
@@ -23,9 +24,13 @@ from .plan import group_and_key
 def distinct_texts(
     frame: pl.DataFrame, column: str, spec: EmbeddingSpec
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Per-row embedding keys (null for null text) and the distinct texts (key, prompt, rows)."""
+    """Per-row embedding keys (null for null text) and the distinct texts (key, prompt, rows).
+
+    ``column`` is rendered as a prompt's column is (:func:`~llm_ops._template.render`), so its
+    keys do not depend on its time unit either.
+    """
     texts = frame.select(
-        pl.col(column).cast(pl.String).alias("prompt"),
+        render(column, frame.schema[column], what="llm_embed").alias("prompt"),
         pl.lit(None, dtype=pl.String).alias("system"),
     )
     expression, parameters = spec.key_sql()
