@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import socket
 import threading
@@ -26,6 +27,8 @@ import orjson
 
 from .exceptions import CacheError
 
+_log = logging.getLogger("llm_ops")
+
 Merge = Callable[[Sequence[Path], float], str | None]
 """Merge journal files into the database, waiting up to so many seconds for it; returns why
 it could not (the files then stay), or ``None`` once they are merged and deleted."""
@@ -37,6 +40,13 @@ process, or checked (see :func:`llm_ops._cache.Cache.merge_orphans`)."""
 JOURNAL_BATCH = 32
 """Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
 killed job loses at most C + 32 answers it had received."""
+
+LINE_MOST = 2**32 - 1
+"""The longest journal line a merge can read back. DuckDB reads each line as one JSON object
+of at most ``maximum_object_size`` bytes, a UINTEGER, and holds no string longer than this
+either. Nothing else bounds a line below it: the prompt has no bound of its own, and the
+answer only ``max_response_bytes`` (2**31 at most). So a longer line is never written
+(:meth:`JournalWriter.add`): one would fail every merge and every lookup of the cache."""
 
 
 def is_out_of_space(exc: OSError) -> bool:
@@ -147,6 +157,18 @@ class JournalWriter:
 
     def add(self, table: str, row: Mapping[str, Any]) -> None:
         line = orjson.dumps(row, default=_json_default)  # datetimes as ISO 8601
+        if len(line) > LINE_MOST:
+            # No merge could read it back, and every merge and lookup would fail on it.
+            _log.warning(
+                "llm-ops: not caching the %s row of key %s: it takes %d bytes, more than the "
+                "%d a journal line can hold; the answer is in this job's result, and a "
+                "rerun sends its request again",
+                table,
+                row.get("key", row.get("run_id")),
+                len(line),
+                LINE_MOST,
+            )
+            return
         with self._lock:
             buffer = self._buffer.setdefault(table, [])
             buffer.append(line)

@@ -1,0 +1,69 @@
+"""Journal lines of any length: a paid answer merges whatever its size."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import duckdb
+import orjson
+import polars as pl
+
+from llm_ops import _journal
+from llm_ops._cache._journal_sql import longest_line
+from llm_ops._journal import JournalWriter
+from llm_ops.cli import main
+
+# DuckDB reads a line of up to twice maximum_object_size (16 MiB by default), so a line past
+# 32 MiB is what stopped every merge and lookup. JSON spells a control character in 6 bytes,
+# and the journal quotes the request JSON once more (7): a 5 MiB prompt is a 35 MiB line.
+HUGE = 5 * 2**20
+OVER = 33 * 2**20  # a line past DuckDB's limit, written whole by a test
+
+
+def _count(cache: Path) -> int:
+    with duckdb.connect(str(cache), read_only=True) as con:
+        return int(con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0])
+
+
+def _journal_a_long_line(cache: Path) -> None:
+    """What a finished job left in the journal: one answer whose request is OVER bytes long."""
+    request = {"model": "sim", "messages": [{"role": "user", "content": "x" * OVER}]}
+    line = {"key": "v1:long", "model": "sim", "endpoint": "http://sim", "status": "ok"}
+    line |= {"request": orjson.dumps(request).decode(), "response_text": "an answer"}
+    journal = cache.with_name(cache.name + ".journal")
+    journal.mkdir()
+    (journal / "gone-1-abc.000000.llm_cache.jsonl").write_bytes(orjson.dumps(line) + b"\n")
+
+
+def test_a_prompt_past_duckdbs_json_limit_is_answered_merged_and_then_cached(
+    complete, endpoint, cache
+):
+    huge = pl.DataFrame({"text": ["\x1f" * HUGE]})
+    assert huge.pipe(complete, prompt="{text}")["completion_status"].to_list() == ["ok"]
+    assert _count(cache) == 1  # in the file itself: the merge read the line
+    assert huge.pipe(complete, prompt="{text}")["completion_status"].to_list() == ["cached"]
+    assert endpoint.stats()["requests"] == 1
+
+
+def test_cache_merge_takes_a_line_past_duckdbs_json_limit(cache, capsys):
+    _journal_a_long_line(cache)
+    assert main(["cache", "merge", "--cache", str(cache)]) == 0
+    assert "llm_cache 1" in capsys.readouterr().out
+    assert _count(cache) == 1
+
+
+def test_the_longest_line_is_measured_across_reads(tmp_path):
+    file = tmp_path / "w.000000.llm_cache.jsonl"
+    file.write_bytes(b"{}\n" + b"x" * (3 * 2**20) + b"\n{}")
+    assert longest_line(file) == 3 * 2**20 + 1
+
+
+def test_a_line_no_merge_could_read_is_not_written(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(_journal, "LINE_MOST", 1_000)
+    writer = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=1)
+    with caplog.at_level(logging.WARNING, logger="llm_ops"):
+        writer.answer({"key": "v1:long", "request": "x" * 1_000})
+    writer.close(wait=None)
+    assert list(tmp_path.glob("*.jsonl")) == []
+    assert "not caching the llm_cache row of key v1:long" in caplog.text
