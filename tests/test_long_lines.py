@@ -1,4 +1,5 @@
-"""Journal lines of any length: a paid answer merges whatever its size."""
+"""Journal lines of any length: a paid answer merges whatever its size, and a merge that fails
+says why."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import orjson
 import polars as pl
 
 from llm_ops import _journal
-from llm_ops._cache._journal_sql import longest_line
+from llm_ops._cache import _journal_sql
+from llm_ops._cache._journal_sql import DEFAULT_OBJECT_SIZE, longest_line
 from llm_ops._journal import JournalWriter
 from llm_ops.cli import main
 
@@ -51,6 +53,18 @@ def test_cache_merge_takes_a_line_past_duckdbs_json_limit(cache, capsys):
     assert main(["cache", "merge", "--cache", str(cache)]) == 0
     assert "llm_cache 1" in capsys.readouterr().out
     assert _count(cache) == 1
+
+
+def test_a_merge_that_fails_for_another_reason_than_a_lock_says_that_reason(
+    cache, capsys, monkeypatch
+):
+    _journal_a_long_line(cache)
+    monkeypatch.setattr(_journal_sql, "LINE_MOST", DEFAULT_OBJECT_SIZE)  # the limit it had
+    assert main(["cache", "merge", "--cache", str(cache), "--wait", "5"]) == 1
+    said = capsys.readouterr().err
+    assert '"maximum_object_size" of 16777216 bytes exceeded' in said
+    assert "held by another process" not in said
+    assert "moving that file out of the journal" in said
 
 
 def test_the_longest_line_is_measured_across_reads(tmp_path):
