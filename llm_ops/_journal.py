@@ -45,8 +45,35 @@ LINE_MOST = 2**32 - 1
 """The longest journal line a merge can read back. DuckDB reads each line as one JSON object
 of at most ``maximum_object_size`` bytes, a UINTEGER, and holds no string longer than this
 either. Nothing else bounds a line below it: the prompt has no bound of its own, and the
-answer only ``max_response_bytes`` (2**31 at most). So a longer line is never written
+answer only ``max_response_bytes`` (2**31 at most). So a request whose line might be longer
+is not sent (:func:`unkeepable`), and a longer line is never written
 (:meth:`JournalWriter.add`): one would fail every merge and every lookup of the cache."""
+
+LINE_FIELDS = 64 * 2**10
+"""Room in a line for what is neither the request nor the answer: key, model, endpoint,
+status, usage, and the names of the fields."""
+
+
+def unkeepable(request_json: str, answer_bytes: int) -> str | None:
+    """Why the answer to ``request_json`` could not be kept, if its line in the journal, with
+    ``answer_bytes`` of answer, might be longer than :data:`LINE_MOST`; ``None`` if it fits."""
+    # Half a line at most is kept for the answer: max_response_bytes at its maximum (set so
+    # as not to limit answers) with a schema would leave no room for any request. An answer
+    # past that next to a request past the rest is not cached (JournalWriter.add says so).
+    answer_bytes = min(answer_bytes, LINE_MOST // 2)
+    room = LINE_MOST - LINE_FIELDS - answer_bytes
+    # JSON spells a character in 6 bytes at most (\u001f): only huge requests are measured
+    if 6 * len(request_json) + 2 <= room:
+        return None
+    size = len(orjson.dumps(request_json))
+    if size <= room:
+        return None
+    return (
+        f"not sent: its request takes {size:,} bytes in the cache's journal, and with an "
+        f"answer of up to {answer_bytes:,} bytes it could be longer than the {LINE_MOST:,} "
+        "bytes a journal line can hold, so the answer could not be cached; shorten the "
+        "prompt, lower max_response_bytes, or run it with cache=False"
+    )
 
 
 def is_out_of_space(exc: OSError) -> bool:
@@ -159,6 +186,7 @@ class JournalWriter:
         line = orjson.dumps(row, default=_json_default)  # datetimes as ISO 8601
         if len(line) > LINE_MOST:
             # No merge could read it back, and every merge and lookup would fail on it.
+            # Requests that might make such a line are not sent: this one outgrew its room.
             _log.warning(
                 "llm-ops: not caching the %s row of key %s: it takes %d bytes, more than the "
                 "%d a journal line can hold; the answer is in this job's result, and a "

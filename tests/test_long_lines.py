@@ -1,5 +1,5 @@
-"""Journal lines of any length: a paid answer merges whatever its size, and a merge that fails
-says why."""
+"""Journal lines of any length: a paid answer merges whatever its size, a request whose answer
+could not be kept is not sent, and a merge that fails says why."""
 
 from __future__ import annotations
 
@@ -81,3 +81,21 @@ def test_a_line_no_merge_could_read_is_not_written(tmp_path, monkeypatch, caplog
     writer.close(wait=None)
     assert list(tmp_path.glob("*.jsonl")) == []
     assert "not caching the llm_cache row of key v1:long" in caplog.text
+
+
+def test_a_request_whose_answer_a_journal_line_could_not_hold_is_not_sent(
+    complete, endpoint, monkeypatch
+):
+    # a line of 2 MiB keeps half for the answer: no room for a request of 1 MiB
+    monkeypatch.setattr(_journal, "LINE_MOST", 2 * 2**20)
+    rows = pl.DataFrame({"text": ["short", "x" * 2**20]})
+    out = rows.pipe(complete, prompt="{text}")
+    assert out["completion_status"].to_list() == ["ok", "skipped"]
+    assert "max_response_bytes" in out["completion_error"][1]
+    assert endpoint.stats()["requests"] == 1
+
+
+def test_without_a_cache_no_request_is_refused_for_its_size(complete, monkeypatch):
+    monkeypatch.setattr(_journal, "LINE_MOST", 2 * 2**20)
+    out = pl.DataFrame({"text": ["x" * 2**20]}).pipe(complete, prompt="{text}", cache=False)
+    assert out["completion_status"].to_list() == ["ok"]
