@@ -53,26 +53,39 @@ LINE_FIELDS = 64 * 2**10
 """Room in a line for what is neither the request nor the answer: key, model, endpoint,
 status, usage, and the names of the fields."""
 
+VALUE_MOST = 2**31 - 1
+"""The longest request a lookup reads back: DuckDB hands a row over as Arrow strings, whose
+offsets are 32-bit, and fails the whole lookup on a longer one."""
+
 
 def unkeepable(request_json: str, answer_bytes: int) -> str | None:
-    """Why the answer to ``request_json`` could not be kept, if its line in the journal, with
-    ``answer_bytes`` of answer, might be longer than :data:`LINE_MOST`; ``None`` if it fits."""
+    """Why the answer to ``request_json`` could not be cached: its line in the journal, with
+    ``answer_bytes`` of answer, might be longer than :data:`LINE_MOST`, or the request longer
+    than :data:`VALUE_MOST`; ``None`` when it can be."""
     # Half a line at most is kept for the answer: max_response_bytes at its maximum (set so
     # as not to limit answers) with a schema would leave no room for any request. An answer
     # past that next to a request past the rest is not cached (JournalWriter.add says so).
     answer_bytes = min(answer_bytes, LINE_MOST // 2)
     room = LINE_MOST - LINE_FIELDS - answer_bytes
-    # JSON spells a character in 6 bytes at most (\u001f): only huge requests are measured
-    if 6 * len(request_json) + 2 <= room:
+    # JSON spells a character in 6 bytes at most (\u001f), and UTF-8 in 4: ordinary requests
+    # are not measured
+    if 6 * len(request_json) + 2 <= min(room, VALUE_MOST):
         return None
-    size = len(orjson.dumps(request_json))
-    if size <= room:
+    stored = len(request_json.encode())
+    if stored > VALUE_MOST:
+        return (
+            f"not sent: its request takes {stored:,} bytes, more than the {VALUE_MOST:,} a "
+            "lookup of the cache can read back, so its answer could not be cached; shorten the "
+            "prompt, or run it with cache=False"
+        )
+    line = len(orjson.dumps(request_json))
+    if line <= room:
         return None
     return (
-        f"not sent: its request takes {size:,} bytes in the cache's journal, and with an "
-        f"answer of up to {answer_bytes:,} bytes it could be longer than the {LINE_MOST:,} "
-        "bytes a journal line can hold, so the answer could not be cached; shorten the "
-        "prompt, lower max_response_bytes, or run it with cache=False"
+        f"not sent: its request takes {line:,} bytes in the cache's journal, and with an "
+        f"answer of up to {answer_bytes:,} bytes (max_response_bytes) its line there could be "
+        f"longer than the {LINE_MOST:,} bytes DuckDB reads, so its answer could not be cached; "
+        "shorten the prompt, lower max_response_bytes, or run it with cache=False"
     )
 
 

@@ -95,6 +95,14 @@ def test_a_request_whose_answer_a_journal_line_could_not_hold_is_not_sent(
     assert endpoint.stats()["requests"] == 1
 
 
+def test_a_request_longer_than_a_lookup_reads_back_is_not_sent(complete, endpoint, monkeypatch):
+    monkeypatch.setattr(_journal, "VALUE_MOST", 1_000)
+    out = pl.DataFrame({"text": ["x" * 1_000]}).pipe(complete, prompt="{text}")
+    assert out["completion_status"].to_list() == ["skipped"]
+    assert "a lookup of the cache can read back" in out["completion_error"][0]
+    assert endpoint.stats()["requests"] == 0
+
+
 def test_without_a_cache_no_request_is_refused_for_its_size(complete, monkeypatch):
     monkeypatch.setattr(_journal, "LINE_MOST", 2 * 2**20)
     out = pl.DataFrame({"text": ["x" * 2**20]}).pipe(complete, prompt="{text}", cache=False)
