@@ -68,7 +68,8 @@ def _rows_for_keys(place: Place, table: str, schema: pa.Schema, keys: pa.Table) 
                 return rows if rows.schema.equals(schema) else rows.cast(schema)
         except (CacheError, duckdb.IOException) as exc:
             # A journal file merged and removed between listing and reading, or a line
-            # longer than any it had appended to it after it was measured: list again.
+            # appended to one after it was measured and longer than it: list and measure
+            # again.
             gone = ("No files found", "needs at least one file", "maximum_object_size")
             if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
                 raise
