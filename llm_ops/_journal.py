@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import socket
 import threading
@@ -26,6 +27,8 @@ import orjson
 
 from .exceptions import CacheError
 
+_log = logging.getLogger("llm_ops")
+
 Merge = Callable[[Sequence[Path], float], str | None]
 """Merge journal files into the database, waiting up to so many seconds for it; returns why
 it could not (the files then stay), or ``None`` once they are merged and deleted."""
@@ -37,6 +40,53 @@ process, or checked (see :func:`llm_ops._cache.Cache.merge_orphans`)."""
 JOURNAL_BATCH = 32
 """Rows buffered in memory before they are appended to the journal: with ``concurrency`` C, a
 killed job loses at most C + 32 answers it had received."""
+
+LINE_MOST = 2**32 - 1
+"""The longest journal line a merge can read back. DuckDB reads each line as one JSON object
+of at most ``maximum_object_size`` bytes, a UINTEGER, and holds no string longer than this
+either. Nothing else bounds a line below it: the prompt has no bound of its own, and the
+answer only ``max_response_bytes`` (2**31 at most). So a request whose line might be longer
+is not sent (:func:`unkeepable`), and a longer line is never written
+(:meth:`JournalWriter.add`): one would fail every merge and every lookup of the cache."""
+
+LINE_FIELDS = 64 * 2**10
+"""Room in a line for what is neither the request nor the answer: key, model, endpoint,
+status, usage, and the names of the fields."""
+
+VALUE_MOST = 2**31 - 1
+"""The longest request a lookup reads back: DuckDB hands a row over as Arrow strings, whose
+offsets are 32-bit, and fails the whole lookup on a longer one."""
+
+
+def unkeepable(request_json: str, answer_bytes: int) -> str | None:
+    """Why the answer to ``request_json`` could not be cached: its line in the journal, with
+    ``answer_bytes`` of answer, might be longer than :data:`LINE_MOST`, or the request longer
+    than :data:`VALUE_MOST`; ``None`` when it can be."""
+    # Half a line at most is kept for the answer: max_response_bytes at its maximum (set so
+    # as not to limit answers) with a schema would leave no room for any request. An answer
+    # past that next to a request past the rest is not cached (JournalWriter.add says so).
+    answer_bytes = min(answer_bytes, LINE_MOST // 2)
+    room = LINE_MOST - LINE_FIELDS - answer_bytes
+    # JSON spells a character in 6 bytes at most (\u001f), and UTF-8 in 4: ordinary requests
+    # are not measured
+    if 6 * len(request_json) + 2 <= min(room, VALUE_MOST):
+        return None
+    stored = len(request_json.encode())
+    if stored > VALUE_MOST:
+        return (
+            f"not sent: its request takes {stored:,} bytes, more than the {VALUE_MOST:,} a "
+            "lookup of the cache can read back, so its answer could not be cached; shorten the "
+            "prompt, or run it with cache=False"
+        )
+    line = len(orjson.dumps(request_json))
+    if line <= room:
+        return None
+    return (
+        f"not sent: its request takes {line:,} bytes in the cache's journal, and with an "
+        f"answer of up to {answer_bytes:,} bytes (max_response_bytes) its line there could be "
+        f"longer than the {LINE_MOST:,} bytes DuckDB reads, so its answer could not be cached; "
+        "shorten the prompt, lower max_response_bytes, or run it with cache=False"
+    )
 
 
 def is_out_of_space(exc: OSError) -> bool:
@@ -147,6 +197,19 @@ class JournalWriter:
 
     def add(self, table: str, row: Mapping[str, Any]) -> None:
         line = orjson.dumps(row, default=_json_default)  # datetimes as ISO 8601
+        if len(line) > LINE_MOST:
+            # No merge could read it back, and every merge and lookup would fail on it.
+            # Requests that might make such a line are not sent: this one outgrew its room.
+            _log.warning(
+                "llm-ops: not caching the %s row of key %s: it takes %d bytes, more than the "
+                "%d a journal line can hold; the answer is in this job's result, and a "
+                "rerun sends its request again",
+                table,
+                row.get("key", row.get("run_id")),
+                len(line),
+                LINE_MOST,
+            )
+            return
         with self._lock:
             buffer = self._buffer.setdefault(table, [])
             buffer.append(line)

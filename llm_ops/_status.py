@@ -11,7 +11,8 @@ similar
     the job; which request and how similar are in ``<output>_similar_to`` and
     ``<output>_similarity``
 skipped
-    a referenced column was null, or a budget stopped sending; nothing sent
+    a referenced column was null, a budget stopped sending, or the request is too large for
+    the cache to keep its answer; nothing sent
 rejected
     the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429); not retried
 filtered

@@ -91,9 +91,16 @@ def _open(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
 
 
 def _is_lock_error(exc: duckdb.Error) -> bool:
-    # not just "lock": DuckDB's word for a corrupt block is "block"
-    text = str(exc).lower()
-    return "could not set lock" in text or "conflicting lock" in text
+    # DuckDB's one message for a file another process holds ("Could not set lock on file
+    # ...: Conflicting lock is held in ..."); anything else is no lock, and waiting for the
+    # file does not help (not just "lock": DuckDB's word for a corrupt block is "block")
+    return "could not set lock" in str(exc).lower()
+
+
+def one_line(exc: BaseException) -> str:
+    """DuckDB's message without the advice it adds on further lines (which names its own
+    settings, not ours), nor its last full stop: it is quoted inside our sentences."""
+    return str(exc).strip().split("\n", 1)[0].strip().removesuffix(".")
 
 
 _DAMAGE = (
@@ -118,7 +125,7 @@ def _is_full(exc: BaseException) -> bool:
 
 
 def _damaged(path: Path, exc: BaseException) -> str:
-    detail = str(exc).split("\n", 1)[0].removeprefix("IO Error: ")
+    detail = one_line(exc).removeprefix("IO Error: ")
     return (
         f"the cache {path} cannot be read: it is damaged or not a DuckDB file ({detail}), and "
         "no answer is taken from it. Move it aside (with its .wal file, if any) and rerun: a new "
@@ -204,7 +211,10 @@ def open_retrying(path: Path, *, read_only: bool, wait: float) -> duckdb.DuckDBP
                 fatal = fatal_error(path, exc)
                 if fatal is not None:
                     raise fatal from exc
-                raise CacheError(f"cannot open the cache {path}: {exc}") from exc
+                raise CacheError(
+                    f"cannot open the cache {path}: {one_line(exc)}; fix that, or point this "
+                    f"job at another file with cache=... or {CACHE_ENV}"
+                ) from exc
             if time.monotonic() >= deadline:
                 raise CacheLockedError(
                     f"the cache {path} is held by another process (DuckDB allows one "
@@ -236,12 +246,14 @@ def connect(
                 _MIGRATED.add(identity)
             yield con
         except duckdb.Error as exc:
-            raise fatal_error(path, exc) or CacheError(f"cache {path}: {exc}") from exc
+            raise fatal_error(path, exc) or CacheError(f"cache {path}: {one_line(exc)}") from exc
         finally:
             try:
                 con.close()
             except duckdb.Error as exc:  # say, a checkpoint on a full disk
-                raise fatal_error(path, exc) or CacheError(f"cache {path}: {exc}") from exc
+                raise fatal_error(path, exc) or CacheError(
+                    f"cache {path}: {one_line(exc)}"
+                ) from exc
 
 
 @contextmanager
@@ -270,7 +282,7 @@ def attached(place: Place, con: duckdb.DuckDBPyConnection, *, alias: str) -> Ite
                 fatal = fatal_error(path, exc)
                 if fatal is not None:
                     raise fatal from exc
-                raise CacheError(f"cannot attach the cache {path}: {exc}") from exc
+                raise CacheError(f"cannot attach the cache {path}: {one_line(exc)}") from exc
             time.sleep(0.05)
     try:
         yield

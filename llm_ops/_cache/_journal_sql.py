@@ -4,19 +4,22 @@ itself), and the check that warns of lines a crash cut short.
 A job writes its rows to the journal first (see :mod:`llm_ops._journal`, whose format this only
 reads); lookups read it together with the file, so an answer is a cache hit as soon as it is
 journalled. A journal line cut short (a crash, a full disk) reads as nulls and is skipped with
-a warning: every line that lacks what its table requires is.
+a warning: every line that lacks what its table requires is. A line may be of any length up to
+:data:`~llm_ops._journal.LINE_MOST` (a prompt of tens of megabytes makes a line past DuckDB's
+default limit): each read tells DuckDB the longest line of the files it reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
 
-from .._journal import WHOLE, finished
+from .._journal import LINE_MOST, WHOLE, finished
 from ._connection import DUCKDB_CONFIG, Place, sql_string
 from ._migrations import COLUMNS, REQUIRED
 
@@ -25,6 +28,58 @@ _log = logging.getLogger("llm_ops")
 # Journal files of finished writers (path, size) this process has checked for broken lines,
 # or wrote whole itself.
 _CHECKED = WHOLE
+
+
+DEFAULT_OBJECT_SIZE = 16 * 2**20
+"""DuckDB's own ``maximum_object_size``, ample for the lines of ordinary answers."""
+_SCAN_BYTES = 2**20
+"""Bytes of a journal file read at a time to measure its lines: only a line longer than
+:data:`DEFAULT_OBJECT_SIZE` matters, and such a line spans chunks."""
+_LONGEST: dict[tuple[Path, int, int], int] = {}
+"""The longest line of journal files this process measured, by (path, size, mtime): a file
+only grows (or is taken back after a failed write), and each version is read once."""
+
+
+def longest_line(file: Path) -> int:
+    """Bytes of the longest line of ``file`` (its newline included) when that is longer than
+    :data:`_SCAN_BYTES`, else at most that; 0 when the file is gone (merged meanwhile)."""
+    try:
+        with open(file, "rb") as f:
+            stat = os.fstat(f.fileno())
+            version = (file, stat.st_size, stat.st_mtime_ns)
+            if version in _LONGEST:
+                return _LONGEST[version]
+            # Lines within one chunk are shorter than it: only the runs between the first and
+            # the last newline of consecutive chunks are measured, at the speed of memchr.
+            longest = run = 0
+            while chunk := f.read(_SCAN_BYTES):
+                first = chunk.find(b"\n")
+                if first < 0:
+                    run += len(chunk)
+                    continue
+                longest = max(longest, run + first + 1)
+                run = len(chunk) - chunk.rfind(b"\n") - 1
+            longest = max(longest, run)  # a last line without its newline (a crash)
+    except OSError:
+        return 0
+    if len(_LONGEST) > 10_000:  # files merged long ago
+        _LONGEST.clear()
+    _LONGEST[version] = longest
+    return longest
+
+
+def _object_size(files: Sequence[Path]) -> str:
+    """The ``maximum_object_size`` argument that lets DuckDB read every line of ``files``."""
+    # DuckDB fails the whole query on a line longer than maximum_object_size (ignore_errors
+    # does not skip it), and the journal holds lines of any length up to LINE_MOST: a prompt
+    # has no bound of its own. Not LINE_MOST every time: DuckDB sets aside twice the limit
+    # from its memory_limit to read with, which a small machine cannot spare for every
+    # lookup. The longest line of the files read is enough, and costs nothing for the
+    # lines of ordinary answers.
+    longest = max((longest_line(file) for file in files), default=0)
+    if longest <= DEFAULT_OBJECT_SIZE:
+        return ""
+    return f", maximum_object_size={min(longest, LINE_MOST)}"
 
 
 def _lock_of(journal_file: Path) -> Path:
@@ -39,7 +94,7 @@ def _read_journal(table: str, files: Sequence[Path], *, filename: bool = False) 
     paths = ", ".join(sql_string(str(f)) for f in files)
     return (
         f"read_json([{paths}], format='newline_delimited', columns={{{spec}}}, "
-        f"ignore_errors=true{', filename=true' if filename else ''})"
+        f"ignore_errors=true{', filename=true' if filename else ''}{_object_size(files)})"
     )
 
 

@@ -67,8 +67,10 @@ def _rows_for_keys(place: Place, table: str, schema: pa.Schema, keys: pa.Table) 
                 # cast only when needed: it imports pyarrow.compute (~60 ms, once)
                 return rows if rows.schema.equals(schema) else rows.cast(schema)
         except (CacheError, duckdb.IOException) as exc:
-            # A journal file merged and removed between listing and reading: list again.
-            gone = ("No files found", "needs at least one file")
+            # A journal file merged and removed between listing and reading, or a line
+            # appended to one after it was measured and longer than it: list and measure
+            # again.
+            gone = ("No files found", "needs at least one file", "maximum_object_size")
             if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
                 raise
             time.sleep(0.01 * random.uniform(0.5, 1.5))

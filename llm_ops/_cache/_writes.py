@@ -252,15 +252,25 @@ def settle(place: Place, *, wait: float, warn: bool = True) -> Merged:
             rest.rows[table] = rest.rows.get(table, 0) + count
         rest.files += merged.files
         merged = rest
-    if merged.waiting and warn:
+    if merged.waiting and warn and merged.held:
         _log.warning(
-            "llm-ops: %d answer(s) wait in the journal %s, not yet in %s, which %s. They "
-            "are cache hits already; `llm-ops cache merge --cache %s` (or any llm-ops job) "
-            "merges them into the file once it is free",
+            "llm-ops: %d answer(s) wait in the journal %s, not yet in %s, which another "
+            "process holds. They are cache hits already; `llm-ops cache merge --cache %s` "
+            "(or any llm-ops job) merges them into the file once it is free",
             merged.waiting,
             place.journal,
             place.path,
-            "another process holds" if merged.held else f"refused them ({merged.reason})",
+            place.path,
+        )
+    elif merged.waiting and warn:
+        _log.warning(
+            "llm-ops: %d answer(s) wait in the journal %s, not yet in %s: merging them "
+            "failed (%s). They are cache hits already; once that is fixed, `llm-ops cache "
+            "merge --cache %s` (or any llm-ops job) merges them into the file",
+            merged.waiting,
+            place.journal,
+            place.path,
+            merged.reason,
             place.path,
         )
     return merged

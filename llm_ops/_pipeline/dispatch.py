@@ -39,10 +39,12 @@ def requests_for(
     claims: Claims | None = None,
     *,
     checked: frozenset[str] = frozenset(),
+    refuse: Callable[[Request], bool] | None = None,
 ) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
     ``rows_per_request`` of them (grouped by system message, which packs share). With
-    ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`)."""
+    ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
+    ``refuse``, only those it returns ``False`` for (it settles the others)."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -58,6 +60,8 @@ def requests_for(
         single = Request(
             key=key, messages=request["messages"], request_json=canonical_json(request), rows=rows
         )
+        if refuse is not None and refuse(single):
+            continue
         if per_request == 1:
             yield single
             continue
@@ -205,13 +209,21 @@ async def _send(
             tracker.rows_done += member.rows
             sink.add(member, answer)
 
+    def refuse(request: Request) -> bool:
+        """Settle, unsent, a request whose answer the cache could not keep."""
+        why = sink.unkeepable(request)
+        if why is not None:
+            tracker.rows_done += request.rows
+            sink.add(request, Outcome(key=request.key, status="skipped", error=why))
+        return why is not None
+
     # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
     # so members of a pack share a prefix too.
     lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.limits.concurrency
     ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(ordered, job, sink.claims, checked=checked),
+        requests_for(ordered, job, sink.claims, checked=checked, refuse=refuse),
         on_outcome,
         sink=sink.cache,
         tracker=tracker,

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from .._cache import Cache
 from .._claims import Claims
+from .._journal import unkeepable
 from .._options import Job
 from .._outcome import STOPS, Outcome, Request
 from .._progress import ProgressCallback, TerminalDisplay, Tracker
@@ -91,6 +92,19 @@ class AnswerSink:
             if claim and self.cache is not None and backend.cache is not None
             else None
         )
+        # What an answer may add to its journal line: its text, at most the body that carried
+        # it, and with a schema its normalised JSON too, about as long.
+        self.answer_bytes = backend.engine.limits.max_response_bytes * (
+            2 if job.spec.schema is not None else 1
+        )
+
+    def unkeepable(self, request: Request) -> str | None:
+        """Why the answer to ``request`` could not be cached (see
+        :data:`~llm_ops._journal.LINE_MOST`): then it is not sent, since it would be paid for
+        and lost; ``None`` when it can be, or when there is no cache."""
+        if self.cache is None:
+            return None
+        return unkeepable(request.request_json, self.answer_bytes)
 
     def add(self, request: Request, outcome: Outcome) -> None:
         self.outcomes.append(outcome)

@@ -79,7 +79,8 @@ def add_commands(commands: Commands) -> None:
         "merge answers waiting in the journal into the file",
         "Merge into the cache file what finished jobs left in its journal (say, because a "
         "reader held the file when they ended), so that every tool sees it; jobs still running "
-        "merge their own. Exits 1 when the file stays held.",
+        "merge their own. Exits 1 when some cannot be merged: the file stays held, or the "
+        "merge fails (it says why).",
     )
     merge_parser.add_argument(
         "--wait",
@@ -142,18 +143,30 @@ def merge(args: argparse.Namespace) -> int:
     if merged.files:
         rows = ", ".join(f"{table} {count:,}" for table, count in sorted(merged.rows.items()))
         print(f"merged {merged.files:,} journal file(s) into {cache.path}: {rows or 'no new rows'}")
-    elif not merged.waiting:
+    elif merged.reason is None:
         print(f"nothing waits in the journal of {cache.path}")
     if merged.running:
         print(f"left {merged.running:,} journal file(s) of running jobs to them")
-    if merged.waiting:
+    if merged.reason is None:
+        return 0
+    waiting = f"{merged.waiting:,} answer(s)" if merged.waiting else "rows of finished jobs"
+    if merged.held:
         print(
-            f"llm-ops: {merged.waiting:,} answer(s) still wait in the journal: {cache.path} "
-            "is held by another process; close it and run llm-ops cache merge again",
+            f"llm-ops: {waiting} still wait in the journal: {cache.path} is held by another "
+            "process; close it and run llm-ops cache merge again",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    else:
+        # Not a lock: waiting does not help, and another merge fails the same way until
+        # what DuckDB says is fixed.
+        print(
+            f"llm-ops: {waiting} still wait in the journal {cache.journal}: merging them "
+            f"failed: {merged.reason}. They stay there until that is fixed and llm-ops cache "
+            "merge runs again. If the message names a journal file, moving that file out of "
+            "the journal lets the rest merge (what it holds is sent again when asked for)",
+            file=sys.stderr,
+        )
+    return 1
 
 
 def _existing(args: argparse.Namespace) -> Cache:
