@@ -408,6 +408,7 @@ class Client:
         # round trip to /models
         loop = asyncio.get_running_loop()
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
+        fresh = self._engine is None
         try:
             if self._engine is None:
                 self._engine = self.new_engine()
@@ -416,6 +417,12 @@ class Client:
         finally:
             if prepared is not None:
                 await prepared
+        if fresh and self.cache is not None and self.limits.concurrency is None:
+            learned = await asyncio.to_thread(
+                self.cache.learned_concurrency, self.endpoint.identity
+            )
+            if learned is not None:
+                self._engine.concurrency.resume(learned)
         return Backend(self._engine, self.cache)
 
     def new_engine(self) -> Engine:

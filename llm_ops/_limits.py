@@ -1,7 +1,8 @@
-"""Flow control shared by every sender of one job: adaptive concurrency and rate budgets.
+"""Rate budgets shared by every sender of one job: requests and tokens per minute.
 
-Both are single-event-loop objects (no thread safety needed) and both are per endpoint, so a
-``Retry-After`` from one answer pauses every sender together.
+A single-event-loop object (no thread safety needed), per endpoint, so a ``Retry-After`` from
+one answer pauses every sender together. How many requests are in flight is
+:mod:`llm_ops._concurrency`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import math
 import random
 import re
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -30,86 +30,6 @@ def parse_duration(text: str) -> float | None:
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-
-
-class AdaptiveConcurrency:
-    """AIMD: start at the ceiling, halve on overload, grow back on success.
-
-    Growth is additive (about +1 per window of successes) for ``calm`` seconds after the
-    last decrease, then +1 per success (TCP's slow start) so a lifted limit is regained in a
-    few round trips rather than minutes.
-    """
-
-    def __init__(
-        self,
-        ceiling: int,
-        *,
-        cooldown: float = 1.0,
-        calm: float = 2.0,
-        window: int = 64,
-        overload_share: float = 0.2,
-    ):
-        self.ceiling = ceiling
-        self.limit = float(ceiling)
-        self.in_flight = 0
-        self.cooldown = cooldown
-        self.calm = calm
-        self.overload_share = overload_share
-        self._recent: deque[bool] = deque(maxlen=window)  # True: a timeout or a 429
-        self._last_decrease = -max(cooldown, calm)
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def current(self) -> int:
-        return max(1, int(self.limit))
-
-    async def acquire(self) -> None:
-        while self.in_flight >= self.current:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-                raise
-        self.in_flight += 1
-
-    def release(self) -> None:
-        self.in_flight -= 1
-        self._wake()
-
-    def _wake(self) -> None:
-        free = self.current - self.in_flight
-        while free > 0 and self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                free -= 1
-
-    def on_success(self) -> None:
-        self._recent.append(False)
-        if self.limit < self.ceiling:
-            recent = time.monotonic() - self._last_decrease < self.calm
-            step = 1.0 / self.limit if recent else 1.0
-            self.limit = min(float(self.ceiling), self.limit + step)
-            self._wake()
-
-    def on_congestion(self) -> None:
-        """A timeout or a bare 429: halve only when they are a good share of recent attempts,
-        so a few hung requests or stray 429s on a healthy endpoint do not throttle the rest."""
-        self._recent.append(True)
-        if sum(self._recent) >= self.overload_share * len(self._recent) and len(self._recent) >= 8:
-            self.on_overload()
-
-    def on_overload(self) -> None:
-        """Halve, at most once per cooldown, so one burst of 429s is one decrease.
-
-        Called directly for an explicit signal (a 429 with ``Retry-After``)."""
-        now = time.monotonic()
-        if now - self._last_decrease >= self.cooldown:
-            self.limit = max(1.0, self.limit / 2)
-            self._last_decrease = now
 
 
 class _Budget:

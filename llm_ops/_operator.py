@@ -96,8 +96,12 @@ def llm_complete(
         Path of the DuckDB cache file; ``None`` uses ``LLM_OPS_CACHE`` or
         ``~/.cache/llm-ops/cache.duckdb``; ``False`` turns caching off.
     concurrency
-        Requests in flight at once (at most 4,096); the first goes alone, so a wrong key or
-        endpoint costs one request.
+        The most requests in flight, at most 4,096; unset, the job finds how many the
+        endpoint absorbs. It raises what is in flight while the throughput rises with it and
+        keeps the least that does as much (see :attr:`~llm_ops.RunReport.concurrency_why`);
+        a number given is where it starts, and it only comes down from there where the
+        server queues. Either way the first request goes alone, so a wrong key or endpoint
+        costs one request.
     max_tokens, temperature, top_p, seed, stop
         Sent to the endpoint when set, and part of the cache key.
     max_attempts, timeout

@@ -134,12 +134,19 @@ class Counters:
     embedding_requests: int = 0
     embedding_tokens: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
+    # where the concurrency was when the dispatch ended, and why (see llm_ops._concurrency)
+    concurrency: int = 0
+    concurrency_why: str = ""
 
     def add(self, other: Counters) -> None:
-        """Add another dispatch's counters (say, one chunk's) to these."""
+        """Add another dispatch's counters (say, one chunk's) to these; the concurrency is the
+        later one's."""
         for item in fields(self):
             if item.name == "by_status":
                 for status, n in other.by_status.items():
                     self.by_status[status] = self.by_status.get(status, 0) + n
+            elif item.name in ("concurrency", "concurrency_why"):
+                if other.concurrency:
+                    setattr(self, item.name, getattr(other, item.name))
             else:
                 setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from ._limits import AdaptiveConcurrency
+from ._concurrency import Concurrency
 from ._outcome import Counters
 
 
@@ -17,7 +17,7 @@ class Flow(Protocol):
     """What progress reads of the engine: its concurrency right now."""
 
     @property
-    def concurrency(self) -> AdaptiveConcurrency: ...
+    def concurrency(self) -> Concurrency: ...
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class Progress:
         HTTP attempts so far, retries among them, 429 answers and timeouts.
     prompt_tokens, completion_tokens
         Tokens billed so far.
-    concurrency
-        The adaptive concurrency limit right now.
+    concurrency, concurrency_why
+        The limit on requests in flight right now, and why it is there (see
+        :attr:`llm_ops.RunReport.concurrency_why`).
     elapsed
         Seconds since the dispatch started.
     phase
@@ -59,6 +60,7 @@ class Progress:
     concurrency: int
     elapsed: float
     phase: str = "sending"
+    concurrency_why: str = ""
     chunk: int | None = None
     chunks: int | None = None
 
@@ -79,7 +81,9 @@ class Progress:
         return (
             f"llm-ops {phase}{chunk}rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
             f"{tokens:,.0f} tok/s · 429s {self.rate_limited:,} · retries {self.retries:,} · "
-            f"concurrency {self.concurrency} · ETA {eta}"
+            f"concurrency {self.concurrency}"
+            + (f" ({self.concurrency_why})" if self.concurrency_why else "")
+            + f" · ETA {eta}"
         )
 
 
@@ -120,7 +124,8 @@ class Tracker:
             timeouts=counters.timeouts,
             prompt_tokens=counters.prompt_tokens,
             completion_tokens=counters.completion_tokens,
-            concurrency=self.engine.concurrency.current,
+            concurrency=self.engine.concurrency.limit,
+            concurrency_why=self.engine.concurrency.why,
             elapsed=time.monotonic() - self.started,
             phase=self.phase,
         )
@@ -194,6 +199,7 @@ class ChunkedProgress:
                 prompt_tokens=spent.prompt_tokens + progress.prompt_tokens,
                 completion_tokens=spent.completion_tokens + progress.completion_tokens,
                 concurrency=progress.concurrency,
+                concurrency_why=progress.concurrency_why,
                 elapsed=time.monotonic() - self.started,
                 phase=progress.phase,
                 chunk=min(self.done + 1, len(self.chunks)),

@@ -104,6 +104,11 @@ class RunReport:
         requests, tokens and cost.
     mode
         ``"live"``, or ``"batch"`` when the requests went through the provider's Batch API.
+    concurrency, concurrency_why
+        The limit on requests in flight when the job ended, and why it was there: where the
+        controller found the endpoint's throughput to stop rising (``"throughput flat above
+        512, latency x2.8"``, ``"queueing above 8: ..."``), the cap given (``concurrency=``),
+        or a back-off (``"halved: 429s"``). The next job on the endpoint starts from it.
     cache
         The cache file's path (``None``: caching was off); not stored in ``llm_runs``.
     journal_pending
@@ -138,6 +143,8 @@ class RunReport:
     savings: dict[str, Saving] = field(default_factory=dict)
     models: dict[str, ModelUsage] = field(default_factory=dict)
     mode: str = "live"
+    concurrency: int | None = None
+    concurrency_why: str | None = None
     cache: str | None = None
     journal_pending: int = 0
 
@@ -174,6 +181,11 @@ class RunReport:
             + (f"  ({self.cached_tokens:,} in cached)" if self.cached_tokens else ""),
             f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
+            *(
+                [f"  concurrency        {self.concurrency:>10,}  ({self.concurrency_why})"]
+                if self.concurrency
+                else []
+            ),
             f"  rows by status     {statuses}",
             f"  cache              {self.cache or 'off'}",
         ]
@@ -261,6 +273,8 @@ def sum_reports(
         savings=savings,
         models=models,
         mode=reports[0].mode,
+        concurrency=next((r.concurrency for r in reversed(reports) if r.concurrency), None),
+        concurrency_why=next((r.concurrency_why for r in reversed(reports) if r.concurrency), None),
         cache=reports[0].cache,
     )
 
@@ -315,6 +329,8 @@ def make_report(
         models={} if models is None else models,
         mode=mode,
         budget_stop=budget_stop,
+        concurrency=counters.concurrency or None,
+        concurrency_why=counters.concurrency_why or None,
         cache=None if cache is None else str(cache),
     )
 

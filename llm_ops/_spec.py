@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
+from ._concurrency import DEFAULT_CAP
 from ._key import (
     build_embedding_request,
     build_request,
@@ -347,7 +348,7 @@ class Limits:
     body, compressed and decompressed (an embeddings answer may hold more, by its inputs).
     """
 
-    concurrency: int = 32
+    concurrency: int | None = None  # None: the knee the controller finds (llm_ops._concurrency)
     max_attempts: int = 5
     timeout: float = 60.0
     rpm: float | None = None
@@ -357,8 +358,14 @@ class Limits:
     max_retry_after: float = 120.0
     max_response_bytes: int = 8 * 2**20
 
+    @property
+    def most_in_flight(self) -> int:
+        """The cap on requests in flight: ``concurrency`` given, else the controller's."""
+        return self.concurrency or DEFAULT_CAP
+
     def __post_init__(self) -> None:
-        positive_int("concurrency", self.concurrency, most=MAX_CONCURRENCY)
+        if self.concurrency is not None:
+            positive_int("concurrency", self.concurrency, most=MAX_CONCURRENCY)
         positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
         positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
         object.__setattr__(self, "timeout", seconds("timeout", self.timeout))

@@ -35,6 +35,7 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (7, "create llm_batches and llm_batch_requests; add mode to llm_runs"),
         (8, "add cached_tokens to llm_cache and llm_runs"),
         (9, "no primary key index on the tables that grow with the answers"),
+        (10, "add concurrency to llm_runs"),
     ]
 
 
@@ -59,7 +60,9 @@ def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, ca
         con.execute("ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER")
         con.execute("INSERT INTO llm_cache SELECT * FROM answers")
         con.execute("DROP TABLE answers")
-        con.execute("DELETE FROM llm_ops_migrations WHERE version = 9")
+        con.execute("ALTER TABLE llm_runs DROP COLUMN concurrency")  # and of version 10
+        con.execute("ALTER TABLE llm_runs DROP COLUMN concurrency_why")
+        con.execute("DELETE FROM llm_ops_migrations WHERE version >= 9")
     report = DF.pipe(complete, prompt="{text}", cache=old, return_report=True)[1]
     assert (report.cache_hits, report.requests_sent) == (2, 0)
     kinds = "SELECT constraint_type FROM duckdb_constraints() WHERE table_name = 'llm_cache'"

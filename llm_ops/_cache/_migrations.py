@@ -208,6 +208,16 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_batch_requests_9 RENAME TO llm_batch_requests
         """,
     ),
+    (
+        10,
+        "add concurrency to llm_runs",
+        """
+        -- the limit on requests in flight when the job ended, and why (llm_ops._concurrency):
+        -- the next job on the endpoint starts from it; NULL for runs recorded before
+        ALTER TABLE llm_runs ADD COLUMN concurrency INTEGER;
+        ALTER TABLE llm_runs ADD COLUMN concurrency_why VARCHAR
+        """,
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -314,6 +324,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "completion_tokens BIGINT, cost DOUBLE))",
         "mode": "VARCHAR",
         "cached_tokens": "BIGINT",
+        "concurrency": "INTEGER",
+        "concurrency_why": "VARCHAR",
     },
 }
 # The columns a journal line must hold (NOT NULL in its table): a line without them is one a

@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from .._concurrency import AT_THE_CAP
 from ..exceptions import CacheError
 from ._connection import Place, attached, connect, reader
 from ._journal_sql import journal_files, journal_sql, table_sql
@@ -101,6 +102,22 @@ def similar_candidates(
         ).to_arrow_reader(batch_rows)
         yield from batches
         con.unregister("wanted_scopes")
+
+
+def learned_concurrency(place: Place, endpoint: str) -> int | None:
+    """The concurrency the latest completed job on ``endpoint`` settled on (a cap given to it
+    is not something learned), or ``None``."""
+    if not place.path.exists() and not journal_files(place, "llm_runs"):
+        return None
+    columns = ["endpoint", "outcome", "finished_at", "concurrency", "concurrency_why"]
+    query = (
+        f"SELECT concurrency FROM ({table_sql(place, 'llm_runs', columns)}) "
+        "WHERE endpoint = $endpoint AND outcome = 'completed' AND concurrency IS NOT NULL "
+        "AND NOT starts_with(concurrency_why, $cap) ORDER BY finished_at DESC LIMIT 1"
+    )
+    with connect(place) as con:
+        found = con.execute(query, {"endpoint": endpoint, "cap": AT_THE_CAP}).fetchall()
+    return int(found[0][0]) if found else None
 
 
 def batch_parts(

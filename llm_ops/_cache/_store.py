@@ -76,6 +76,7 @@ class Cache:
     similar_candidates = _reads.similar_candidates
     nearest = _nearest.nearest
     batch_parts = _reads.batch_parts
+    learned_concurrency = _reads.learned_concurrency
     batch_keys = _reads.batch_keys
 
     def writer(self) -> JournalWriter:

@@ -66,7 +66,7 @@ class Dispatcher:
     """One dispatch of chat requests over an :class:`Engine`; reports each :class:`Outcome`.
 
     Every attempt waits for a rate budget (:class:`~llm_ops._limits.RateLimiter`) and a
-    concurrency slot (:class:`~llm_ops._limits.AdaptiveConcurrency`), both the engine's;
+    concurrency slot (:class:`~llm_ops._concurrency.Concurrency`), both the engine's;
     retrying is decided in one place, :meth:`_request_loop`.
     """
 
@@ -92,7 +92,12 @@ class Dispatcher:
         self.reader = self._reader(validate)
         self._aborted: JobAbortedError | None = None
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
-        self._workers: list[asyncio.Task[None]] = []
+        self._workers: set[asyncio.Task[Any]] = set()  # running
+        self._busy: set[asyncio.Task[Any]] = set()  # running and drawing requests
+        self._failure: BaseException | None = None  # what a worker raised, if one did
+        self._drawn = False  # every request was drawn
+        self._work: Iterator[Request] = iter(())
+        self._on_outcome: OnOutcome = _nothing
         self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
         self.url = engine.url(self.path)
 
@@ -108,18 +113,19 @@ class Dispatcher:
         the job (credentials, quota); requests not yet started are then never sent.
         """
         await self.engine.check_models((self.model,))
-        work = iter(requests)
-        workers = self._workers = [
-            asyncio.create_task(self._worker(work, on_outcome))
-            for _ in range(self.settings.concurrency)
-        ]
+        self._work, self._on_outcome = iter(requests), on_outcome
+        self._staff()
         with stopped_by_signals(self):
             try:
-                await self._until_done(workers)
+                await self._until_done()
             finally:
-                for worker in workers:
+                leftover = list(self._workers)
+                for worker in leftover:
                     worker.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                await asyncio.gather(*leftover, return_exceptions=True)
+                concurrency = self.engine.concurrency
+                self.counters.concurrency = concurrency.limit
+                self.counters.concurrency_why = concurrency.why
         if self._aborted is not None:
             raise self._aborted
         if self._stopping:
@@ -128,16 +134,39 @@ class Dispatcher:
                 "answer is cached, so a rerun sends only the rest"
             )
 
-    async def _until_done(self, workers: list[asyncio.Task[None]]) -> None:
+    def _staff(self) -> None:
+        """As many workers as requests may be in flight now: the engine's concurrency moves
+        while the job runs, and a worker holds its request from the first attempt to the
+        last, budget reservations included, so no more are drawn than can be sent."""
+        while len(self._busy) < self.engine.concurrency.limit and not self._drawn:
+            worker = asyncio.create_task(self._worker())
+            worker.add_done_callback(self._finished)
+            self._workers.add(worker)
+            self._busy.add(worker)
+
+    def _finished(self, worker: asyncio.Task[Any]) -> None:
+        self._workers.discard(worker)
+        if self._failure is None and not worker.cancelled():
+            self._failure = worker.exception()
+
+    async def _until_done(self) -> None:
         """Wait for the workers. A cancelled job (``task.cancel()``, Ctrl-C) stops as SIGTERM
         stops it: nothing new is sent, what is in flight may be answered (see :meth:`stop`)
         and every answer is kept; then the cancellation goes on. A second one stops at once."""
         try:
-            await _all_done(workers)
+            await self._all_done()
         except asyncio.CancelledError:
             self.stop()
-            await _all_done(workers)
+            await self._all_done()
             raise
+
+    async def _all_done(self) -> None:
+        """Wait for every worker, those started meanwhile too, without cancelling them when
+        this wait is (as ``gather`` would); the first exception one raised is raised."""
+        while self._workers and self._failure is None:
+            await asyncio.wait(set(self._workers), return_when=asyncio.FIRST_EXCEPTION)
+        if self._failure is not None:
+            raise self._failure
 
     def stop(self) -> None:
         """Send nothing new; give what is in flight up to :data:`DRAIN_SECONDS` (or the
@@ -150,7 +179,7 @@ class Dispatcher:
         )
 
     def _drain_timeout(self) -> None:
-        for worker in self._workers:
+        for worker in list(self._workers):
             worker.cancel()
 
     def _abort(self, message: str) -> None:
@@ -159,18 +188,27 @@ class Dispatcher:
         if self._aborted is None:
             self._aborted = JobAbortedError(message)
 
-    async def _worker(self, work: Iterator[Request], on_outcome: OnOutcome) -> None:
-        for request in work:
-            if self._aborted is not None or self._stopping:
-                return
-            outcome = await self._attempt_loop(request)
-            if outcome.status == "aborted":
-                return
-            self.counters.done += 1
-            self.counters.by_status[outcome.status] = (
-                self.counters.by_status.get(outcome.status, 0) + 1
-            )
-            await on_outcome(request, outcome)
+    async def _worker(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        try:
+            for request in self._work:
+                if self._aborted is not None or self._stopping:
+                    return
+                outcome = await self._attempt_loop(request)
+                if outcome.status == "aborted":
+                    return
+                self.counters.done += 1
+                self.counters.by_status[outcome.status] = (
+                    self.counters.by_status.get(outcome.status, 0) + 1
+                )
+                await self._on_outcome(request, outcome)
+                if len(self._busy) > self.engine.concurrency.limit:
+                    return  # the concurrency fell: one worker fewer
+                self._staff()
+            self._drawn = True
+        finally:
+            self._busy.discard(me)
 
     # -- the retry loop -----------------------------------------------------------------------
 
@@ -369,8 +407,9 @@ class Dispatcher:
         """Admission, a concurrency slot, one POST, and its answer read."""
         engine = self.engine
         await engine.limiter.admit(estimate)
-        await engine.concurrency.acquire()
+        setting = await engine.concurrency.acquire()
         self.counters.sent += 1
+        sent_at = time.monotonic()
         try:
             answer = await engine.http.request(
                 "POST", self.url, body, self.settings.timeout, self.max_bytes(request)
@@ -388,7 +427,8 @@ class Dispatcher:
         if answer.status >= 300:
             raise self._refused(answer)
         outcome = self.reader.read(request, answer.body)
-        engine.concurrency.on_success()
+        tokens = outcome.completion_tokens if outcome.usage_known else None
+        engine.concurrency.observe(setting, time.monotonic() - sent_at, tokens)
         engine.long_waits = 0
         used = outcome.prompt_tokens + outcome.completion_tokens
         engine.limiter.settle(estimate, used if outcome.usage_known else estimate)
@@ -421,7 +461,7 @@ class Dispatcher:
             return Retryable(f"could not connect: {detail}")
         if isinstance(exc, TimedOut):
             self.counters.timeouts += 1
-            engine.concurrency.on_congestion()
+            engine.concurrency.on_congestion("timeouts")
             return Retryable(str(exc))
         return Retryable(redact(f"connection error: {exc}", *engine.secrets))
 
@@ -451,10 +491,10 @@ class Dispatcher:
             return self._too_long_a_wait(status, wait, message)
         if status == 429:
             if wait is not None:
-                engine.concurrency.on_overload()
+                engine.concurrency.on_overload("429s")
                 engine.pause(wait, status)
             else:
-                engine.concurrency.on_congestion()
+                engine.concurrency.on_congestion("429s")
         return Retryable(message, wait, http_status=status)
 
     def _too_long_a_wait(self, status: int, wait: float, message: str) -> Final:
@@ -476,16 +516,8 @@ class Dispatcher:
         )
 
 
-async def _all_done(tasks: list[asyncio.Task[None]]) -> None:
-    """Wait for ``tasks`` without cancelling them when this wait is (as ``gather`` would);
-    the first exception one of them raises is raised."""
-    pending = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            error = None if task.cancelled() else task.exception()
-            if error is not None:
-                raise error
+async def _nothing(request: Request, outcome: Outcome) -> None:
+    """No one to tell of an outcome (before :meth:`Dispatcher.run` names someone)."""
 
 
 class EmbeddingDispatcher(Dispatcher):

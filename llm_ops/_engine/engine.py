@@ -30,7 +30,8 @@ import openai
 import orjson
 from yarl import URL
 
-from .._limits import AdaptiveConcurrency, Limiter, RateLimiter
+from .._concurrency import Concurrency
+from .._limits import Limiter, RateLimiter
 from .._spec import NO_KEY, Connection, Endpoint, Limits
 from ..exceptions import ConfigError
 from .answers import duration
@@ -68,7 +69,7 @@ class Engine:
         self.limits = limits
         self.endpoint = endpoint.shown
         self.connection = connection = connection or Connection()
-        self.concurrency = AdaptiveConcurrency(limits.concurrency)
+        self.concurrency = Concurrency(limits.most_in_flight, given=limits.concurrency is not None)
         self.limiter: Limiter = limiter or RateLimiter(rpm=limits.rpm, tpm=limits.tpm)
         self.secrets = (endpoint.api_key, *endpoint.query.values(), *connection.secrets)
         # Until one request got through, requests go one at a time (first_request).
@@ -100,7 +101,7 @@ class Engine:
         redact_in_logs((*endpoint.query.values(), *connection.secrets))
         self.http = Transport(
             base_url=self.base_url,
-            limit=limits.concurrency,
+            limit=limits.most_in_flight,
             headers={
                 **{
                     k: v

@@ -219,7 +219,7 @@ async def _send(
 
     # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
     # so members of a pack share a prefix too.
-    lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.limits.concurrency
+    lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.concurrency.limit
     ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,

@@ -1,0 +1,321 @@
+"""How many requests are in flight: the knee of the endpoint's throughput, found as a job runs.
+
+An inference server answers more requests at once up to a point and no further: a GPU server
+batching continuously wants hundreds in flight, an 8-slot llama.cpp about 8. Below that point a
+job leaves the server idle; above it, more in flight only waits in the server's queue, until
+answers time out. :class:`Concurrency` finds that point (the knee) from what the server gives
+back, so that nobody has to guess a number; a ``concurrency=N`` given is a cap it never passes.
+
+Why by hand, and how. Limiters for services (TCP Vegas, Netflix's concurrency-limits Gradient2
+and Vegas) read queueing from latency alone, against the latency seen with little in flight.
+An LLM server breaks their premise: every decoding step of a larger batch takes longer, so
+latency grows with what is in flight long before anything queues, while throughput keeps
+growing with it (on a GPU server, 16 times the batch gave 6 times the throughput at 5 times
+the latency). No library limiter reads throughput. So we take their measuring (a window of
+answers, latency per unit of work) and BBR's probing: raise what is in flight while the
+delivery rate rises with it, and past the point where it does not, keep less.
+
+- **Measure** each setting of the limit over a window: it opens at the first answer to a
+  request sent at that setting (the earlier ones saw the old one) and closes after
+  ``max(MIN_ANSWERS, limit)`` more answers and at least :data:`MIN_WINDOW` seconds. Throughput
+  is completion tokens answered per second, so that answers of very different lengths do not
+  fool it (requests per second where the endpoint reports no usage); latency is per token.
+  A window in which fewer requests were in flight than the limit (a rate limit, a job's last
+  requests) says nothing about the limit and is measured again.
+- **Climb**: from :data:`START` (or what an earlier job on the endpoint settled on, or the cap
+  given), double the limit while throughput rises by at least :data:`RISE` of what doubling
+  could give. Then search around the best setting with steps that shrink (x1.41, x1.19):
+  up where throughput still rises enough, down where it holds (within :data:`SAG` of the
+  proportional loss) while latency has grown: there the extra requests were only queueing.
+- **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
+  (where latency grew) down, as the server may have changed under a long job.
+- **Back off** as before: a 429 with ``Retry-After``, or a good share of timeouts and bare 429s
+  among recent answers, halves the limit, and nothing is raised for :data:`CALM` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+START = 16
+"""Where a job starts without a cap given nor a limit learned: enough for a small server, and
+five doublings from 512."""
+DEFAULT_CAP = 1024
+"""The most in flight without ``concurrency=``: beyond the knee of any single server seen."""
+MIN_ANSWERS = 24
+MIN_WINDOW = 0.25  # seconds: a fast server answers 24 requests in a few milliseconds
+RISE = 0.1
+"""A higher limit is kept when throughput rose by at least this share of the rise in the
+limit (doubling it: 10% more throughput)."""
+SAG = 0.1
+"""A lower limit is kept when throughput fell by at most this share of the cut in the limit
+(halving it: 5% less throughput): less in flight, for as much work done."""
+INFLATED = 1.5
+"""Latency per token at the limit over the least seen, from which the requests in flight may
+be queueing, so that a lower limit is worth a probe."""
+MIN_STEP = 1.1
+PROBE_STEP = 1.25
+PROBE_SECONDS = 15.0
+CALM = 2.0  # seconds after a decrease in which the limit is not raised
+COOLDOWN = 1.0  # seconds between two decreases: one burst of 429s is one decrease
+FULL = 0.75  # the share of the limit in flight from which a window measures the limit
+AT_THE_CAP = "the cap, concurrency="
+"""How ``why`` begins where the limit is a cap given, not something learned of the endpoint."""
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What a window found at one limit."""
+
+    limit: int
+    throughput: float  # tokens (or requests) answered per second
+    latency: float  # seconds per token (or per request)
+
+
+class Concurrency:
+    """The limit on requests in flight for one engine, and the controller that moves it.
+
+    ``cap``: the most in flight, ``concurrency=`` when ``given`` (the limit then starts there),
+    else :data:`DEFAULT_CAP`. Single-event-loop, like the engine.
+    """
+
+    def __init__(
+        self, cap: int, *, given: bool = False, clock: Callable[[], float] = time.monotonic
+    ):
+        self.cap = cap
+        self.given = given
+        self.limit = cap if given else min(cap, START)
+        self.in_flight = 0
+        self._clock = clock
+        self.why = f"{AT_THE_CAP}{cap}" if given else "starting"
+        self.history: deque[tuple[int, str]] = deque([(self.limit, self.why)], maxlen=100)
+        """The limits set, with why, the last 100 (the first where the job started)."""
+        self.best: Measure | None = None
+        self._step = 2.0
+        self._climbing = True
+        self._probe_at = math.inf
+        self._least_latency = math.inf
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        # the window measuring the current limit
+        self._epoch = 0
+        self._opened: float | None = None
+        self._answers = 0
+        self._tokens = 0.0
+        self._seconds = 0.0
+        self._occupancy = 0.0  # requests in flight times seconds, since the window opened
+        self._stamp = self._clock()
+        self._token_mean = 1.0  # tokens of an answer, for those that report none
+        # backing off
+        self._recent: deque[bool] = deque(maxlen=64)  # True: a timeout or a 429
+        self._last_decrease = -math.inf
+
+    def resume(self, learned: int) -> None:
+        """Start from what an earlier job on this endpoint settled on, before any request."""
+        if not self.given and self._epoch == 0 and self.in_flight == 0:
+            self.limit = max(1, min(self.cap, learned))
+            self.why = "where the last job on this endpoint settled"
+            self.history.append((self.limit, self.why))
+            self._climbing, self._step = False, PROBE_STEP  # near the knee already
+
+    # -- slots ----------------------------------------------------------------------------------
+
+    async def acquire(self) -> int:
+        """Wait for a slot; returns the setting it was taken under, for :meth:`observe`."""
+        while self.in_flight >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+        return self.take()
+
+    def take(self) -> int:
+        """Take a free slot (see :meth:`acquire`)."""
+        self._count_occupancy()
+        self.in_flight += 1
+        return self._epoch
+
+    def release(self) -> None:
+        self._count_occupancy()
+        self.in_flight -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.limit - self.in_flight
+        while free > 0 and self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+
+    def _count_occupancy(self) -> None:
+        now = self._clock()
+        if self._opened is not None:
+            self._occupancy += self.in_flight * (now - self._stamp)
+        self._stamp = now
+
+    # -- measuring ------------------------------------------------------------------------------
+
+    def observe(self, epoch: int, seconds: float, tokens: int | None) -> None:
+        """An answer came ``seconds`` after its request was sent, taken under ``epoch``, with
+        ``tokens`` of completion (``None``: not reported)."""
+        self._recent.append(False)
+        if tokens is not None and tokens > 0:
+            self._token_mean += (tokens - self._token_mean) / 16
+        weight = float(tokens) if tokens is not None and tokens > 0 else self._token_mean
+        self._least_latency = min(self._least_latency, seconds / weight)
+        now = self._clock()
+        if self._opened is None:
+            if epoch == self._epoch:  # the first answer to the setting being measured
+                self._count_occupancy()
+                self._opened, self._occupancy = now, 0.0
+            return
+        if epoch != self._epoch or now - seconds < self._opened:
+            return  # sent before the window opened: it saw the server as it was
+        self._answers += 1
+        self._tokens += weight
+        self._seconds += seconds
+        span = now - self._opened
+        if self._answers >= max(MIN_ANSWERS, self.limit) and span >= MIN_WINDOW:
+            self._count_occupancy()
+            in_flight = self._occupancy / span
+            # Little's law: what is in flight over the time an answer takes, in tokens
+            throughput = in_flight * self._tokens / self._seconds
+            measured = Measure(self.limit, throughput, self._seconds / self._tokens)
+            self._decide(measured, in_flight >= FULL * self.limit, now)
+
+    def _decide(self, measured: Measure, full: bool, now: float) -> None:
+        best = self.best
+        if not full:
+            if best is None or measured.limit == best.limit:
+                self.why = "fewer requests ready than the limit"
+            self._measure_again()
+            return
+        if now - self._last_decrease < CALM:
+            self.best = measured
+            self._measure_again()
+            return
+        if best is None:  # the first measure, or the first after backing off
+            self.best = measured
+            if self._climbing and measured.limit < self.cap:
+                self.why = "rising"
+            self._go_on(up=self._climbing, now=now)
+            return
+        if measured.limit == best.limit:
+            self.best = _blend(best, measured)
+            if now >= self._probe_at:
+                self._climbing, self._step = False, PROBE_STEP
+                self._go_on(up=True, now=now)
+            else:
+                self._measure_again()
+            return
+        ratio = measured.limit / best.limit
+        if ratio > 1:
+            kept = measured.throughput >= best.throughput * (1 + RISE * (ratio - 1))
+        else:
+            kept = measured.throughput >= best.throughput * (1 - SAG * (1 - ratio))
+        if kept:
+            gain = measured.throughput / best.throughput - 1
+            if ratio > 1:
+                self.best = measured
+                self.why = f"rising: throughput {gain:+.0%} at x{ratio:.2g}"
+            else:
+                # Keep the higher throughput as the mark, so that small losses, each within
+                # SAG, do not add up over several cuts.
+                self.best = Measure(measured.limit, best.throughput, measured.latency)
+                self.why = f"queueing above {measured.limit}: as much done with fewer in flight"
+            if not self._climbing:
+                self._step = min(2.0, self._step**2)
+            self._go_on(up=ratio > 1, now=now)
+            return
+        self._climbing = False
+        self._step = math.sqrt(self._step)
+        if ratio > 1:
+            growth = measured.latency / best.latency
+            self.why = f"throughput flat above {best.limit}, " + (
+                f"latency x{growth:.1f}" if growth >= 1.1 else "latency flat"
+            )
+        else:
+            self.why = f"throughput falls below {best.limit}"
+        self._set(best.limit)
+        self._go_on(up=ratio < 1, now=now)
+
+    def _go_on(self, *, up: bool, now: float) -> None:
+        """From the best limit: probe up (while below the cap), else down where requests seem
+        to queue, by the current step; or hold, once the steps are small."""
+        assert self.best is not None
+        limit = self.best.limit
+        if self._step < MIN_STEP:
+            self._hold(now)
+        elif up and limit < self.cap:
+            self._move(limit * (2.0 if self._climbing else self._step), now)
+        elif self._inflated():
+            self._move(limit / self._step, now)
+        else:
+            self._hold(now)
+
+    def _inflated(self) -> bool:
+        return self.best is not None and self.best.latency >= INFLATED * self._least_latency
+
+    def _hold(self, now: float) -> None:
+        self._probe_at = now + PROBE_SECONDS
+        if self.given and self.limit == self.cap:
+            self.why = f"{AT_THE_CAP}{self.cap}"
+        self._measure_again()
+
+    def _move(self, limit: float, now: float) -> None:
+        target = max(1, min(self.cap, round(limit)))
+        if self.best is not None and target == self.best.limit:
+            self._hold(now)
+        else:
+            self._set(target)
+
+    def _set(self, limit: int) -> None:
+        self.limit = limit
+        self.history.append((limit, self.why))
+        self._measure_again()
+        self._wake()
+
+    def _measure_again(self) -> None:
+        self._epoch += 1
+        self._opened = None
+        self._answers, self._tokens, self._seconds, self._occupancy = 0, 0.0, 0.0, 0.0
+
+    # -- backing off ----------------------------------------------------------------------------
+
+    def on_congestion(self, why: str = "timeouts") -> None:
+        """A timeout or a bare 429: halve only when they are a good share of recent attempts,
+        so a few hung requests or stray 429s on a healthy endpoint do not throttle the rest."""
+        self._recent.append(True)
+        if sum(self._recent) >= 0.2 * len(self._recent) and len(self._recent) >= 8:
+            self.on_overload(why)
+
+    def on_overload(self, why: str = "429s") -> None:
+        """Halve, at most once per :data:`COOLDOWN`, and raise nothing for :data:`CALM`
+        seconds; called directly for an explicit signal (a 429 with ``Retry-After``)."""
+        now = self._clock()
+        if now - self._last_decrease < COOLDOWN:
+            return
+        self._last_decrease = now
+        self.best = None
+        self._climbing, self._step = False, 2.0
+        self._probe_at = now + CALM
+        self.why = f"halved: {why}"
+        self._set(max(1, self.limit // 2))
+
+
+def _blend(held: Measure, again: Measure) -> Measure:
+    """A held limit measured again: half the old figures, half the new."""
+    return Measure(
+        held.limit,
+        (held.throughput + again.throughput) / 2,
+        (held.latency + again.latency) / 2,
+    )

@@ -1,0 +1,178 @@
+"""The knee controller against servers modelled in virtual time: what it decides depends on what
+the server gives back, never on how busy the machine running the test is."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import polars as pl
+
+from llm_ops import Client
+from llm_ops._cache import Cache
+from llm_ops._concurrency import AT_THE_CAP, CALM, START, Concurrency
+
+
+@dataclass
+class Clock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Server:
+    """Continuous batching: at most ``slots`` requests decode at once, the rest queue; a step
+    takes ``base + per_sequence * active + per_queued * queued`` seconds; an answer needs as
+    many steps as its tokens."""
+
+    slots: int
+    base: float
+    per_sequence: float
+    per_queued: float = 0.0
+    tokens: int | None = 16  # None: from 1 to 64 at random
+    active: list[list[float]] = field(default_factory=list)  # [epoch, sent at, steps left]
+    queue: deque[list[float]] = field(default_factory=deque)
+
+    def run(self, controller: Concurrency, clock: Clock, seconds: float, seed: int = 0) -> None:
+        """Keep the controller's limit in flight for ``seconds`` of virtual time."""
+        lengths = random.Random(seed)
+        end = clock.now + seconds
+        while clock.now < end:
+            while controller.in_flight < controller.limit:
+                tokens = self.tokens or lengths.randint(1, 64)
+                self.queue.append([controller.take(), clock.now, tokens, tokens])
+            while len(self.active) < self.slots and self.queue:
+                self.active.append(self.queue.popleft())
+            clock.now += (
+                self.base + self.per_sequence * len(self.active) + self.per_queued * len(self.queue)
+            )
+            for request in self.active:
+                request[3] -= 1
+            for request in [r for r in self.active if r[3] == 0]:
+                self.active.remove(request)
+                controller.release()
+                controller.observe(int(request[0]), clock.now - request[1], int(request[2]))
+
+
+GPU = {"slots": 512, "base": 0.005, "per_sequence": 0.00005}
+SMALL = {"slots": 8, "base": 0.02, "per_sequence": 0.002}
+
+
+def settle(server: Server, seconds: float = 120.0, **options: object) -> Concurrency:
+    clock = Clock()
+    controller = Concurrency(options.pop("cap", 1024), clock=clock, **options)  # type: ignore[arg-type]
+    server.run(controller, clock, seconds)
+    return controller
+
+
+def throughput(server: Server, limit: int) -> float:
+    """Answers per second the server gives at a fixed ``limit`` in flight."""
+    clock = Clock()
+    fixed = Concurrency(limit, given=True, clock=clock)
+    fixed.observe = lambda *args: None  # type: ignore[method-assign]
+    done = 0
+
+    def count(*args: object) -> None:
+        nonlocal done
+        done += 1
+
+    fixed.release = lambda: (setattr(fixed, "in_flight", fixed.in_flight - 1), count())  # type: ignore[method-assign]
+    server.run(fixed, clock, 60.0)
+    return done / 60.0
+
+
+def test_it_rises_on_a_server_with_room():
+    controller = settle(Server(**GPU))
+    limits = [limit for limit, _ in controller.history]
+    assert limits[0] == START and max(limits) >= 512
+    assert controller.limit >= 256
+
+
+def test_it_settles_near_the_slots_of_a_server_that_queues():
+    controller = settle(Server(**SMALL))
+    assert 8 <= controller.limit <= 16, controller.history
+
+
+def test_it_keeps_most_of_the_best_throughput():
+    server = Server(**GPU)
+    best = max(throughput(Server(**GPU), limit) for limit in (128, 256, 512, 1024))
+    controller = settle(server)
+    assert throughput(Server(**GPU), controller.limit) >= 0.9 * best
+
+
+def test_it_stays_below_where_throughput_falls():
+    falling = {**GPU, "per_queued": 0.00005}  # a queue slows every step
+    controller = settle(Server(**falling))
+    assert controller.limit <= 724, controller.history
+
+
+def test_answers_of_any_length_do_not_fool_it():
+    controller = settle(Server(**SMALL, tokens=None))
+    assert 8 <= controller.limit <= 16, controller.history
+
+
+def test_a_cap_given_is_where_it_starts_and_never_passes():
+    controller = settle(Server(**GPU), cap=64, given=True)
+    assert controller.history[0][0] == 64
+    assert max(limit for limit, _ in controller.history) == 64
+
+
+def test_with_a_cap_above_the_slots_it_comes_down_to_them():
+    controller = settle(Server(**SMALL), cap=64, given=True)
+    assert controller.limit <= 16, controller.history
+
+
+def test_latency_that_does_not_grow_keeps_the_cap():
+    flat = Server(slots=10_000, base=0.2, per_sequence=0.0, tokens=1)  # 200 ms, no queue
+    controller = settle(flat, seconds=30, cap=256, given=True)
+    assert [limit for limit, _ in controller.history] == [256]
+
+
+def test_a_429_halves_it_and_it_does_not_rise_while_calm():
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    Server(**GPU).run(controller, clock, 30)
+    before = controller.limit
+    controller.on_overload("429s")
+    assert controller.limit == before // 2 and controller.why == "halved: 429s"
+    Server(**GPU).run(controller, clock, CALM / 2)
+    assert controller.limit <= before // 2
+
+
+def test_it_resumes_where_the_last_job_settled():
+    controller = Concurrency(1024)
+    controller.resume(300)
+    assert controller.limit == 300
+
+
+def test_the_report_says_where_the_concurrency_ended_and_why(complete):
+    rows = pl.DataFrame({"text": [f"row {i}" for i in range(50)]})
+    _, report = rows.pipe(complete, prompt="{text}", return_report=True)
+    assert report.concurrency == START and report.concurrency_why
+    assert f"concurrency        {START:>10,}  ({report.concurrency_why})" in str(report)
+
+
+def _limit_of_a_new_client(endpoint, cache) -> int:
+    with Client(base_url=endpoint.base_url, cache=cache) as client:
+        return client.run(client.prepare()).engine.concurrency.limit
+
+
+def _recorded(complete, cache, concurrency: int, why: str) -> None:
+    _, report = pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", return_report=True)
+    later = report.finished_at + timedelta(seconds=1)
+    run = {**report.as_dict(), "run_id": "later", "finished_at": later}
+    Cache(cache).record_run({**run, "concurrency": concurrency, "concurrency_why": why})
+
+
+def test_the_next_job_on_the_endpoint_starts_where_the_last_one_settled(complete, endpoint, cache):
+    _recorded(complete, cache, 300, "throughput flat above 300, latency x2.0")
+    assert _limit_of_a_new_client(endpoint, cache) == 300
+
+
+def test_a_cap_given_to_the_last_job_is_not_learned(complete, endpoint, cache):
+    _recorded(complete, cache, 64, f"{AT_THE_CAP}64")
+    assert _limit_of_a_new_client(endpoint, cache) == START
