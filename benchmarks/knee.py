@@ -285,8 +285,8 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def get_json(url: str, method: str = "GET") -> dict[str, Any]:
-    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def get_json(url: str) -> dict[str, Any]:
+    request = urllib.request.Request(url)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=10) as answer:
         found: dict[str, Any] = json.load(answer)
@@ -488,8 +488,6 @@ class Outcome:
 
     title: str
     text: str
-    default_share: float = math.nan
-    default_p95_ratio: float = math.nan
 
 
 def report(title: str, intro: str, results: list[Result], slots: int | None) -> Outcome:
@@ -571,7 +569,7 @@ def report(title: str, intro: str, results: list[Result], slots: int | None) -> 
             else ""
         )
     )
-    return Outcome(title, text, share, p95_ratio)
+    return Outcome(title, text)
 
 
 def seconds_text(value: float) -> str:
