@@ -25,17 +25,19 @@ async def complete_all(
     model: str = "sim",
     timeout: float | None = None,
     max_retries: int = SDK_DEFAULT_RETRIES,
+    max_tokens: int | None = None,
 ) -> tuple[list[str | None], list[str | None]]:
     """Send one chat completion per text; returns ``(answers, errors)``, row for row."""
     options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     client = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=max_retries, **options)
     semaphore = asyncio.Semaphore(concurrency)
+    params: dict[str, Any] = {} if max_tokens is None else {"max_tokens": max_tokens}
 
     async def one(text: str) -> tuple[str | None, str | None]:
         async with semaphore:
             try:
                 response = await client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": text}]
+                    model=model, messages=[{"role": "user", "content": text}], **params
                 )
                 return response.choices[0].message.content, None
             except Exception as exc:  # a failure becomes a failed row

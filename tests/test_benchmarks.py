@@ -100,3 +100,31 @@ def test_streaming_benchmark_sends_each_distinct_prompt_once_at_every_size() -> 
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| `.llm.complete` | 20,000 | 500 | 500 | 1.00 | 20,000 | 0 |" in done.stdout
     assert "| `.llm.complete` | 100,000 | 500 | 500 | 1.00 | 100,000 | 0 |" in done.stdout
+
+
+def test_knee_benchmark_prints_every_side_against_the_best_fixed_concurrency(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "knee.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "knee.py"),
+            "--only",
+            "gpu",
+            "--seconds",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for side in ("concurrency unset (default)", "concurrency=1024", "plain loop, Semaphore(20)"):
+        assert side in done.stdout
+    assert "the default reached" in done.stdout
+    assert out.read_text().startswith("# The knee")

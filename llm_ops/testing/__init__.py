@@ -13,6 +13,10 @@ Start it from Python::
         endpoint.stats()["requests"]
 
 or from a shell: ``python -m llm_ops.testing --port 8765``.
+
+:data:`PRESETS` are servers with a knee (continuous batching over a fixed number of slots), for
+trying how a job's concurrency meets one: ``LocalEndpoint(**PRESETS["gpu"])``, or
+``python -m llm_ops.testing --preset llama.cpp``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from ._server import (
     FAULT_KINDS,
+    PRESETS,
     Simulator,
     SimulatorConfig,
     embed,
@@ -40,6 +45,7 @@ from ._server import (
 __all__ = [
     "DEFAULT_PORT",
     "FAULT_KINDS",
+    "PRESETS",
     "LocalEndpoint",
     "Simulator",
     "SimulatorConfig",

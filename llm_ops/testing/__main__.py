@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 
-from ._server import SimulatorConfig, serve
+from ._server import PRESETS, SimulatorConfig, serve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,9 +18,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     parser.add_argument("--latency", type=float, default=None, help="seconds per answer")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="a server with a knee (see PRESETS)"
+    )
     parser.add_argument("--config", default="{}", help="SimulatorConfig fields as JSON")
     args = parser.parse_args(argv)
-    config = SimulatorConfig.from_json(json.loads(args.config))
+    fields = dict(PRESETS[args.preset]) if args.preset else {}
+    config = SimulatorConfig.from_json(fields | json.loads(args.config))
     if args.latency is not None:
         config.latency = args.latency
     try:

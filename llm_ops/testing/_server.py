@@ -25,6 +25,9 @@ Per-request behaviour is set by directives inside the user message:
 ``[[sim:unsure_for=sim-small]]``
     these models answer unsure: a ``confidence`` number field of a structured answer is 0.2
     (else 0.9), and a text answer starts with ``unsure:``
+``[[sim:answer_tokens=64]]``
+    with the continuous-batching model on, this answer is this many tokens long (at most the
+    request's ``max_tokens``): it takes as many decode steps
 
 Hostile answers, for testing that nothing an endpoint sends can crash or fool a client:
 
@@ -45,6 +48,12 @@ With ``SimulatorConfig.prefix_cache_tokens`` set, the simulator models a server'
 prefix cache (OpenAI's prompt caching, vLLM's ``--enable-prefix-caching``): a prompt that starts
 like a recent one reports the shared part in ``usage.prompt_tokens_details.cached_tokens`` and,
 with ``prefill_seconds_per_1k_tokens``, is answered sooner (see :class:`PrefixCache`).
+
+With ``SimulatorConfig.step_base`` set, the simulator models a server with continuous batching
+(vLLM, TGI, llama.cpp, ``transformers serve``): at most ``slots`` requests decode together, a
+token each per step, and the rest queue, so its throughput rises with the requests in flight
+up to a knee and then only latency grows (see :class:`~llm_ops.testing._decode.DecodeBatch`).
+:data:`PRESETS` holds three such servers.
 """
 
 from __future__ import annotations
@@ -59,14 +68,16 @@ import random
 import re
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
 from typing import Any, cast
 
 from aiohttp import web
 
 from .._pack import parse_pack_request
 from ._batches import BatchesApi
+from ._decode import DecodeBatch, Durations
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
@@ -90,7 +101,27 @@ class SimulatorConfig:
     latency_per_token
         Extra seconds per output token.
     slots
-        Answers computed at once (a server with fixed batch capacity); the rest queue.
+        Requests served at once; the rest wait in a FIFO queue. Without ``step_base`` a
+        request holds its slot for its whole ``latency``; with it, ``slots`` is the most
+        requests the batch decodes together. ``None`` (or 0): no limit.
+    step_base, step_per_sequence, step_per_queued
+        The continuous-batching model, on when ``step_base`` is set (``None``, the default,
+        leaves it off). The server runs decode steps of ``step_base + step_per_sequence *
+        active + step_per_queued * queued`` seconds, where ``active`` requests (at most
+        ``slots``) are in the batch and ``queued`` wait for a slot. A step gives every active
+        request one token; a request joins the batch at a step boundary and leaves it when it
+        has all its tokens (``answer_tokens``), so throughput rises with the requests in flight
+        until the slots are full, and beyond that only queueing delay grows. A
+        ``step_per_queued`` above 0 makes throughput fall past the knee, as a real server's did
+        (scheduling overhead that grows with its queue). ``latency`` and the prefill still
+        apply, before a request joins the queue; an error answer does not decode. See
+        :meth:`modelled_throughput` and :data:`PRESETS`.
+    answer_tokens
+        With the batching model, the completion tokens (decode steps) of an answer to a request
+        without ``max_tokens``; a request's ``max_tokens`` is its answer's length, and
+        ``[[sim:answer_tokens=N]]`` in a prompt sets its own (at most ``max_tokens``).
+        ``usage.completion_tokens`` reports it, while the text stays the one
+        :func:`expected_reply` gives, so tests can still check every answer.
     rpm, tpm
         Requests and tokens per minute. Over the limit the answer is 429 with ``Retry-After``
         and ``retry-after-ms``; ``x-ratelimit-*`` headers are sent on every answer.
@@ -169,6 +200,10 @@ class SimulatorConfig:
     latency: float = 0.0
     latency_per_token: float = 0.0
     slots: int | None = None
+    step_base: float | None = None
+    step_per_sequence: float = 0.0
+    step_per_queued: float = 0.0
+    answer_tokens: int = 16
     rpm: int | None = None
     tpm: int | None = None
     rate_window: float = 60.0
@@ -211,6 +246,75 @@ class SimulatorConfig:
             if name in given:
                 given[name] = tuple(given[name])
         return cls(**given)
+
+    def modelled_throughput(self, in_flight: int, tokens: int | None = None) -> float | None:
+        """Answers per second the batching model gives with ``in_flight`` requests always
+        outstanding (a client that sends the next one as soon as one is answered), on a machine
+        fast enough to keep up; ``None`` when the model is off.
+
+        Up to ``slots`` in flight, each request also waits about one step to join the batch
+        (it arrives during a step), so only ``tokens / (tokens + 1)`` of them are decoding.
+        Beyond ``slots``, the batch stays full and the rest queue.
+
+        Parameters
+        ----------
+        in_flight
+            Requests outstanding.
+        tokens
+            Tokens per answer; ``answer_tokens`` by default.
+
+        Examples
+        --------
+        >>> gpu = SimulatorConfig(**PRESETS["gpu"])
+        >>> round(gpu.modelled_throughput(32)), round(gpu.modelled_throughput(1024))
+        (289, 1046)
+        """
+        if self.step_base is None or in_flight <= 0:
+            return None
+        tokens = max(1, tokens or self.answer_tokens)
+        slots = self.slots or in_flight
+        active = in_flight * tokens / (tokens + 1) if in_flight <= slots else slots
+        queued = in_flight - active
+        step = self.step_base + self.step_per_sequence * active + self.step_per_queued * queued
+        return active / (tokens * step)
+
+
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "gpu": MappingProxyType(
+            {"slots": 512, "step_base": 0.005, "step_per_sequence": 50e-6, "answer_tokens": 16}
+        ),
+        "llama.cpp": MappingProxyType(
+            {"slots": 8, "step_base": 0.020, "step_per_sequence": 0.002, "answer_tokens": 16}
+        ),
+        "gpu-past-knee": MappingProxyType(
+            {
+                "slots": 512,
+                "step_base": 0.005,
+                "step_per_sequence": 50e-6,
+                "step_per_queued": 12.5e-6,
+                "answer_tokens": 16,
+            }
+        ),
+    }
+)
+"""Servers with a knee, as :class:`SimulatorConfig` fields: ``LocalEndpoint(**PRESETS["gpu"])``.
+
+``"gpu"``
+    A GPU server with continuous batching (vLLM, TGI): 512 slots, steps of 5 ms + 50 µs per
+    active request, 16-token answers. Throughput rises with the requests in flight, to about
+    1,000 answers a second near 512 (a step of about 31 ms, an answer in about 0.5 s), and stays
+    there beyond: more in flight only queue.
+``"llama.cpp"``
+    ``llama-server --parallel 8``: 8 slots, steps of 20 ms + 2 ms per active request, 16-token
+    answers; about 14 answers a second from 8 in flight on, where more only add queueing delay.
+``"gpu-past-knee"``
+    The ``"gpu"`` server whose every step also costs 12.5 µs per queued request, so throughput
+    peaks near 512 in flight and falls past it (0.83 of the peak at 1,024), as a real server's
+    did (133 answers a second at 512 in flight, 110 at 1,024).
+
+:meth:`SimulatorConfig.modelled_throughput` gives each one's curve.
+"""
 
 
 class _Bucket:
@@ -448,6 +552,7 @@ class Simulator:
 
     def __init__(self, config: SimulatorConfig):
         self.prefix_cache = PrefixCache()
+        self.decoder = DecodeBatch(lambda: self.config)
         self.configure(config)
         self.reset()
 
@@ -478,6 +583,9 @@ class Simulator:
         self.prefix_cache.clear()
         self.embedding_requests = 0
         self.embedding_inputs = 0
+        self.cancelled = 0
+        self.answer_seconds = Durations()
+        self.decoder.reset()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -490,6 +598,9 @@ class Simulator:
             "answered": self.answered_total,
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
+            "cancelled": self.cancelled,
+            "answer_seconds": self.answer_seconds.summary(),
+            **self.decoder.stats(),
             "header_names": sorted(self.header_names),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
@@ -510,7 +621,11 @@ class Simulator:
         app.router.add_post("/_sim/config", self.post_config)
         for method, path, name in BatchesApi.ROUTES:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
+        app.on_cleanup.append(self._close)
         return app
+
+    async def _close(self, app: web.Application) -> None:
+        self.decoder.close()
 
     async def get_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats())
@@ -588,6 +703,9 @@ class Simulator:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             response = await self._answer(request)
+        except asyncio.CancelledError:  # the client gave up (a timeout, say) and hung up
+            self.cancelled += 1
+            raise
         finally:
             self.in_flight -= 1
         self.by_status[response.status] += 1
@@ -678,6 +796,7 @@ class Simulator:
         return response
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
         refused = self._refuse(request)
         if refused is not None:
             return refused
@@ -694,12 +813,19 @@ class Simulator:
         fault = await self._fault(request)
         if fault is not None:
             return fault
-        if self._slots is not None:
-            async with self._slots:
+        if self.config.step_base is not None:
+            if reply.latency > 0:
+                await asyncio.sleep(reply.latency)
+            if reply.status == 200:
+                await self.decoder.decode(reply.completion_tokens)
+        elif self._slots is not None:
+            async with self.decoder.holding(self._slots):
                 await asyncio.sleep(reply.latency)
         elif reply.latency > 0:
             await asyncio.sleep(reply.latency)
         self._settle(reply)
+        if reply.status == 200:
+            self.answer_seconds.add(time.perf_counter() - started)
         if reply.chunked:
             return await _send_chunked(request, json.dumps(reply.body).encode())
         if reply.raw is not None:
@@ -770,6 +896,8 @@ class Simulator:
                 unsure=unsure,
             )
             completion_tokens = len(reply.split())
+        if self.config.step_base is not None:
+            completion_tokens = self._answer_tokens(body, directives)
         prompt_tokens = _estimate_tokens(messages)
         blocks = PrefixCache.blocks(messages, model) if self.prefix_cache.capacity else []
         cached_tokens = min(prompt_tokens, self.prefix_cache.cached_tokens(blocks))
@@ -851,6 +979,15 @@ class Simulator:
             answer.headers["Content-Encoding"] = "gzip"
         answer.digest, answer.completion_tokens = digest, completion_tokens
         return answer
+
+    def _answer_tokens(self, body: dict[str, Any], directives: dict[str, str]) -> int:
+        """The tokens of an answer under the batching model: the decode steps it needs."""
+        cap = body.get("max_tokens") or body.get("max_completion_tokens")
+        cap = cap if isinstance(cap, int) and cap > 0 else None
+        if "answer_tokens" in directives:
+            wanted = max(1, int(directives["answer_tokens"]))
+            return min(wanted, cap) if cap else wanted
+        return cap or max(1, self.config.answer_tokens)
 
     async def _batches(self, request: web.Request, *, name: str) -> web.StreamResponse:
         """The Files and Batches API (see :mod:`llm_ops.testing._batches`), behind the key."""
