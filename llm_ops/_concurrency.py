@@ -42,13 +42,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-START = 16
-"""Where a job starts without a cap given nor a limit learned: enough for a small server, and
-five doublings from 512."""
+START = 8
+"""Where a job starts without a cap given nor a limit learned: no more than a small server
+(llama.cpp's 8 slots) answers at once, so nothing queues while the first answers come, and
+six doublings from 512."""
 DEFAULT_CAP = 1024
 """The most in flight without ``concurrency=``: beyond the knee of any single server seen."""
-MIN_ANSWERS = 24
-MIN_WINDOW = 0.25  # seconds: a fast server answers 24 requests in a few milliseconds
+MIN_ANSWERS = 48
+MIN_WINDOW = 0.25  # seconds: a fast server answers 48 requests in a few milliseconds
+MIN_TURNS = 2.0
+"""A window lasts at least this many times the answers' mean latency: the answers counted
+then are those of a whole turn of what is in flight, long ones as well as short ones."""
 RISE = 0.1
 """A higher limit is kept when throughput rose by at least this share of the rise in the
 limit (doubling it: 10% more throughput)."""
@@ -96,6 +100,7 @@ class Concurrency:
         self.history: deque[tuple[int, str]] = deque([(self.limit, self.why)], maxlen=100)
         """The limits set, with why, the last 100 (the first where the job started)."""
         self.best: Measure | None = None
+        self._warm = False
         self._step = 2.0
         self._climbing = True
         self._probe_at = math.inf
@@ -184,7 +189,8 @@ class Concurrency:
         self._tokens += weight
         self._seconds += seconds
         span = now - self._opened
-        if self._answers >= max(MIN_ANSWERS, self.limit) and span >= MIN_WINDOW:
+        enough = max(MIN_WINDOW, MIN_TURNS * self._seconds / self._answers)
+        if self._answers >= max(MIN_ANSWERS, self.limit) and span >= enough:
             self._count_occupancy()
             in_flight = self._occupancy / span
             # Little's law: what is in flight over the time an answer takes, in tokens
@@ -194,6 +200,10 @@ class Concurrency:
 
     def _decide(self, measured: Measure, full: bool, now: float) -> None:
         best = self.best
+        if not self._warm:  # the first window saw the job start: one request alone, then a wave
+            self._warm = True
+            self._measure_again()
+            return
         if not full:
             if best is None or measured.limit == best.limit:
                 self.why = "fewer requests ready than the limit"
@@ -230,7 +240,8 @@ class Concurrency:
             else:
                 # Keep the higher throughput as the mark, so that small losses, each within
                 # SAG, do not add up over several cuts.
-                self.best = Measure(measured.limit, best.throughput, measured.latency)
+                mark = max(best.throughput, measured.throughput)
+                self.best = Measure(measured.limit, mark, measured.latency)
                 self.why = f"queueing above {measured.limit}: as much done with fewer in flight"
             if not self._climbing:
                 self._step = min(2.0, self._step**2)

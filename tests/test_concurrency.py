@@ -13,6 +13,7 @@ import polars as pl
 from llm_ops import Client
 from llm_ops._cache import Cache
 from llm_ops._concurrency import AT_THE_CAP, CALM, START, Concurrency
+from llm_ops.testing import PRESETS
 
 
 @dataclass
@@ -176,3 +177,22 @@ def test_the_next_job_on_the_endpoint_starts_where_the_last_one_settled(complete
 def test_a_cap_given_to_the_last_job_is_not_learned(complete, endpoint, cache):
     _recorded(complete, cache, 64, f"{AT_THE_CAP}64")
     assert _limit_of_a_new_client(endpoint, cache) == START
+
+
+def _decisions(endpoint, rows: int) -> list[int]:
+    """The limits a default job against ``endpoint`` went through."""
+    texts = pl.DataFrame({"text": [f"review {i}" for i in range(rows)]})
+    with Client(base_url=endpoint.base_url, cache=False) as client:
+        out = client.complete(texts, prompt="{text}", model="sim", max_tokens=16, progress=False)
+        assert out["completion_status"].unique().to_list() == ["ok"]
+        return [limit for limit, _ in client.run(client.prepare()).engine.concurrency.history]
+
+
+def test_against_a_gpu_like_server_it_rises_far_past_where_it_starts(endpoint):
+    endpoint.configure(**PRESETS["gpu"])
+    assert max(_decisions(endpoint, 4_000)) >= 8 * START
+
+
+def test_against_an_8_slot_server_it_settles_near_the_slots(endpoint):
+    endpoint.configure(slots=8, step_base=0.002, step_per_sequence=0.0002)
+    assert _decisions(endpoint, 1_500)[-1] <= 3 * 8
