@@ -44,6 +44,15 @@ def endpoint(server: LocalEndpoint) -> LocalEndpoint:
 
 
 @pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No proxy setting of the machine's: each test that uses it names its own."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
 def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache.duckdb"
 

@@ -264,15 +264,6 @@ def test_a_host_whose_first_address_never_answers_is_reached_at_its_second(monke
 # -- proxies ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No proxy setting of the machine's: each test names its own."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    return monkeypatch
-
-
 def test_an_http_proxy_gets_the_whole_url_and_its_credentials(environment):
     with RawServer(OK) as server, Proxy("user:pw") as proxy:
         environment.setenv("HTTP_PROXY", f"http://user:pw@{proxy.address}")

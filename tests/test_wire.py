@@ -92,14 +92,6 @@ def test_a_connection_dropped_before_the_answer_is_retried_as_usual():
 # -- proxies and TLS -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    return monkeypatch
-
-
 def test_a_proxy_named_without_a_scheme_carries_the_job(environment):
     with (
         RawServer(respond=endpoint(lambda r: with_length(completion()))) as server,
