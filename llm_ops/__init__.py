@@ -7,6 +7,8 @@ Every row of a result gets one of these statuses:
 ('ok', 'cached', 'similar', 'skipped', 'rejected', 'filtered', 'failed', 'truncated', 'invalid')
 """
 
+from importlib import metadata as _metadata
+
 from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
@@ -85,4 +87,7 @@ __all__ = [
     "request_key",
 ]
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("llm-ops")  # pyproject.toml is the one place it is written
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -8,24 +8,25 @@ key that is still alive sends it; a later claimer defers the key and, once its o
 done, waits for the answer to land in the cache (lookups read the journal) or for the owner to
 go, and then sends what is left itself.
 
-An owner is alive while its journal writer holds the ``flock`` on ``<writer id>.lock`` (see
+An owner is alive while its journal writer holds the lock on ``<writer id>.lock`` (see
 :mod:`llm_ops._journal`): the kernel releases it when the process dies, however it dies, so a
 killed owner never leaves keys that no one sends. A claimer that is gone may have answered
 before it went, so a key whose earlier claimers are all gone is looked up once more before it
 is sent (see :func:`llm_ops._pipeline.dispatch.dispatch`).
 
-Every participant holds a shared ``flock`` on ``claims.lock`` while it may claim; the last to
+Every participant holds a shared lock on ``claims.lock`` while it may claim; the last to
 leave takes it exclusively and removes the log, so it only grows while jobs overlap.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
+
+from ._locks import LockFile, held_by_another
 
 T = TypeVar("T")
 
@@ -46,8 +47,8 @@ class Claims:
         self._claimers: dict[str, list[str]] = {}  # log key -> owners, in the log's order
         self._alive: dict[str, float] = {owner: float("inf")}  # owner -> alive until
         self._dead: set[str] = set()
-        self._gate = os.open(directory / "claims.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self._gate, fcntl.LOCK_SH)  # waits while the last one out clears the log
+        self._gate = LockFile(directory / "claims.lock")
+        self._gate.take(shared=True)  # waits while the last one out clears the log
         log = directory / "claims.log"
         self._append = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._read = open(log, "rb")  # noqa: SIM115  (read from for the whole dispatch)
@@ -136,24 +137,20 @@ class Claims:
         self._read.close()
         os.close(self._append)
         try:
-            fcntl.flock(self._gate, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            (self.directory / "claims.log").unlink(missing_ok=True)
+            # Released, then taken alone if no one else holds it: Windows cannot turn a shared
+            # lock into an exclusive one, and while it is exclusive no one can join.
+            self._gate.release()
+            if self._gate.take(blocking=False):
+                (self.directory / "claims.log").unlink(missing_ok=True)
         except OSError:
-            pass  # someone else still claims: they, or the last of them, clear it
+            pass  # someone else still claims (or holds the log open): they clear it
         finally:
-            os.close(self._gate)
+            self._gate.close()
 
 
 def _holds_its_lock(lock: Path) -> bool:
     """Whether a live journal writer holds ``lock`` (never creates it)."""
     try:
-        fd = os.open(lock, os.O_RDWR)
+        return held_by_another(lock)
     except OSError:
-        return False  # closed after merging everything: gone
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # drops the lock if we took it
-    return False
+        return False  # cannot be opened: no writer of ours made it

@@ -2,17 +2,16 @@
 
 Each :class:`JournalWriter` appends one job's rows to its own JSON-lines files in the folder
 next to the cache (``cache.duckdb.journal/``), in batches of at most :data:`JOURNAL_BATCH`, and
-holds an exclusive ``flock`` on its ``<writer>.lock`` file while it lives. Its files are merged
-into the DuckDB file by :meth:`~llm_ops.Cache.merge_files` (the cache owns the SQL); files of a
-writer whose lock is free belong to a finished or dead process and may be merged by anyone
-(:meth:`~llm_ops.Cache.merge_orphans`).
+holds an exclusive lock (:mod:`llm_ops._locks`) on its ``<writer>.lock`` file while it lives.
+Its files are merged into the DuckDB file by :meth:`~llm_ops.Cache.merge_files` (the cache
+owns the SQL); files of a writer whose lock is free belong to a finished or dead process and
+may be merged by anyone (:meth:`~llm_ops.Cache.merge_orphans`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import socket
@@ -25,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from ._locks import LockFile, held_by_another
 from .exceptions import CacheError
 
 _log = logging.getLogger("llm_ops")
@@ -105,37 +105,25 @@ def out_of_space(where: Path) -> str:
 def finished(lock: Path) -> bool:
     """Whether the writer of ``lock`` is gone (a crashed or finished job): no one holds it."""
     try:
-        fd = os.open(lock, os.O_RDWR)
-    except FileNotFoundError:
-        return True
+        return not held_by_another(lock)
     except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
+        return False  # cannot tell: keep its files for a merge that can
 
 
 @contextmanager
 def held(path: Path, *, blocking: bool) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``path`` for the block; yields whether it was taken."""
+    """An exclusive lock on ``path`` for the block; yields whether it was taken."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock = LockFile(path)
     except OSError:
         yield False
         return
-    try:
+    with lock:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # releases the lock
+            taken = lock.take(blocking=blocking)
+        except Exception:  # portalocker's LockException, or the system's error: not taken
+            taken = False
+        yield taken
 
 
 def _json_default(value: Any) -> Any:
@@ -181,11 +169,9 @@ class JournalWriter:
         self._sealed: list[Path] = []
         self.unmerged = 0  # rows added since the last successful merge began
         directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = os.open(
-            directory / f"{self.id}.lock", os.O_RDWR | os.O_CREAT, 0o644
-        )
+        self._alive: LockFile | None = LockFile(directory / f"{self.id}.lock")
         self.last_error: str | None = None
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._alive.take()
 
     def answer(self, row: Mapping[str, Any]) -> None:
         """An ``llm_cache`` row: an answer to keep."""
@@ -287,9 +273,10 @@ class JournalWriter:
             else:
                 merged = self.merge(wait=wait)
         finally:
-            if self._lock_fd is not None:
+            if self._alive is not None:
+                self._alive.close()  # from now on, anyone may merge what is left
+                self._alive = None
                 if merged:
-                    (self.directory / f"{self.id}.lock").unlink(missing_ok=True)
-                os.close(self._lock_fd)  # from now on, anyone may merge what is left
-                self._lock_fd = None
+                    with contextlib.suppress(OSError):
+                        (self.directory / f"{self.id}.lock").unlink(missing_ok=True)
         return merged
