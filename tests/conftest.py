@@ -3,12 +3,21 @@ from __future__ import annotations
 import os
 import tempfile
 
+# The default cache of whoever runs the tests, which no test may touch; and the home of every
+# test and of the processes they start, so that a job given no cache= writes its default cache
+# there. Set at import, before anything reads them; every process a test starts inherits them.
+os.environ["LLM_OPS_TESTS_USERS_CACHE"] = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llm-ops"
+)
+os.environ["HOME"] = tempfile.mkdtemp(prefix="llm-ops-tests-")
+os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["HOME"], ".cache")
 # Prefect reads its settings at import: keep test runs hermetic and quiet.
-os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="llm-ops-prefect-")
+os.environ["PREFECT_HOME"] = os.path.join(os.environ["HOME"], ".prefect")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.pop("PREFECT_API_URL", None)
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +27,46 @@ import pytest
 
 from llm_ops import llm_complete
 from llm_ops.testing import LocalEndpoint
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+USERS_CACHE = Path(os.environ["LLM_OPS_TESTS_USERS_CACHE"])
+SANDBOX = Path(os.environ["HOME"])
+_WRITTEN_BY_TOOLS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache"}
+
+
+def _files_outside_the_sandbox() -> dict[Path, tuple[int, int]]:
+    """Every file of the user's cache and of the repository (but what git, Python and the test
+    tools keep there), with its size and time of change."""
+    found = {}
+    for root in (USERS_CACHE, REPOSITORY):
+        for folder, names, files in os.walk(root):
+            names[:] = [n for n in names if n not in _WRITTEN_BY_TOOLS and ".egg-info" not in n]
+            for name in files:
+                path = Path(folder, name)
+                with contextlib.suppress(OSError):
+                    stat = path.stat()
+                    found[path] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+_BEFORE = _files_outside_the_sandbox()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a test wrote outside its temporary folders (checked once, by the process
+    that started the workers)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    after = _files_outside_the_sandbox()
+    changed = after.keys() | _BEFORE.keys()
+    touched = sorted(str(p) for p in changed if after.get(p) != _BEFORE.get(p))
+    if touched:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("tests wrote outside their temporary folders:", red=True)
+            for path in touched[:20]:
+                reporter.write_line(f"  {path}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

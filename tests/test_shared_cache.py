@@ -45,6 +45,16 @@ def _start(endpoint, cache, go, rows=600, concurrency=16):
     )
 
 
+def _wait_for_claims_of_two_jobs(cache, seconds=60.0):
+    log = cache.parent / f"{cache.name}.journal" / "claims.log"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if log.exists() and len({line.split()[0] for line in log.read_text().splitlines()}) > 1:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no second job claimed anything in {seconds} s")
+
+
 def _statuses(job) -> dict[str, int]:
     out, err = job.communicate(timeout=120)
     assert job.returncode == 0, err
@@ -52,13 +62,14 @@ def _statuses(job) -> dict[str, int]:
 
 
 def test_two_identical_jobs_at_once_pay_for_each_request_once(endpoint, cache, tmp_path):
-    endpoint.configure(latency=0.02)
+    # No answer until more requests are in flight than one job sends: the jobs overlap.
+    endpoint.configure(latency=0.02, gather=17)
     go = tmp_path / "go"
-    jobs = [_start(endpoint, cache, go) for _ in range(2)]
-    time.sleep(1.5)  # both have imported everything and wait for the same moment
     go.touch()
+    jobs = [_start(endpoint, cache, go) for _ in range(2)]
     for job in jobs:
         assert sum(_statuses(job).values()) == 600  # every row, each ok or cached
+    assert endpoint.stats()["max_in_flight"] > 16
     assert endpoint.stats()["requests"] <= 600 + 2 * 16
     assert endpoint.stats()["distinct_answered"] == 600
 
@@ -71,7 +82,7 @@ def test_a_killed_owner_leaves_no_key_that_no_one_sends(endpoint, cache, tmp_pat
     while endpoint.stats()["answered"] < 20:
         time.sleep(0.02)
     other = _start(endpoint, cache, go, rows=200, concurrency=4)
-    time.sleep(2.0)  # the other job has claimed what the owner had not, and waits
+    _wait_for_claims_of_two_jobs(cache)  # the other has claimed after the owner, and defers
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     assert _statuses(other).keys() <= {"ok", "cached"}

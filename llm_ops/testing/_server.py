@@ -59,6 +59,7 @@ up to a knee and then only latency grows (see :class:`~llm_ops.testing._decode.D
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -81,6 +82,7 @@ from ._decode import DecodeBatch, Durations
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
 REPLY_WORDS = 12
+GATHER_SECONDS = 30.0  # how long answers wait for `gather` requests in flight at most
 PREFIX_BLOCK_TOKENS = 16
 """Tokens in one block of the modelled prefix cache (vLLM's default block size)."""
 PREFIX_BLOCK_CHARS = 64
@@ -122,6 +124,10 @@ class SimulatorConfig:
         ``[[sim:answer_tokens=N]]`` in a prompt sets its own (at most ``max_tokens``).
         ``usage.completion_tokens`` reports it, while the text stays the one
         :func:`expected_reply` gives, so tests can still check every answer.
+    gather
+        Answers wait until this many chat requests have been in flight at once (for at most
+        30 s), so that a test can make sure two clients' requests overlap without waiting a
+        guessed time. 0 (the default): no waiting.
     rpm, tpm
         Requests and tokens per minute. Over the limit the answer is 429 with ``Retry-After``
         and ``retry-after-ms``; ``x-ratelimit-*`` headers are sent on every answer.
@@ -204,6 +210,7 @@ class SimulatorConfig:
     step_per_sequence: float = 0.0
     step_per_queued: float = 0.0
     answer_tokens: int = 16
+    gather: int = 0
     rpm: int | None = None
     tpm: int | None = None
     rate_window: float = 60.0
@@ -576,6 +583,7 @@ class Simulator:
         self.answered_total = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self._gathered = asyncio.Event()
         self.header_names: set[str] = set()
         self.completion_tokens = 0
         self.prompt_tokens = 0
@@ -702,6 +710,11 @@ class Simulator:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if self.config.gather:
+                if self.max_in_flight >= self.config.gather:
+                    self._gathered.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._gathered.wait(), GATHER_SECONDS)
             response = await self._answer(request)
         except asyncio.CancelledError:  # the client gave up (a timeout, say) and hung up
             self.cancelled += 1
