@@ -144,6 +144,14 @@ def test_a_429_halves_it_and_it_does_not_rise_while_calm():
     assert controller.limit <= before // 2
 
 
+def test_after_the_calm_it_climbs_back_to_the_cap_given():
+    clock = Clock()
+    controller = Concurrency(16, given=True, clock=clock)
+    controller.on_overload("429s")
+    Server(**GPU).run(controller, clock, 30)
+    assert controller.limit == 16
+
+
 def test_it_resumes_where_the_last_job_settled():
     controller = Concurrency(1024)
     controller.resume(300)
