@@ -19,17 +19,29 @@ MARKER = "<!-- cli-reference -->"
 WIDTH = "100"  # argparse wraps help to $COLUMNS - 2
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser ``llm-ops`` runs, assembled as :func:`llm_ops.cli.main` assembles it."""
-    from llm_ops.cli import _batches, _cache, _jobs, _parser, _serve, _sql
+class _Built(Exception):
+    """Carries the parser out of :func:`llm_ops.cli.main` before it parses anything."""
 
-    return _parser.parser(
-        _jobs.add_commands,
-        _sql.add_commands,
-        _serve.add_commands,
-        _batches.add_commands,
-        _cache.add_commands,
-    )
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser ``llm-ops`` runs: :func:`llm_ops.cli.main` builds it, with whatever commands
+    it adds, and hands it over here instead of parsing."""
+    from llm_ops import cli
+
+    build = cli.parser
+
+    def hand_over(*groups: Any) -> argparse.ArgumentParser:
+        raise _Built(build(*groups))
+
+    cli.parser = hand_over
+    try:
+        cli.main([])
+    except _Built as built:
+        parser: argparse.ArgumentParser = built.args[0]
+        return parser
+    finally:
+        cli.parser = build
+    raise RuntimeError("llm_ops.cli.main() no longer builds its parser with cli.parser(...)")
 
 
 def commands(
