@@ -32,12 +32,13 @@ class Review(BaseModel):
 
 
 def json_canonical(value: Any) -> str:
-    """The canonical form by definition (README, "The cache"): what keys are hashed from."""
+    """The canonical form by definition (docs/cache.md, "Keys"): what keys are hashed from."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def chat(prompt: str, *, system: str | None = None, **params: Any) -> dict[str, Any]:
-    """A request object of the README's documented form: parameters, endpoint, model, messages."""
+    """A request object of the documented form (docs/cache.md): parameters, endpoint, model,
+    messages."""
     messages = [{"role": "user", "content": prompt}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})

@@ -42,6 +42,8 @@ from ._write import Written, write_output
 class Table:
     """One job over a Parquet input (a path or a glob), written to a Parquet file ``out``.
 
+    Everything that can be checked is checked when the table is made, before anything is sent.
+
     Parameters
     ----------
     client
@@ -55,8 +57,6 @@ class Table:
         Rows read and written per batch (and per row group of the output).
     chunk_size
         Distinct requests per chunk file, the unit :meth:`run_chunk` sends.
-
-    Everything that can be checked is checked when the table is made, before anything is sent.
 
     Examples
     --------
