@@ -322,6 +322,12 @@ def test_out_still_names_the_output_file_but_help_does_not_show_it(job, tmp_path
     assert "--out " not in capsys.readouterr().out
 
 
+def test_output_given_twice_is_refused_as_the_old_column_flag(job, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *job, "--output", "rating", "--out", str(tmp_path / "out.parquet")])
+    assert "the answer column is --output-column" in capsys.readouterr().err
+
+
 def test_an_output_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):
     assert main(["run", *job, "--output", str(tmp_path / "out.json")]) == 1
     assert "name a .parquet or a .csv file" in capsys.readouterr().err

@@ -69,8 +69,28 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
 def add_output_argument(parser: argparse.ArgumentParser, *, required: bool, help: str) -> None:
     """``--output FILE``, the file a command writes; ``--out``, its earlier name, still
     reads but is not shown."""
-    output = parser.add_argument("--output", required=required, metavar="FILE", help=help)
+    output = parser.add_argument(
+        "--output", action=_OutputFile, required=required, metavar="FILE", help=help
+    )
     parser._option_string_actions["--out"] = output  # an alias that help and errors never name
+
+
+class _OutputFile(argparse.Action):
+    """``--output``, refused twice: ``--output NAME --out FILE`` is how the answer column was
+    named before it became ``--output-column``, and would now write to ``FILE`` silently."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            raise argparse.ArgumentError(
+                self, "names one file, given twice (the answer column is --output-column)"
+            )
+        setattr(namespace, self.dest, values)
 
 
 def add_api_key_env(parser: argparse.ArgumentParser) -> None:
