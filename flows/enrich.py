@@ -4,6 +4,11 @@ Run once on the sample reviews against the bundled local endpoint::
 
     python flows/enrich.py
 
+or on any table and endpoint, with a flag per parameter (``--help`` lists them)::
+
+    python flows/enrich.py --input data.parquet --output out.parquet \\
+        --base-url https://api.openai.com/v1 --model gpt-4o-mini --prompt 'Summarize: {text}'
+
 Serve it as a deployment (then trigger runs from the UI or ``prefect deployment run``)::
 
     python flows/enrich.py serve
@@ -17,6 +22,7 @@ Prefect, so a rerun after a crash or cancellation sends only what the cache lack
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import functools
 import json
@@ -26,7 +32,8 @@ import sys
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from types import UnionType
+from typing import Any, Literal, Union, cast, get_args, get_origin
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -39,7 +46,7 @@ from prefect.artifacts import (
 from prefect.blocks.system import Secret
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llm_ops import (
     Client,
@@ -121,8 +128,11 @@ class EnrichConfig(BaseModel):
     escalate: str | None = Field(
         None, description="with a cascade: SQL condition sending an answered row to the next model"
     )
-    output_column: str = "summary"
-    system: str | None = None
+    output_column: str = Field(
+        "summary",
+        description="name of the answer column; its status and error columns are named after it",
+    )
+    system: str | None = Field(None, description="system message, a template like prompt")
     base_url: str | None = Field(
         None,
         description="default: OPENAI_BASE_URL, then OpenAI; no credentials and no query but "
@@ -160,22 +170,18 @@ class EnrichConfig(BaseModel):
         description="DuckDB cache file; default: LLM_OPS_CACHE, then ~/.cache/llm-ops/cache.duckdb",
     )
     concurrency: int | None = Field(
-        None, ge=1, description="requests in flight; default: as llm_complete"
+        None, ge=1, description="most requests in flight (default: found while the job runs)"
     )
-    rpm: float | None = None
-    tpm: float | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    timeout: float | None = Field(
-        None, gt=0, description="seconds per attempt; default: as llm_complete"
-    )
-    max_attempts: int | None = Field(
-        None, ge=1, description="attempts per request; default: as llm_complete"
-    )
+    rpm: float | None = Field(None, description="requests per minute to stay under")
+    tpm: float | None = Field(None, description="tokens per minute to stay under")
+    max_tokens: int | None = Field(None, description="most tokens per answer")
+    temperature: float | None = Field(None, description="sampling temperature")
+    timeout: float | None = Field(None, gt=0, description="seconds per attempt (default: 60)")
+    max_attempts: int | None = Field(None, ge=1, description="attempts per request (default: 5)")
     chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")
     batch_rows: int = Field(100_000, ge=1, description="rows per read batch and row group")
     max_failure_ratio: float | None = Field(
-        None, ge=0, le=1, description="fail the run when a larger share of rows failed"
+        None, ge=0, le=1, description="fail the run when a larger share of rows (0 to 1) failed"
     )
     price_input_per_million: float | None = Field(None, description="$ per 1M input tokens")
     price_output_per_million: float | None = Field(None, description="$ per 1M output tokens")
@@ -498,33 +504,138 @@ def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
     return asdict(report)
 
 
+# The command line: a flag per parameter that holds one text, number or choice (the headers,
+# their secrets and verify are a deployment's, set in Prefect), with the parameter's description
+# as its help but where the command line differs.
+_CLI_SKIPPED = {"headers", "header_secrets", "verify"}
+_CLI_HELP = {
+    "base_url": "endpoint; the key comes from OPENAI_API_KEY. Without it, the bundled local "
+    "simulator is started and answers (the demo). No credentials and no query but "
+    "'?api-version=<version>'",
+    "model": "model name; again for a cascade, from the cheapest to the strongest",
+    "concurrency": "most requests in flight (default: found while the job runs; 64 with the "
+    "local simulator)",
+    "endpoint_name": "the endpoint's name in cache keys instead of its URL (default: the URL; "
+    "the simulator's name with the local simulator)",
+}
+_CLI_METAVARS = {
+    "input": "FILE",
+    "output": "FILE",
+    "prompt": "TEMPLATE",
+    "model": "MODEL",
+    "escalate": "SQL",
+    "output_column": "NAME",
+    "system": "TEMPLATE",
+    "base_url": "URL",
+    "endpoint_name": "NAME",
+    "api_key_secret": "BLOCK",
+    "cert": "PEM",
+    "cert_key": "PEM",
+    "proxy": "URL",
+    "cache": "FILE",
+    "timeout": "SECONDS",
+    "max_tokens": "TOKENS",
+    "temperature": "TEMPERATURE",
+    "batch_poll_seconds": "SECONDS",
+    "max_failure_ratio": "RATIO",
+    "semantic_cache_model": "EMBEDDING_MODEL",
+    "similarity": "COSINE",
+    "ray_address": "ADDRESS",
+    "price_input_per_million": "USD",
+    "price_output_per_million": "USD",
+    "price_per_request": "USD",
+    "max_cost": "USD",
+}
+
+
+def command_line() -> argparse.ArgumentParser:
+    """``python flows/enrich.py``'s arguments: a flag per :class:`EnrichConfig` field."""
+    parser = argparse.ArgumentParser(
+        prog="python flows/enrich.py",
+        description="Enrich a Parquet table with one LLM answer per row, as a Prefect flow run. "
+        "Without arguments: the demo, the sample reviews summarised by the bundled local "
+        "simulator.",
+        epilog="python flows/enrich.py serve: serve the flow as the deployment 'reviews' "
+        "(runs are then triggered from the Prefect UI or 'prefect deployment run').",
+    )
+    for name, field in EnrichConfig.model_fields.items():
+        union = get_origin(field.annotation) in (Union, UnionType)
+        kinds = [k for k in get_args(field.annotation) if k is not type(None)] if union else []
+        kinds = kinds or [field.annotation]
+        if name in _CLI_SKIPPED:
+            continue
+        how: dict[str, Any]
+        if name == "model":
+            how = {"action": "append"}
+        elif len(kinds) == 1 and get_origin(kinds[0]) is Literal:
+            how = {"choices": list(get_args(kinds[0]))}
+        elif len(kinds) == 1 and kinds[0] in (str, int, float):
+            how = {"type": kinds[0], "metavar": _CLI_METAVARS.get(name, "N")}
+        else:
+            raise TypeError(f"EnrichConfig.{name}: no flag for {field.annotation}")
+        text = _CLI_HELP.get(name) or field.description or ""
+        if field.default is not None and "default" not in text:
+            text += f" (default: {field.default})".replace("\n", "\\n")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            **{"metavar": _CLI_METAVARS.get(name), **how},
+            help=text.replace("%", "%%"),
+        )
+    return parser
+
+
+def config_of(argv: list[str]) -> EnrichConfig:
+    """The flow's parameters from the command line; exits with a usage error for wrong ones."""
+    parser = command_line()
+    parsed = vars(parser.parse_args(argv))
+    given = {name: value for name, value in parsed.items() if value is not None}
+    if len(given.get("model", ())) == 1:
+        given["model"] = given["model"][0]
+    try:
+        return EnrichConfig(**given)
+    except ValidationError as exc:
+        parser.error(
+            "; ".join(
+                f"--{str(error['loc'][0]).replace('_', '-')}: {error['msg']}"
+                for error in exc.errors()
+            )
+        )
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
         # The API then refuses a run whose base_url holds a key before storing its parameters.
         enrich_table.serve(name="reviews", tags=["llm-ops"], enforce_parameter_schema=True)
         return
-    from llm_ops.testing import LocalEndpoint
+    config = config_of(argv)
+    # Prefect's temporary API server can take longer than its default 20 s on a busy machine.
+    with temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_SECONDS}):
+        if config.base_url is not None:
+            _run(config)
+            return
+        from llm_ops.testing import LocalEndpoint
 
-    # Any free port: the simulator's name, not its URL, is what the cache keys hold.
-    with (
-        LocalEndpoint() as endpoint,
-        # Prefect's temporary API server can take longer than its default 20 s on a busy machine.
-        temporary_settings({PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_SECONDS}),
-    ):
-        try:
-            enrich_table(
-                EnrichConfig(
-                    base_url=endpoint.base_url, endpoint_name=endpoint.name, concurrency=64
-                )
-            )
-        except RuntimeError as exc:
-            if "ephemeral Prefect API server" not in str(exc):
-                raise
-            sys.exit(
-                f"Prefect's temporary API server did not start within {STARTUP_SECONDS} s (a "
-                "busy machine?). Run the command again, or start a server once with "
-                "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api."
-            )
+        # Any free port: the simulator's name, not its URL, is what the cache keys hold.
+        with LocalEndpoint() as endpoint:
+            simulated = {
+                "base_url": endpoint.base_url,
+                "endpoint_name": config.endpoint_name or endpoint.name,
+                "concurrency": config.concurrency or 64,
+            }
+            _run(config.model_copy(update=simulated))
+
+
+def _run(config: EnrichConfig) -> None:
+    try:
+        enrich_table(config)
+    except RuntimeError as exc:
+        if "ephemeral Prefect API server" not in str(exc):
+            raise
+        sys.exit(
+            f"Prefect's temporary API server did not start within {STARTUP_SECONDS} s (a "
+            "busy machine?). Run the command again, or start a server once with "
+            "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api."
+        )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--input", type=Path, default=Path("data/womens_clothing_reviews.parquet"))
-    parser.add_argument("--out", type=Path, default=Path("output/reviews_summarized.parquet"))
+    parser.add_argument("--output", type=Path, default=Path("output/reviews_summarized.parquet"))
     parser.add_argument("--cache", type=Path, help="cache file (default: the default cache)")
     parser.add_argument("--rows", type=int, default=None, help="only the first N rows")
     args = parser.parse_args(argv)
@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> None:
             concurrency=64,
             return_report=True,
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    enriched.write_parquet(args.out)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    enriched.write_parquet(args.output)
     print(enriched.select("id", "text", "summary", "summary_status").head(5))
     print(report)
-    print(f"wrote {args.out} ({enriched.height:,} rows)")
+    print(f"wrote {args.output} ({enriched.height:,} rows)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pty
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,10 @@ import duckdb
 import polars as pl
 import pytest
 
+import llm_ops
 from llm_ops.cli import main
+from llm_ops.cli._job_arguments import flagged_options
+from llm_ops.cli._option_flags import OPTION_FLAGS
 
 LLM_OPS = str(Path(sys.executable).with_name("llm-ops"))
 COMMANDS = [
@@ -62,8 +66,27 @@ def test_every_command_has_help(command, capsys):
     assert "usage: llm-ops" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", [[], *COMMANDS], ids=lambda c: " ".join(c) or "llm-ops")
+def test_help_speaks_cli_not_python(command, capsys):
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    said = capsys.readouterr().out
+    assert not re.search(r"\b(None|False|True)\b|:class:|:func:|`", said)
+
+
+def test_every_job_option_that_is_a_flag_has_help_written_for_it():
+    assert set(OPTION_FLAGS) == set(flagged_options())
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"llm-ops {llm_ops.__version__}\n"
+
+
 def test_run_writes_the_rows_with_their_answers(job, tmp_path, endpoint, capsys):
-    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    assert main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
     out = pl.read_parquet(tmp_path / "out.parquet")
     assert out["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
     assert endpoint.stats()["requests"] == 2
@@ -85,7 +108,7 @@ def test_csv_input(tmp_path, endpoint, cache):
                 endpoint.base_url,
                 "--cache",
                 str(cache),
-                "--out",
+                "--output",
                 str(tmp_path / "out.parquet"),
             ]
         )
@@ -98,7 +121,7 @@ def test_estimate_counts_what_a_run_then_sends(job, tmp_path, endpoint, capsys):
     assert main(["estimate", *job]) == 0
     assert "requests to send                2" in capsys.readouterr().out
     assert endpoint.stats()["requests"] == 0
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     assert endpoint.stats()["requests"] == 2
 
 
@@ -112,7 +135,7 @@ def test_a_wrong_path_is_one_line_and_non_zero(capsys, tmp_path):
                 "{x}",
                 "--model",
                 "m",
-                "--out",
+                "--output",
                 str(tmp_path / "o.parquet"),
             ]
         )
@@ -124,13 +147,13 @@ def test_a_wrong_path_is_one_line_and_non_zero(capsys, tmp_path):
 
 def test_an_unknown_column_is_one_line_and_non_zero(job, tmp_path, capsys):
     job[2] = "{body}"
-    assert main(["run", *job, "--out", str(tmp_path / "o.parquet")]) == 1
+    assert main(["run", *job, "--output", str(tmp_path / "o.parquet")]) == 1
     assert "column 'body'" in capsys.readouterr().err
     assert not (tmp_path / "o.parquet").exists()
 
 
 def test_cache_stats_export_prune_vacuum(job, tmp_path, cache, capsys):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     assert main(["cache", "--cache", str(cache), "stats"]) == 0
     assert "1 run(s) recorded" in capsys.readouterr().out
     assert main(["cache", "--cache", str(cache), "export", str(tmp_path / "x.parquet")]) == 0
@@ -144,7 +167,7 @@ def test_cache_stats_export_prune_vacuum(job, tmp_path, cache, capsys):
 
 
 def test_cache_snapshot_is_a_copy_to_hold_open(job, tmp_path, cache, capsys):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     assert main(["cache", "--cache", str(cache), "snapshot", str(tmp_path / "copy.duckdb")]) == 0
     with duckdb.connect(str(tmp_path / "copy.duckdb"), read_only=True) as copy:
         assert copy.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
@@ -153,11 +176,11 @@ def test_cache_snapshot_is_a_copy_to_hold_open(job, tmp_path, cache, capsys):
 def _answered_while_held(job, tmp_path, cache, hold) -> None:
     """Run a job, then another whose 2 answers stay in the journal (a reader holds the file
     until it ends)."""
-    main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"])
     reader = hold(cache)
     titles = [*job[:2], "Title: {text}", *job[3:]]
     out = tmp_path / "titles.parquet"
-    main(["run", *titles, "--out", str(out), "--no-progress", "--merge-wait", "0.1"])
+    main(["run", *titles, "--output", str(out), "--no-progress", "--merge-wait", "0.1"])
     reader.release()
     with duckdb.connect(str(cache), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
@@ -192,11 +215,11 @@ def test_cache_merge_exits_1_while_the_file_is_held(job, tmp_path, cache, hold, 
 def test_a_damaged_cache_is_one_line_that_says_what_to_do(
     job, tmp_path, cache, endpoint, capsys, monkeypatch
 ):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"])
     os.truncate(cache, cache.stat().st_size // 2)
     monkeypatch.chdir(tmp_path)  # the cache named as people type it: DuckDB says it in full
     endpoint.reset()
-    assert main(["run", *job[:-1], cache.name, "--out", "again.parquet", "--no-progress"]) == 1
+    assert main(["run", *job[:-1], cache.name, "--output", "again.parquet", "--no-progress"]) == 1
     said = capsys.readouterr().err
     assert said.startswith("llm-ops: error: the cache cache.duckdb cannot be read: it is damaged")
     assert "Move it aside" in said and said.count("\n") == 1
@@ -225,7 +248,7 @@ def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
             [
                 "run",
                 *job,
-                "--out",
+                "--output",
                 str(tmp_path / "out.parquet"),
                 "--chunk-size",
                 "1",
@@ -247,16 +270,16 @@ def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
 
 def test_run_with_the_semantic_cache(job, table, tmp_path):
     out, options = tmp_path / "out.parquet", ["--semantic-cache", "sim-embed", "--no-progress"]
-    assert main(["run", *job, "--out", str(out), *options]) == 0
+    assert main(["run", *job, "--output", str(out), *options]) == 0
     pl.DataFrame({"id": [5], "text": ["Good!"]}).write_parquet(table)
-    assert main(["run", *job, "--out", str(out), *options, "--similarity", "0.9"]) == 0
+    assert main(["run", *job, "--output", str(out), *options, "--similarity", "0.9"]) == 0
     assert pl.read_parquet(out)["completion_status"].to_list() == ["similar"]
 
 
 def test_run_a_cascade(job, tmp_path):
     out, first = tmp_path / "out.parquet", [("sim-small" if a == "sim" else a) for a in job]
     cascade = ["--model", "sim", "--escalate", "completion LIKE '%bad%'"]
-    assert main(["run", *first, *cascade, "--out", str(out), "--no-progress"]) == 0
+    assert main(["run", *first, *cascade, "--output", str(out), "--no-progress"]) == 0
     assert pl.read_parquet(out)["completion_model"].to_list() == [
         "sim-small",
         "sim",
@@ -266,7 +289,7 @@ def test_run_a_cascade(job, tmp_path):
 
 
 def test_cache_path_before_or_after_the_action(job, tmp_path, cache, capsys):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     assert main(["cache", "stats", "--cache", str(cache)]) == 0
     assert main(["cache", "--cache", str(cache), "stats"]) == 0
     assert capsys.readouterr().out.count("1 run(s) recorded") == 2
@@ -278,29 +301,41 @@ def test_estimate_leaves_no_cache_behind(job, tmp_path, capsys):
     assert [p.name for p in tmp_path.iterdir()] == ["reviews.parquet"]
 
 
-def test_out_csv(job, tmp_path):
-    assert main(["run", *job, "--out", str(tmp_path / "out.csv")]) == 0
+def test_output_csv(job, tmp_path):
+    assert main(["run", *job, "--output", str(tmp_path / "out.csv")]) == 0
     out = pl.read_csv(tmp_path / "out.csv")
     assert out["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
     assert not list(tmp_path.glob("out.csv.*"))  # no Parquet, work directory or partial file
 
 
-def test_out_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):
-    assert main(["run", *job, "--out", str(tmp_path / "out.json")]) == 1
+def test_output_column_names_the_answer_column(job, tmp_path):
+    out = tmp_path / "out.parquet"
+    assert main(["run", *job, "--output", str(out), "--output-column", "rating"]) == 0
+    assert pl.read_parquet(out).columns == ["id", "text", "rating", "rating_status", "rating_error"]
+
+
+def test_the_old_out_flag_is_refused_naming_the_new_ones(job, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *job, "--out", "out.parquet"])
+    assert "--output, --output-column" in capsys.readouterr().err
+
+
+def test_an_output_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):
+    assert main(["run", *job, "--output", str(tmp_path / "out.json")]) == 1
     assert "name a .parquet or a .csv file" in capsys.readouterr().err
     assert endpoint.stats()["requests"] == 0
 
 
 def test_nested_columns_cannot_go_to_csv(job, table, tmp_path, endpoint, capsys):
     pl.DataFrame({"text": ["good"], "tags": [["a", "b"]]}).write_parquet(table)
-    assert main(["run", *job, "--out", str(tmp_path / "out.csv")]) == 1
+    assert main(["run", *job, "--output", str(tmp_path / "out.csv")]) == 1
     assert "nested column(s) tags; write a .parquet file" in capsys.readouterr().err
     assert endpoint.stats()["requests"] == 0
 
 
 def test_one_progress_line_over_every_chunk(job, tmp_path):
     terminal, stderr = pty.openpty()  # progress is drawn on a terminal only
-    command = [LLM_OPS, "run", *job, "--out", str(tmp_path / "o.parquet"), "--chunk-size", "1"]
+    command = [LLM_OPS, "run", *job, "--output", str(tmp_path / "o.parquet"), "--chunk-size", "1"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
     os.close(stderr)
     drawn = b""
@@ -318,14 +353,15 @@ def test_api_key_env_names_the_key(job, tmp_path, endpoint, monkeypatch, capsys)
     endpoint.configure(api_key="sk-from-another-variable")
     monkeypatch.setenv("OTHER_API_KEY", "sk-from-another-variable")
     out = tmp_path / "out.parquet"
-    assert main(["run", *job, "--out", str(out), "--api-key-env", "OTHER_API_KEY"]) == 0
+    assert main(["run", *job, "--output", str(out), "--api-key-env", "OTHER_API_KEY"]) == 0
     assert pl.read_parquet(out)["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
     assert "sk-from-another-variable" not in str(capsys.readouterr())
 
 
 def test_api_key_env_unset_is_one_line(job, tmp_path, endpoint, capsys):
     assert (
-        main(["run", *job, "--out", str(tmp_path / "o.parquet"), "--api-key-env", "NO_SUCH"]) == 1
+        main(["run", *job, "--output", str(tmp_path / "o.parquet"), "--api-key-env", "NO_SUCH"])
+        == 1
     )
     err = capsys.readouterr().err
     assert "NO_SUCH is not set" in err and err.count("\n") == 1
@@ -333,7 +369,7 @@ def test_api_key_env_unset_is_one_line(job, tmp_path, endpoint, capsys):
 
 
 def test_sql_reads_the_cache(job, tmp_path, cache, capsys):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     capsys.readouterr()
     query = "SELECT count(*) AS answers FROM cache.llm_cache"
     assert main(["sql", query, "--cache", str(cache)]) == 0
@@ -349,7 +385,7 @@ def test_sql_llm_complete(endpoint, cache, capsys):
 
 
 def test_sql_answers_reach_the_attached_cache(job, tmp_path, endpoint, cache, capsys):
-    main(["run", *job, "--out", str(tmp_path / "out.parquet")])
+    main(["run", *job, "--output", str(tmp_path / "out.parquet")])
     query = "SELECT llm_complete('new', model := 'sim'), (SELECT count(*) FROM cache.llm_cache)"
     assert main(["sql", query, "--base-url", endpoint.base_url, "--cache", str(cache)]) == 0
     with duckdb.connect(str(cache), read_only=True) as con:
@@ -372,9 +408,11 @@ def test_sql_from_a_file_prints_at_most_max_rows(tmp_path, cache, capsys):
     assert "3 more row(s) not shown" in out
 
 
-def test_sql_out_csv(tmp_path, cache):
+def test_sql_output_csv(tmp_path, cache):
     out = tmp_path / "x.csv"
-    assert main(["sql", "SELECT 1 AS n, 'a' AS s", "--out", str(out), "--cache", str(cache)]) == 0
+    assert (
+        main(["sql", "SELECT 1 AS n, 'a' AS s", "--output", str(out), "--cache", str(cache)]) == 0
+    )
     assert pl.read_csv(out).to_dicts() == [{"n": 1, "s": "a"}]
 
 
@@ -403,12 +441,12 @@ def test_a_header_from_the_environment_opens_an_azure_shaped_endpoint(
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-key-0123456789")
     out = tmp_path / "out.parquet"
     azure = ["--header-env", "api-key=AZURE_OPENAI_API_KEY", "--header", "X-Tenant: acme"]
-    assert main(["run", *job, *azure, "--out", str(out)]) == 0
+    assert main(["run", *job, *azure, "--output", str(out)]) == 0
     assert pl.read_parquet(out)["completion_status"].to_list() == ["ok", "ok", "ok", "skipped"]
     assert "X-Tenant" in endpoint.stats()["header_names"]
 
 
 def test_a_header_env_naming_an_unset_variable_is_one_line(job, tmp_path, capsys):
     out = str(tmp_path / "out.parquet")
-    assert main(["run", *job, "--header-env", "api-key=NOT_SET_ANYWHERE", "--out", out]) == 1
+    assert main(["run", *job, "--header-env", "api-key=NOT_SET_ANYWHERE", "--output", out]) == 1
     assert "--header-env takes NAME=VARIABLE with VARIABLE set" in capsys.readouterr().err

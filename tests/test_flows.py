@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from flows.enrich import EnrichConfig, enrich_table, open_table
+from flows.enrich import EnrichConfig, config_of, enrich_table, main, open_table
 from llm_ops import ConfigError, JobAbortedError
 from llm_ops.tables import Counters
 from llm_ops.testing import expected_reply
 
 SECRET = "sk-gateway-0123456789"
 AZURE = "https://res.openai.azure.com/openai/deployments/gpt?api-version=2024-10-21"
+FLOW = Path(__file__).resolve().parents[1] / "flows" / "enrich.py"
 TEXTS = ["great fit", "runs small", None, "great fit", "love it", None, "runs small"] * 3
 
 
@@ -215,3 +219,45 @@ def test_a_header_secret_is_read_from_its_block(prefect):
     Secret(value=SECRET).save("gateway-key", overwrite=True)
     options = EnrichConfig(headers={"X-Tenant": "a"}, header_secrets={"api-key": "gateway-key"})
     assert options.options()["headers"] == {"X-Tenant": "a", "api-key": SECRET}
+
+
+def test_the_command_line_help_exits_without_running_anything(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(FLOW), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: python flows/enrich.py")
+    assert "--base-url URL" in done.stdout and "--output-column NAME" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_arguments_is_the_demo():
+    assert config_of([]) == EnrichConfig()
+
+
+def test_the_command_line_becomes_the_flows_parameters():
+    config = config_of(["--model", "small", "--model", "large", "--temperature", "0"])
+    assert (config.model, config.temperature) == (["small", "large"], 0.0)
+
+
+def test_a_wrong_parameter_on_the_command_line_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        config_of(["--concurrency", "0"])
+    assert exit_.value.code == 2
+    assert "--concurrency: Input should be greater than or equal to 1" in capsys.readouterr().err
+
+
+def test_the_command_line_runs_the_flow_on_the_local_simulator(prefect, tmp_path, cache):
+    source, out = tmp_path / "reviews.parquet", tmp_path / "out.parquet"
+    pl.DataFrame({"text": ["great fit", None, "runs small"]}).write_parquet(source)
+    files = ["--input", str(source), "--output", str(out), "--cache", str(cache)]
+    main([*files, "--prompt", "{text}", "--output-column", "fit"])
+    written = pl.read_parquet(out)
+    replies = [expected_reply(text, model="sim") for text in ("great fit", "runs small")]
+    assert written["fit"].to_list() == [replies[0], None, replies[1]]
+    assert written["fit_status"].to_list() == ["ok", "skipped", "ok"]

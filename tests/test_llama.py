@@ -170,7 +170,7 @@ def test_the_command_line_runs_a_file(llama, reviews, tmp_path):
     llm_ops = Path(sys.executable).with_name("llm-ops")
     job = ["--prompt", "{text}", "--model", llama.model, "--base-url", llama.base_url]
     limits = ["--max-tokens", "8", "--concurrency", "4", "--no-progress"]
-    files = ["--out", tmp_path / "out.parquet", "--cache", tmp_path / "c.duckdb"]
+    files = ["--output", tmp_path / "out.parquet", "--cache", tmp_path / "c.duckdb"]
     done = subprocess.run(
         [llm_ops, "run", reviews, *job, *limits, *files],
         capture_output=True,

@@ -161,7 +161,7 @@ def test_the_command_line_sends_on_ray(cluster, endpoint, cache, source, tmp_pat
                 endpoint.base_url,
                 "--cache",
                 str(cache),
-                "--out",
+                "--output",
                 str(tmp_path / "o.parquet"),
                 "--chunk-size",
                 "10",

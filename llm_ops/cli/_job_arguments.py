@@ -1,23 +1,27 @@
 """The arguments of a job on files (``run``, ``estimate``), and the options they make.
 
-Every option of :class:`llm_ops.Options` that holds a number, a text or a choice is a flag of
-its own name, with the first sentence of its description in :func:`llm_ops.llm_complete` as
-its help; prices, the semantic cache and a cascade's escalation have flags of their own.
+Every option of :class:`llm_ops.Options` that holds a number, a text or a choice is a flag,
+with its help from :data:`._option_flags.OPTION_FLAGS`; prices, the semantic cache and a
+cascade's escalation have flags of their own.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
-import re
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from .._operator import llm_complete
 from .._options import Options
 from .._pricing import Price
 from .._semantic import SemanticCache
 from ..exceptions import ConfigError
-from ._parser import add_api_key_env, add_connection_arguments, api_key, connection_options
+from ._option_flags import OPTION_FLAGS
+from ._parser import (
+    add_api_key_env,
+    add_connection_arguments,
+    add_output_argument,
+    api_key,
+    connection_options,
+)
 
 # Options a flag can carry (a number or a text), under their own names; the rest have flags of
 # their own below (prices, the semantic cache, the connection's), come from the environment
@@ -50,43 +54,49 @@ def _flag(hint: object) -> dict[str, Any] | None:
     return None
 
 
-def _option_help() -> dict[str, str]:
-    """Each option's first sentence, from llm_complete's docstring: one text for both."""
-    doc = inspect.getdoc(llm_complete) or ""
-    section = doc.split("Parameters\n----------\n", 1)[-1].split("\n\nExamples", 1)[0]
-    found: dict[str, str] = {}
-    for block in re.split(r"\n(?=\S)", section):
-        names, _, text = block.partition("\n")
-        sentence = " ".join(text.split()).split(". ")[0].rstrip(".")
-        for name in names.split(","):
-            found[name.strip()] = sentence.replace("%", "%%").replace("``", "")
+def flagged_options() -> dict[str, dict[str, Any]]:
+    """The options that are flags, with how argparse reads each."""
+    found = {}
+    for name, hint in get_type_hints(Options).items():
+        how = _flag(hint)
+        if name not in _SKIPPED and how is not None:
+            found[name] = how
     return found
 
 
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of a job on files; the names of the options given as flags are kept as
-    ``args.option_flags`` for :func:`job_options`."""
+def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = None) -> None:
+    """The arguments of a job on files, and ``--output FILE`` with the help ``output`` for a
+    job that writes one; the names of the options given as flags are kept as
+    ``args.option_flags`` (option to the flag's ``dest``) for :func:`job_options`."""
     parser.add_argument("input", help="Parquet or CSV file, or a glob like 'data/*.parquet'")
-    parser.add_argument("--prompt", required=True, help="template, e.g. 'Summarize: {text}'")
+    parser.add_argument(
+        "--prompt",
+        required=True,
+        metavar="TEMPLATE",
+        help="the prompt, with {column} for a column's value, e.g. 'Summarize: {text}'",
+    )
     parser.add_argument(
         "--model",
         required=True,
         action="append",
+        metavar="MODEL",
         help="model name; give it again for a cascade, cheapest first "
         "(--model small --model large)",
     )
-    helps = _option_help()
-    named = []
-    for name, hint in get_type_hints(Options).items():
-        how = _flag(hint)
-        if name in _SKIPPED or how is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if name == "stop":
-            parser.add_argument(flag, action="append", help=helps.get(name))
-        else:
-            parser.add_argument(flag, **how, help=helps.get(name))
-        named.append(name)
+    if output is not None:
+        add_output_argument(parser, required=True, help=output)
+    flagged = flagged_options()
+    named = {}
+    for name, flag in OPTION_FLAGS.items():  # in the table's order
+        how = flagged[name]
+        action = parser.add_argument(
+            flag.flag or "--" + name.replace("_", "-"),
+            **how,
+            action="append" if name == "stop" else "store",
+            metavar=flag.metavar,
+            help=flag.help,
+        )
+        named[name] = action.dest  # output_column for output: --output is the file
     parser.add_argument(
         "--batch", action="store_const", const="batch", dest="mode", help="the same as --mode batch"
     )
@@ -94,7 +104,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "--price-input",
         type=float,
         metavar="USD",
-        help="$ per 1M input tokens (default: llm_ops.PRICES for the model)",
+        help="$ per 1M input tokens (default: the built-in price of a known model)",
     )
     parser.add_argument("--price-output", type=float, metavar="USD", help="$ per 1M output tokens")
     parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
@@ -107,10 +117,18 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         "per model of a cascade (instead of --price-input/--price-output)",
     )
     parser.add_argument(
-        "--chunk-size", type=int, default=5_000, help="distinct requests sent per chunk"
+        "--chunk-size",
+        type=int,
+        default=5_000,
+        metavar="N",
+        help="distinct requests sent per chunk (default: 5000)",
     )
     parser.add_argument(
-        "--batch-rows", type=int, default=100_000, help="rows read and written per batch"
+        "--batch-rows",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="rows read and written at a time (default: 100000)",
     )
     parser.add_argument(
         "--escalate",
@@ -129,7 +147,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.95,
         metavar="COSINE",
-        help="with --semantic-cache: the similarity from which an answer is reused (default 0.95)",
+        help="with --semantic-cache: the similarity from which an answer is reused (default: 0.95)",
     )
     add_api_key_env(parser)
     add_connection_arguments(parser)
@@ -139,7 +157,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
     """The job's options from the flags, by their names (see :class:`llm_ops.Options`)."""
     options = {
-        name: getattr(args, name) for name in args.option_flags if getattr(args, name) is not None
+        name: getattr(args, dest)
+        for name, dest in args.option_flags.items()
+        if getattr(args, dest) is not None
     }
     price = Price.given(args.price_input, args.price_output, args.price_request)
     if price is not None and args.price:

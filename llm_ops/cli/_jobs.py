@@ -30,8 +30,9 @@ def add_commands(commands: Commands) -> None:
         description="Run a prompt over every row of a Parquet or CSV "
         "file and write the rows with their answers.",
     )
-    add_job_arguments(run_parser)
-    run_parser.add_argument("--out", required=True, help="output file, .parquet or .csv")
+    add_job_arguments(
+        run_parser, output="file to write the rows with their answers to, .parquet or .csv"
+    )
     run_parser.add_argument(
         "--strict", action="store_true", help="exit with status 1 when any row failed"
     )
@@ -62,11 +63,11 @@ def add_commands(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    out = Path(args.output)
     csv = output_format(out) == "csv"
     # (the table checks this too, but sees CSV inputs only as their Parquet copies)
     if any(f.resolve() == out.resolve() for f in input_files(args.input)):
-        raise ConfigError(f"output {args.out!r} is also an input; write somewhere else")
+        raise ConfigError(f"output {args.output!r} is also an input; write somewhere else")
     # The job writes Parquet, converted to CSV at the end; next to the CSV, so that a rerun
     # after a crash finds the job's work directory.
     written = out.with_name(out.name + ".parquet") if csv else out

@@ -1,6 +1,6 @@
 """The ``llm-ops`` parser, and what several commands share: how a command is added, the
 endpoint and the cache file they use (``--base-url``, ``--cache``, ``--api-key-env``), the
-format of an ``--out`` file, how a table is printed."""
+output file (``--output``) and its format, how a table is printed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeAlias
 
 import polars as pl
 
+from .. import __version__
 from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
 from ..exceptions import ConfigError
 
@@ -21,7 +22,7 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 """What carries a command out: its parsed arguments in, the exit status out."""
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
-CACHE_HELP = f"cache file; default {CACHE_ENV}, then {default_cache_path()}"
+CACHE_HELP = f"cache file (default: ${CACHE_ENV}, then {default_cache_path()})"
 
 
 def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
         "endpoint, manage the cache. Errors print one line and exit non-zero; --debug shows "
         "tracebacks.",
     )
+    top.add_argument("--version", action="version", version=f"llm-ops {__version__}")
     top.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_commands in groups:
@@ -58,15 +60,23 @@ def command(
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """``--base-url`` and ``--cache``: where a command's client sends, and its cache file."""
-    parser.add_argument("--base-url", help="endpoint; default OPENAI_BASE_URL, then OpenAI")
-    parser.add_argument("--cache", help=CACHE_HELP)
+    parser.add_argument(
+        "--base-url", metavar="URL", help="endpoint (default: $OPENAI_BASE_URL, then OpenAI's)"
+    )
+    parser.add_argument("--cache", metavar="FILE", help=CACHE_HELP)
+
+
+def add_output_argument(parser: argparse.ArgumentParser, *, required: bool, help: str) -> None:
+    """``--output FILE``, the file a command writes (``--out`` before 0.2: now ambiguous with
+    ``--output-column``, so argparse refuses it and names both)."""
+    parser.add_argument("--output", required=required, metavar="FILE", help=help)
 
 
 def add_api_key_env(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-env",
         metavar="NAME",
-        help=f"environment variable that holds the API key (default {DEFAULT_KEY_ENV})",
+        help=f"environment variable that holds the API key (default: {DEFAULT_KEY_ENV})",
     )
 
 
@@ -99,8 +109,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--proxy",
         metavar="URL",
-        help="http:// or https:// proxy; default HTTPS_PROXY/HTTP_PROXY/ALL_PROXY unless "
-        "NO_PROXY names the host",
+        help="http:// or https:// proxy (default: $HTTPS_PROXY, $HTTP_PROXY or $ALL_PROXY, "
+        "unless $NO_PROXY names the host)",
     )
 
 

@@ -21,6 +21,7 @@ from ._parser import (
     add_api_key_env,
     add_client_arguments,
     add_connection_arguments,
+    add_output_argument,
     api_key,
     cache_of,
     command,
@@ -39,15 +40,21 @@ def add_commands(commands: Commands) -> None:
         summary="run a DuckDB query with llm_complete and the cache",
         description="Run a DuckDB query (in memory) with the SQL functions llm_complete, "
         "llm_complete_result and llm_request_key, and the cache attached read-only as "
-        "'cache' (SELECT * FROM cache.llm_cache). Prints the result, or writes it with --out.",
+        "'cache' (SELECT * FROM cache.llm_cache). Prints the result, or writes it with --output.",
     )
     sql.add_argument(
         "query", nargs="?", help='the query, e.g. "SELECT count(*) FROM cache.llm_cache"'
     )
-    sql.add_argument("--file", help="read the query from this file instead")
-    sql.add_argument("--model", help="llm_complete's model where a call names none (model := ...)")
+    sql.add_argument("--file", metavar="FILE", help="read the query from this file instead")
+    sql.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="llm_complete's model where a call names none (model := ...)",
+    )
     add_client_arguments(sql)
-    sql.add_argument("--out", help="write the result to this .parquet or .csv file instead")
+    add_output_argument(
+        sql, required=False, help="write the result to this .parquet or .csv file instead"
+    )
     sql.add_argument(
         "--max-rows", type=int, default=100, metavar="N", help="rows printed (default 100)"
     )
@@ -59,7 +66,7 @@ def run_query(args: argparse.Namespace) -> int:
     if (args.query is None) == (args.file is None):
         raise ConfigError("give the query, or --file with a file that holds it (not both)")
     query = args.query if args.file is None else Path(args.file).read_text()
-    out = None if args.out is None else Path(args.out)
+    out = None if args.output is None else Path(args.output)
     out_format = None if out is None else output_format(out)
     key = api_key(args)
     cache = cache_of(args)
@@ -132,4 +139,4 @@ def _print_result(result: duckdb.DuckDBPyRelation, max_rows: int) -> None:
     frame = pl.from_arrow(pa.Table.from_batches(shown, schema=reader.schema))
     print_table(frame, rows=max(held, 1), text_length=80)
     if hidden:
-        print(f"{hidden:,} more row(s) not shown; raise --max-rows, or write them with --out")
+        print(f"{hidden:,} more row(s) not shown; raise --max-rows, or write them with --output")
