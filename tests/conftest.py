@@ -31,7 +31,15 @@ from llm_ops.testing import LocalEndpoint
 REPOSITORY = Path(__file__).resolve().parents[1]
 USERS_CACHE = Path(os.environ["LLM_OPS_TESTS_USERS_CACHE"])
 SANDBOX = Path(os.environ["HOME"])
-_WRITTEN_BY_TOOLS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache"}
+_WRITTEN_BY_TOOLS = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".mypy_cache",
+    ".ruff_cache",
+}
 
 
 def _files_outside_the_sandbox() -> dict[Path, tuple[int, int]]:

@@ -83,7 +83,13 @@ def test_retry_after_pauses_every_sender(complete, endpoint):
 def test_429s_without_headers_lower_the_concurrency(complete, endpoint):
     endpoint.configure(rpm=600, rate_window=0.5, rate_limit_headers=False, latency=0.02)
     seen: list[Progress] = []
-    out = _rows(600).pipe(complete, prompt="{text}", concurrency=16, progress=seen.append)
+
+    def watch(progress: Progress) -> None:
+        seen.append(progress)
+        if progress.rate_limited and endpoint.config.rpm:
+            endpoint.configure(latency=0.02)  # the limit lifts, so the job ends soon
+
+    out = _rows(600).pipe(complete, prompt="{text}", concurrency=16, progress=watch)
     assert out["completion_status"].to_list() == ["ok"] * 600
     assert min(p.concurrency for p in seen) < 16  # coming back up: tests/test_concurrency.py
 
