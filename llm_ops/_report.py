@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._outcome import Counters
-from ._pricing import add_costs
+from ._pricing import add_costs, price_hint
 from ._status import FAILED, STATUSES
 from .exceptions import JobAbortedError
 
@@ -164,6 +164,12 @@ class RunReport:
             sum(u.prompt_tokens + u.completion_tokens for u in usage),
         )
 
+    def price_hint(self) -> str | None:
+        """How to give the models without a price one, when that left the cost unknown (see
+        :func:`llm_ops._pricing.price_hint`); ``None`` when the cost is known."""
+        unpriced = [model for model, usage in self.models.items() if usage.cost is None]
+        return price_hint(unpriced) if self.cost is None and unpriced else None
+
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
         return asdict(self)
@@ -199,14 +205,9 @@ class RunReport:
                     f"  model {model:<12} {usage.rows:>10,} rows · "
                     f"{usage.requests:,} requests · {dollars(usage.cost)}"
                 )
-        unpriced = [model for model, usage in self.models.items() if usage.cost is None]
-        if self.cost is None and unpriced:
-            first = unpriced[0]
-            lines.append(
-                f"  cost unknown       no price for {', '.join(map(repr, unpriced))}: pass "
-                f"pricing={{{first!r}: Price(...)}}, or pricing='free' for a model you host "
-                f"(CLI: --price {first}=IN,OUT, or {first}=0,0)"
-            )
+        hint = self.price_hint()
+        if hint is not None:
+            lines.append(f"  cost unknown       {hint}")
         if self.usage_unknown:
             lines.append(
                 f"  usage unknown      {self.usage_unknown:>10,}  answers reported token counts "
