@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._failures import add_reasons
 from ._outcome import Counters
 from ._pricing import add_costs, price_hint
 from ._status import FAILED, STATUSES
@@ -117,6 +118,11 @@ class RunReport:
         cache hits for every job already; ``llm-ops cache merge`` (or any later job) merges
         them once the file is free, and other tools see them from then on. Not stored in
         ``llm_runs``.
+    errors
+        Failed rows per reason, most common first: each row's error with its numbers as ``N``
+        (an HTTP status kept), so rows that failed the same way count together; the ten most
+        common reasons. Each row's own error is in the ``<output>_error`` column. Not stored
+        in ``llm_runs``.
     """
 
     run_id: str
@@ -147,6 +153,7 @@ class RunReport:
     concurrency_why: str | None = None
     cache: str | None = None
     journal_pending: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed_rows(self) -> int:
@@ -277,6 +284,7 @@ def sum_reports(
         concurrency=next((r.concurrency for r in reversed(reports) if r.concurrency), None),
         concurrency_why=next((r.concurrency_why for r in reversed(reports) if r.concurrency), None),
         cache=reports[0].cache,
+        errors=add_reasons(*(r.errors for r in reports)),
     )
 
 

@@ -70,6 +70,13 @@ def test_run_writes_the_rows_with_their_answers(job, tmp_path, endpoint, capsys)
     assert "distinct requests           2" in capsys.readouterr().out
 
 
+def test_run_prints_why_rows_failed(job, table, tmp_path, capsys):
+    pl.DataFrame({"text": ["good", "no [[sim:status=400]]"]}).write_parquet(table)
+    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "1 row(s) failed" in err and "1  'HTTP 400: simulated error" in err
+
+
 def test_csv_input(tmp_path, endpoint, cache):
     (tmp_path / "in.csv").write_text("text\nhello\nworld\n")
     assert (
