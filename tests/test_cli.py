@@ -316,9 +316,9 @@ def test_one_progress_line_over_every_chunk(job, tmp_path):
             drawn += data
     assert process.wait() == 0
     text = drawn.decode()
-    assert "chunk 1/2 · rows" in text
-    assert text.count("\n") == 1  # redrawn in place, not a line per chunk
-    assert text.rstrip().rsplit("\r", 1)[-1].startswith("llm-ops chunk 2/2 · rows 4/4 ·")
+    assert "llm-ops chunk 1/2:" in text
+    assert text.count("\n") == 1  # tqdm's bar, redrawn in place, not a line per chunk
+    assert text.rstrip().rsplit("\r", 1)[-1].startswith("llm-ops chunk 2/2: 100%|")
 
 
 def test_api_key_env_names_the_key(job, tmp_path, endpoint, monkeypatch, capsys):
