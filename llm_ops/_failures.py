@@ -17,15 +17,24 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import polars as pl
 
 from ._status import FAILED
 from .exceptions import RowsFailedWarning
 
-if TYPE_CHECKING:
-    from ._report import RunReport
+
+class Failures(Protocol):
+    """What :func:`warn_report` reads of a :class:`~llm_ops.RunReport`."""
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def failed_rows(self) -> int: ...
+    @property
+    def errors(self) -> dict[str, int]: ...
+
 
 TOP_REASONS = 3
 """Reasons a warning (and the CLI) names, most common first."""
@@ -121,7 +130,7 @@ def warn_failed(rows: int, failed: int, reasons: Mapping[str, int], where: str) 
         )
 
 
-def warn_report(report: RunReport, where: str) -> None:
+def warn_report(report: Failures, where: str) -> None:
     """:func:`warn_failed` from a job's report: the one warning of a finished job."""
     warn_failed(report.rows, report.failed_rows, report.errors, where)
 

@@ -23,7 +23,6 @@ from ._concurrency import Concurrency
 from ._failures import EARLY_ROWS, early_note, reason
 from ._outcome import Counters
 from ._pricing import Price, add_costs, cost_or_none
-from ._report import dollars
 from ._status import FAILED
 
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}{postfix}]"
@@ -118,7 +117,7 @@ class Progress:
                 f"retries {self.retries:,}",
                 f"concurrency {self.concurrency}{why}",
                 f"ETA {eta}",
-                f"cost {dollars(self.cost)}",
+                "cost unknown" if self.cost is None else f"cost ${self.cost:,.4f}",
                 *([self.note] if self.note else []),
             ]
         )

@@ -77,6 +77,16 @@ def test_run_prints_why_rows_failed(job, table, tmp_path, capsys):
     assert "1 row(s) failed" in err and "1  'HTTP 400: simulated error" in err
 
 
+def test_estimate_of_a_job_the_cache_answers_costs_nothing(job, tmp_path, endpoint, capsys):
+    endpoint.configure(models=("mystery",))  # a model without a price
+    job = [arg if arg != "sim" else "mystery" for arg in job]
+    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", *job]) == 0
+    out = capsys.readouterr().out
+    assert "cost                 $0.0000 to $0.0000" in out and "no price" not in out
+
+
 def test_csv_input(tmp_path, endpoint, cache):
     (tmp_path / "in.csv").write_text("text\nhello\nworld\n")
     assert (

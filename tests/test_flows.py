@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from flows.enrich import EnrichConfig, enrich_table, open_table
-from llm_ops import ConfigError, JobAbortedError
+from flows.enrich import EnrichConfig, enrich_table, open_table, report_table
+from llm_ops import ConfigError, JobAbortedError, ModelUsage, RunReport
+from llm_ops._pricing import price_hint
 from llm_ops.tables import Counters
 from llm_ops.testing import expected_reply
+
+NOW = datetime.now(UTC)
 
 SECRET = "sk-gateway-0123456789"
 AZURE = "https://res.openai.azure.com/openai/deployments/gpt?api-version=2024-10-21"
@@ -215,3 +219,10 @@ def test_a_header_secret_is_read_from_its_block(prefect):
     Secret(value=SECRET).save("gateway-key", overwrite=True)
     options = EnrichConfig(headers={"X-Tenant": "a"}, header_secrets={"api-key": "gateway-key"})
     assert options.options()["headers"] == {"X-Tenant": "a", "api-key": SECRET}
+
+
+def test_the_report_artifact_says_how_to_give_a_price():
+    usage = {"mystery": ModelUsage(rows=1, requests=1, cost=None)}
+    report = RunReport("r", NOW, NOW, "mystery", "e", 1, 1, 0, 1, 0, models=usage)
+    figures = {row["figure"]: row["value"] for row in report_table(report)}
+    assert figures["cost unknown"] == price_hint(["mystery"])
