@@ -104,13 +104,15 @@ class Progress:
         return f"llm-ops{phase}{chunk}"
 
     def fields(self) -> str:
-        """The job's fields after the bar: rates, 429s, retries, concurrency, ETA, cost."""
+        """The job's fields after the bar: the early note, if any, then rates, 429s, retries,
+        concurrency, ETA and cost."""
         rate = self.requests_done / self.elapsed if self.elapsed > 0 else 0.0
         tokens = (self.prompt_tokens + self.completion_tokens) / self.elapsed if self.elapsed else 0
         eta = f"{self.eta:.0f}s" if self.eta is not None else "?"
         why = f" ({self.concurrency_why})" if self.concurrency_why else ""
         return " · ".join(
             [
+                *([self.note] if self.note else []),  # first: a narrow terminal cuts the end
                 f"{rate:,.0f} req/s",
                 f"{tokens:,.0f} tok/s",
                 f"429s {self.rate_limited:,}",
@@ -118,7 +120,6 @@ class Progress:
                 f"concurrency {self.concurrency}{why}",
                 f"ETA {eta}",
                 "cost unknown" if self.cost is None else f"cost ${self.cost:,.4f}",
-                *([self.note] if self.note else []),
             ]
         )
 
