@@ -32,7 +32,7 @@ def main() -> None:
     texts = pl.read_parquet("data/womens_clothing_reviews.parquet")["text"].drop_nulls()
     frame = pl.DataFrame({"text": [f"{t} (#{i})" for i, t in enumerate(texts.head(args.rows))]})
     expected = [expected_reply(f"Summarize: {t}", model="sim") for t in frame["text"]]
-    price = PRICES["sim"]
+    price = PRICES["gpt-4o-mini"]  # the simulator is free: its list price is passed
     print(
         f"### Live vs batch: {frame.height:,} distinct review texts, model sim (priced as "
         f"gpt-4o-mini), batches taking {args.batch_seconds:g} s\n"
@@ -71,6 +71,7 @@ def main() -> None:
                 cache=Path(work) / f"{mode}.duckdb",
                 concurrency=64,
                 mode=mode,
+                pricing={"sim": price},
                 progress=False,
                 return_report=True,
                 **({"batch_poll_seconds": 1.0} if mode == "batch" else {}),

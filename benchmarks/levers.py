@@ -3,7 +3,8 @@
     python benchmarks/levers.py [--rows N] [--hard-share 0.15] [--threshold 0.95]
 
 Prints two markdown tables; requests and tokens are what the local endpoint received, and costs
-use list prices: the simulator's "sim-small" is priced as gpt-4o-mini and "sim" as gpt-4o.
+use list prices, passed as ``pricing=`` (the simulator's models are free by default): "sim-small"
+is priced as gpt-4o-mini, "sim" as gpt-4o and "sim-embed" as text-embedding-3-small.
 
 1. **Semantic cache** on real data: the review *titles* of ``data/``, where the same title
    often comes back with other casing or punctuation ("Love it!", "love it", "Love it!!").
@@ -39,7 +40,12 @@ from llm_ops.testing import LocalEndpoint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "womens_clothing_reviews.parquet"
 SMALL, LARGE = "sim-small", "sim"
-PRICING = {SMALL: PRICES["gpt-4o-mini"], LARGE: PRICES["gpt-4o"]}
+# The simulator's models are free by default: list prices are passed, explicitly.
+PRICING = {
+    SMALL: PRICES["gpt-4o-mini"],
+    LARGE: PRICES["gpt-4o"],
+    "sim-embed": PRICES["text-embedding-3-small"],
+}
 
 
 def _cost(price: Price, stats: dict[str, Any]) -> float:

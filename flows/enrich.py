@@ -365,6 +365,9 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
         "wall seconds": round(report.wall_seconds, 2),
         "cache": report.cache or "off",
     }
+    hint = report.price_hint()
+    if hint is not None:
+        figures["cost unknown"] = hint
     return [{"figure": name, "value": value} for name, value in figures.items()]
 
 

@@ -32,8 +32,10 @@ from .exceptions import (
     JobAbortedError,
     JobInterruptedError,
     LlmOpsError,
+    LlmOpsWarning,
     MissingApiKeyError,
     RowsFailedError,
+    RowsFailedWarning,
     TemplateError,
 )
 
@@ -60,6 +62,7 @@ __all__ = [
     "JobInterruptedError",
     "LlmNamespace",
     "LlmOpsError",
+    "LlmOpsWarning",
     "MissingApiKeyError",
     "ModelUsage",
     "Options",
@@ -67,6 +70,7 @@ __all__ = [
     "Progress",
     "RequestOptions",
     "RowsFailedError",
+    "RowsFailedWarning",
     "RunReport",
     "Saving",
     "SemanticCache",

@@ -14,6 +14,7 @@ import polars as pl
 
 from ._cache import Cache, resolve_cache_path
 from ._engine.engine import Engine
+from ._failures import warn_columns, warn_report
 from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import Limiter
 from ._options import (
@@ -156,6 +157,7 @@ class Client:
     ) -> Frame | tuple[Frame, RunReport]:
         """:func:`llm_ops.llm_complete` on this client (same arguments but the client's)."""
         result, report = self.run(self._complete(df, prompt, model, options))
+        warn_failed_rows(report, options)
         return (result, report) if return_report else result
 
     @overload
@@ -192,6 +194,7 @@ class Client:
     ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete` for code already running in an event loop."""
         result, report = await self.run_async(self._complete(df, prompt, model, options))
+        warn_failed_rows(report, options)
         return (result, report) if return_report else result
 
     async def _complete(
@@ -248,7 +251,9 @@ class Client:
                 progress=resolve_progress(options.get("progress")),
             )
 
-        result: Frame = same_kind(df, frame.hstack(self.run(run()).get_columns()))
+        added = self.run(run())
+        warn_columns(added, columns.status, columns.error, f"the {columns.error!r} column")
+        result: Frame = same_kind(df, frame.hstack(added.get_columns()))
         return result
 
     def _job(
@@ -524,3 +529,10 @@ def _model(model: object) -> str:
             f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
         )
     return model
+
+
+def warn_failed_rows(report: RunReport, options: CallOptions) -> None:
+    """The one warning of a finished completion job with failed rows (see
+    :class:`~llm_ops.RowsFailedWarning`), naming its error column."""
+    error = Columns(options.get("output", "completion")).error
+    warn_report(report, f"the {error!r} column, or the report's errors (return_report=True)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Unpack, cast, overload
 
-from ._client import Client
+from ._client import Client, warn_failed_rows
 from ._frames import Frame
 from ._options import EmbedOptions, ModelOption, Options, ResultOptions, split_options
 from ._pipeline.estimate import Estimate
@@ -215,6 +215,7 @@ def llm_complete(
     made, call = split_options(options)
     with Client(**made) as client:
         result, report = client.run(client._complete(df, prompt, model, call))
+    warn_failed_rows(report, call)
     return (result, report) if return_report else result
 
 
@@ -254,6 +255,7 @@ async def llm_complete_async(
         result, report = await client.run_async(client._complete(df, prompt, model, call))
     finally:
         client.close()
+    warn_failed_rows(report, call)
     return (result, report) if return_report else result
 
 

@@ -8,7 +8,8 @@ has an *unknown* cost, never a zero one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,8 +93,9 @@ class Price:
 
 
 # List prices in US dollars (OpenAI, 2025); check your provider's page and override with
-# pricing= when they differ. "sim" is the local simulator, priced like gpt-4o-mini so that
-# demos show realistic figures.
+# pricing= when they differ. The local simulator's models (llm_ops.testing) cost nothing, as
+# a model you host does: a demo on them costs $0, and a benchmark that wants list-price
+# figures passes pricing= (benchmarks/levers.py prices sim-small as gpt-4o-mini).
 PRICES: dict[str, Price] = {
     "gpt-4o-mini": Price(0.15, 0.60, 0.075),
     "gpt-4o": Price(2.50, 10.00, 1.25),
@@ -102,8 +104,9 @@ PRICES: dict[str, Price] = {
     "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
     "text-embedding-3-small": Price(0.02),
     "text-embedding-3-large": Price(0.13),
-    "sim": Price(0.15, 0.60, 0.075),
-    "sim-embed": Price(0.02),
+    "sim": Price(),
+    "sim-small": Price(),
+    "sim-embed": Price(),
 }
 
 PricingOption = Price | Mapping[str, Price] | Literal["free"] | None
@@ -119,6 +122,31 @@ token, plus four tokens per chat message."""
 def approx_tokens(chars: int, messages: int = 0) -> int:
     """About how many tokens ``chars`` characters in ``messages`` chat messages are."""
     return chars // CHARS_PER_TOKEN + 4 * messages
+
+
+def price_hint(models: Sequence[str]) -> str:
+    """How to give ``models`` (those without a price) one: the same words in the run report,
+    ``estimate``, the CLI and the Prefect flow, each way named.
+
+    Examples
+    --------
+    >>> import textwrap
+    >>> print(textwrap.fill(price_hint(["gpt4o-mini"]), 90))
+    no price for 'gpt4o-mini' (did you mean 'gpt-4o-mini'?): give one in dollars per million
+    input and output tokens with pricing={'gpt4o-mini': Price(IN, OUT)} in Python, --price
+    gpt4o-mini=IN,OUT on the command line, or price_input_per_million= and
+    price_output_per_million= in the flow; for a model you host, pricing='free' (or 0,0)
+    """
+    named = ", ".join(map(repr, models))
+    first = models[0]
+    closest = difflib.get_close_matches(first, list(PRICES), n=1, cutoff=0.6)
+    guess = f" (did you mean {closest[0]!r}?)" if closest else ""
+    return (
+        f"no price for {named}{guess}: give one in dollars per million input and output "
+        f"tokens with pricing={{{first!r}: Price(IN, OUT)}} in Python, --price {first}=IN,OUT "
+        "on the command line, or price_input_per_million= and price_output_per_million= in "
+        "the flow; for a model you host, pricing='free' (or 0,0)"
+    )
 
 
 def price_for(model: str, pricing: PricingOption = None) -> Price | None:
@@ -150,9 +178,10 @@ def cost_or_none(
     output_tokens: int,
     cached_input_tokens: int = 0,
 ) -> float | None:
-    """:meth:`Price.cost`, or ``None`` when the price is unknown."""
+    """:meth:`Price.cost`, or ``None`` when the price is unknown; nothing spent (no request,
+    no token) costs $0 whatever the price, so a job the cache answered costs $0, not unknown."""
     if price is None:
-        return None
+        return 0.0 if not (requests or input_tokens or output_tokens) else None
     return price.cost(
         requests=requests,
         input_tokens=input_tokens,

@@ -1,16 +1,33 @@
-"""Live progress of a running job: snapshots for callbacks and a one-line terminal display."""
+"""Live progress of a running job: snapshots for callbacks, and a progress bar.
+
+The bar is ``tqdm.auto``'s: people know it, it draws in place on a terminal and as a widget in
+Jupyter, it sizes itself to the window, and it is well kept; llm-ops only says what goes on the
+bar (rows done of the job's rows) and after it (req/s, tok/s, 429s, retries, concurrency,
+ETA, cost, and a note when the first rows all fail alike). It is drawn only when stderr is a
+terminal, unless ``progress=True`` forces it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
+
+from tqdm.auto import tqdm  # type: ignore[import-untyped]  # no stubs installed here
 
 from ._concurrency import Concurrency
+from ._failures import EARLY_ROWS, early_note, reason
 from ._outcome import Counters
+from ._pricing import Price, add_costs, cost_or_none
+from ._status import FAILED
+
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}{postfix}]"
+"""tqdm's bar, with the job's own fields (:meth:`Progress.fields`) as its postfix; its ETA is
+the requests', since rows the cache answered are done at once."""
 
 
 class Flow(Protocol):
@@ -45,6 +62,12 @@ class Progress:
     chunk, chunks
         With a table job sent in chunks (:meth:`llm_ops.tables.Table.run`), the chunk being
         sent and how many there are; every other count is then the whole job's.
+    cost
+        Dollars spent on the answers so far; ``None`` when the model has no price.
+    note
+        Said when the first :data:`~llm_ops._failures.EARLY_ROWS` rows sent nearly all failed
+        the same way (:data:`~llm_ops._failures.EARLY_SHARE` of them), before the job ends:
+        ``"18 of the first 20 rows failed: 'HTTP 401: ...'"``.
     """
 
     rows: int
@@ -63,6 +86,8 @@ class Progress:
     concurrency_why: str = ""
     chunk: int | None = None
     chunks: int | None = None
+    cost: float | None = None
+    note: str | None = None
 
     @property
     def eta(self) -> float | None:
@@ -71,19 +96,31 @@ class Progress:
             return None
         return (self.requests - self.requests_done) * self.elapsed / self.requests_done
 
-    def line(self) -> str:
-        """One line for a terminal."""
+    @property
+    def title(self) -> str:
+        """What the bar is of: ``llm-ops``, its phase unless sending, and its chunk."""
+        phase = "" if self.phase == "sending" else f" {self.phase}"
+        chunk = "" if self.chunks is None else f" chunk {self.chunk}/{self.chunks}"
+        return f"llm-ops{phase}{chunk}"
+
+    def fields(self) -> str:
+        """The job's fields after the bar: the early note, if any, then rates, 429s, retries,
+        concurrency, ETA and cost."""
         rate = self.requests_done / self.elapsed if self.elapsed > 0 else 0.0
         tokens = (self.prompt_tokens + self.completion_tokens) / self.elapsed if self.elapsed else 0
         eta = f"{self.eta:.0f}s" if self.eta is not None else "?"
-        phase = "" if self.phase == "sending" else f"{self.phase} · "
-        chunk = "" if self.chunks is None else f"chunk {self.chunk}/{self.chunks} · "
-        return (
-            f"llm-ops {phase}{chunk}rows {self.rows_done:,}/{self.rows:,} · {rate:,.0f} req/s · "
-            f"{tokens:,.0f} tok/s · 429s {self.rate_limited:,} · retries {self.retries:,} · "
-            f"concurrency {self.concurrency}"
-            + (f" ({self.concurrency_why})" if self.concurrency_why else "")
-            + f" · ETA {eta}"
+        why = f" ({self.concurrency_why})" if self.concurrency_why else ""
+        return " · ".join(
+            [
+                *([self.note] if self.note else []),  # first: a narrow terminal cuts the end
+                f"{rate:,.0f} req/s",
+                f"{tokens:,.0f} tok/s",
+                f"429s {self.rate_limited:,}",
+                f"retries {self.retries:,}",
+                f"concurrency {self.concurrency}{why}",
+                f"ETA {eta}",
+                "cost unknown" if self.cost is None else f"cost ${self.cost:,.4f}",
+            ]
         )
 
 
@@ -102,6 +139,7 @@ class Tracker:
         counters: Counters,
         engine: Flow,
         phase: str = "sending",
+        price: Price | None = None,
     ):
         self.rows = rows
         self.phase = phase
@@ -109,7 +147,23 @@ class Tracker:
         self.requests = requests
         self.counters = counters
         self.engine = engine
+        self.price = price
         self.started = time.monotonic()
+        self.note: str | None = None
+        self._first_rows = 0  # of the first EARLY_ROWS rows settled here...
+        self._first_failed: list[str] = []  # ...the reasons of those that failed
+
+    def settled(self, rows: int, status: str, error: str | None) -> None:
+        """``rows`` rows got their final ``status``; the first ones are looked at for a note."""
+        self.rows_done += rows
+        if self._first_rows >= EARLY_ROWS:
+            return
+        counted = min(rows, EARLY_ROWS - self._first_rows)
+        self._first_rows += counted
+        if status in FAILED:
+            self._first_failed += [reason(error)] * counted
+        if self._first_rows == EARLY_ROWS:
+            self.note = early_note(self._first_failed)
 
     def snapshot(self) -> Progress:
         counters = self.counters
@@ -128,6 +182,14 @@ class Tracker:
             concurrency_why=self.engine.concurrency.why,
             elapsed=time.monotonic() - self.started,
             phase=self.phase,
+            cost=cost_or_none(
+                self.price,
+                requests=counters.answered,
+                input_tokens=counters.prompt_tokens,
+                output_tokens=counters.completion_tokens,
+                cached_input_tokens=counters.cached_tokens,
+            ),
+            note=self.note,
         )
 
     async def publish(self, callback: ProgressCallback, interval: float = 0.5) -> None:
@@ -141,24 +203,47 @@ class Tracker:
 
 
 class TerminalDisplay:
-    """Redraws one status line in place on a terminal."""
+    """The progress bar (``tqdm.auto``) of one job: made at the first snapshot, closed at the
+    end; ``stream`` is where a terminal bar is drawn (default: stderr)."""
 
-    def __init__(self, stream: TextIO = sys.stderr):
+    def __init__(self, stream: TextIO | None = None):
         self.stream = stream
-        self._width = 0
+        self._bar: Any = None  # a tqdm bar, once the first snapshot came
 
     def __call__(self, progress: Progress) -> None:
-        text = progress.line()
-        self.stream.write("\r" + text.ljust(self._width))
-        self._width = len(text)
-        self.stream.flush()
+        if self._bar is None:
+            stream = self.stream if self.stream is not None else sys.stderr
+            self._bar = tqdm(
+                total=progress.rows,
+                unit="row",
+                file=stream,
+                bar_format=BAR_FORMAT,
+                mininterval=0,  # snapshots come twice a second already
+                **_screen(stream),
+            )
+        bar = self._bar
+        bar.total = progress.rows
+        bar.n = progress.rows_done
+        bar.set_description_str(progress.title, refresh=False)
+        bar.set_postfix_str(progress.fields(), refresh=False)
+        bar.refresh()
 
     def close(self) -> None:
-        """End the line so later output starts on its own."""
-        if self._width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._width = 0
+        """End the bar so later output starts on its own line."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _screen(stream: TextIO) -> dict[str, Any]:
+    """tqdm's size options for ``stream``: follow a terminal's width; a terminal that reports
+    no size (0 x 0, as a bare pseudo-terminal does) would get an empty bar, so it gets 100
+    columns; elsewhere (a notebook, a buffer) tqdm decides."""
+    try:
+        columns, lines = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return {}
+    return {"dynamic_ncols": True} if columns and lines else {"ncols": 100, "nrows": 24}
 
 
 class ChunkedProgress:
@@ -180,12 +265,17 @@ class ChunkedProgress:
         self.rows_done = rows - sum(chunk_rows for _, chunk_rows in self.chunks)
         self.requests_done = 0
         self.spent = Counters()
+        self.spent_cost: float | None = 0.0
+        self.chunk_cost: float | None = 0.0  # the chunk being sent, as its last snapshot said
+        self.note: str | None = None
         self.started = time.monotonic()
 
     def __call__(self, progress: Progress) -> None:
         # Embedding batches are not the job's requests: only the rows move while they run.
         sending = progress.phase != "embedding"
         spent = self.spent
+        self.chunk_cost = progress.cost
+        self.note = self.note or progress.note
         self.callback(
             Progress(
                 rows=self.rows,
@@ -204,6 +294,8 @@ class ChunkedProgress:
                 phase=progress.phase,
                 chunk=min(self.done + 1, len(self.chunks)),
                 chunks=len(self.chunks),
+                cost=add_costs(self.spent_cost, progress.cost),
+                note=self.note,
             )
         )
 
@@ -214,6 +306,8 @@ class ChunkedProgress:
         self.requests_done += requests
         self.rows_done += rows
         self.spent.add(counters)
+        self.spent_cost = add_costs(self.spent_cost, self.chunk_cost)
+        self.chunk_cost = 0.0
 
     def close(self) -> None:
         if isinstance(self.callback, TerminalDisplay):
@@ -221,7 +315,8 @@ class ChunkedProgress:
 
 
 def resolve_progress(progress: bool | ProgressCallback | None) -> ProgressCallback | None:
-    """``None``: a terminal display when stderr is a TTY; ``True``/``False`` force it."""
+    """``None``: the progress bar when stderr is a terminal (off in pipes, logs and CI);
+    ``True``/``False`` force it on or off; a callable gets the snapshots instead."""
     if callable(progress):
         return progress
     if progress is None:

@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._failures import add_reasons
 from ._outcome import Counters
-from ._pricing import add_costs
+from ._pricing import add_costs, price_hint
 from ._status import FAILED, STATUSES
 from .exceptions import JobAbortedError
 
@@ -117,6 +118,11 @@ class RunReport:
         cache hits for every job already; ``llm-ops cache merge`` (or any later job) merges
         them once the file is free, and other tools see them from then on. Not stored in
         ``llm_runs``.
+    errors
+        Failed rows per reason, most common first: each row's error with its numbers as ``N``
+        (an HTTP status kept), so rows that failed the same way count together; the ten most
+        common reasons. Each row's own error is in the ``<output>_error`` column. Not stored
+        in ``llm_runs``.
     """
 
     run_id: str
@@ -147,6 +153,7 @@ class RunReport:
     concurrency_why: str | None = None
     cache: str | None = None
     journal_pending: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed_rows(self) -> int:
@@ -163,6 +170,12 @@ class RunReport:
             sum(u.requests for u in usage),
             sum(u.prompt_tokens + u.completion_tokens for u in usage),
         )
+
+    def price_hint(self) -> str | None:
+        """How to give the models without a price one, when that left the cost unknown (see
+        :func:`llm_ops._pricing.price_hint`); ``None`` when the cost is known."""
+        unpriced = [model for model, usage in self.models.items() if usage.cost is None]
+        return price_hint(unpriced) if self.cost is None and unpriced else None
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
@@ -199,14 +212,9 @@ class RunReport:
                     f"  model {model:<12} {usage.rows:>10,} rows · "
                     f"{usage.requests:,} requests · {dollars(usage.cost)}"
                 )
-        unpriced = [model for model, usage in self.models.items() if usage.cost is None]
-        if self.cost is None and unpriced:
-            first = unpriced[0]
-            lines.append(
-                f"  cost unknown       no price for {', '.join(map(repr, unpriced))}: pass "
-                f"pricing={{{first!r}: Price(...)}}, or pricing='free' for a model you host "
-                f"(CLI: --price {first}=IN,OUT, or {first}=0,0)"
-            )
+        hint = self.price_hint()
+        if hint is not None:
+            lines.append(f"  cost unknown       {hint}")
         if self.usage_unknown:
             lines.append(
                 f"  usage unknown      {self.usage_unknown:>10,}  answers reported token counts "
@@ -276,6 +284,7 @@ def sum_reports(
         concurrency=next((r.concurrency for r in reversed(reports) if r.concurrency), None),
         concurrency_why=next((r.concurrency_why for r in reversed(reports) if r.concurrency), None),
         cache=reports[0].cache,
+        errors=add_reasons(*(r.errors for r in reports)),
     )
 
 

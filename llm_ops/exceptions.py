@@ -22,6 +22,12 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
         ├── Refused            a proxy or TLS server refuses every request alike: job stops
         └── BadBody            the answer was too large, or in an encoding not asked for
 
+Warnings are subclasses of :class:`LlmOpsWarning` (a ``UserWarning``), so one filter
+silences or raises them all::
+
+    LlmOpsWarning
+    └── RowsFailedWarning      a job finished with rows that did not get an answer
+
 The internal ones live where they are raised (:mod:`llm_ops._schema`,
 :mod:`llm_ops._engine.boundary`), not in this module's ``__all__``. Errors raised by aiohttp
 and the ``openai`` SDK are mapped to this tree at one boundary
@@ -40,8 +46,10 @@ __all__ = [
     "JobAbortedError",
     "JobInterruptedError",
     "LlmOpsError",
+    "LlmOpsWarning",
     "MissingApiKeyError",
     "RowsFailedError",
+    "RowsFailedWarning",
     "TemplateError",
 ]
 
@@ -107,3 +115,16 @@ class RowsFailedError(LlmOpsError):
             f"{len(self.rows)} row(s) did not get an answer; everything answered is cached, "
             f"so a rerun only sends these rows:\n{shown}{more}"
         )
+
+
+class LlmOpsWarning(UserWarning):
+    """Base class of every warning llm-ops gives: ``warnings.filterwarnings("ignore",
+    category=llm_ops.LlmOpsWarning)`` silences them, ``"error"`` raises them."""
+
+
+class RowsFailedWarning(LlmOpsWarning):
+    """A job finished and some rows did not get an answer (their output is null): given once
+    per job, with how many rows failed and the most common reasons. Each row's error is in the
+    ``<output>_error`` column; :attr:`llm_ops.RunReport.errors` counts the reasons. Silence it
+    with ``warnings.simplefilter("ignore", llm_ops.RowsFailedWarning)``.
+    """

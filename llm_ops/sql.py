@@ -18,7 +18,9 @@ requests are deduplicated, served from the cache and sent concurrently by the sa
 ``llm_request_key(...)``, same arguments
     the cache key of the request, to ``JOIN llm_cache USING (key)`` yourself
 
-Failed rows never abort the query unless ``strict=True``.
+Failed rows never abort the query unless ``strict=True``; each call of the function (a vector
+of rows) with failed rows gives a :class:`~llm_ops.RowsFailedWarning` naming the most common
+reasons.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from duckdb.func import FunctionNullHandling, PythonUDFType
 from duckdb.sqltypes import DOUBLE, INTEGER, VARCHAR
 
 from ._client import Client
+from ._failures import count_reasons, warn_failed
 from ._options import ClientOptions, Job, make_job
 from ._pipeline.backend import Backend
 from ._pipeline.plan import key_rows
@@ -197,12 +200,17 @@ def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
                 strict=True,
             ):
                 answers[row], statuses[row], errors[row] = answer, status, error
-        if strict:
-            failed = [i for i, status in enumerate(statuses) if status in FAILED]
-            if failed:
-                raise RowsFailedError(
-                    failed, [errors[i] or "" for i in failed], [statuses[i] or "" for i in failed]
-                )
+        failed = [i for i, status in enumerate(statuses) if status in FAILED]
+        if strict and failed:
+            raise RowsFailedError(
+                failed, [errors[i] or "" for i in failed], [statuses[i] or "" for i in failed]
+            )
+        warn_failed(  # once per call: DuckDB calls the function once per vector of rows
+            size,
+            len(failed),
+            count_reasons((errors[i], 1) for i in failed),
+            "the error field of llm_complete_result(...)",
+        )
         return pa.StructArray.from_arrays(
             [
                 pa.array(answers, pa.string()),

@@ -93,6 +93,23 @@ def test_run_writes_the_rows_with_their_answers(job, tmp_path, endpoint, capsys)
     assert "distinct requests           2" in capsys.readouterr().out
 
 
+def test_run_prints_why_rows_failed(job, table, tmp_path, capsys):
+    pl.DataFrame({"text": ["good", "no [[sim:status=400]]"]}).write_parquet(table)
+    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "1 row(s) failed" in err and "1  'HTTP 400: simulated error" in err
+
+
+def test_estimate_of_a_job_the_cache_answers_costs_nothing(job, tmp_path, endpoint, capsys):
+    endpoint.configure(models=("mystery",))  # a model without a price
+    job = [arg if arg != "sim" else "mystery" for arg in job]
+    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["estimate", *job]) == 0
+    out = capsys.readouterr().out
+    assert "cost                 $0.0000 to $0.0000" in out and "no price" not in out
+
+
 def test_csv_input(tmp_path, endpoint, cache):
     (tmp_path / "in.csv").write_text("text\nhello\nworld\n")
     assert (
@@ -344,9 +361,9 @@ def test_one_progress_line_over_every_chunk(job, tmp_path):
             drawn += data
     assert process.wait() == 0
     text = drawn.decode()
-    assert "chunk 1/2 · rows" in text
-    assert text.count("\n") == 1  # redrawn in place, not a line per chunk
-    assert text.rstrip().rsplit("\r", 1)[-1].startswith("llm-ops chunk 2/2 · rows 4/4 ·")
+    assert "llm-ops chunk 1/2:" in text
+    assert text.count("\n") == 1  # tqdm's bar, redrawn in place, not a line per chunk
+    assert text.rstrip().rsplit("\r", 1)[-1].startswith("llm-ops chunk 2/2: 100%|")
 
 
 def test_api_key_env_names_the_key(job, tmp_path, endpoint, monkeypatch, capsys):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import polars as pl
 import pytest
 
 from llm_ops import ConfigError, Price, estimate, llm_complete
+from llm_ops._pricing import price_hint
 
 DUPLICATED = pl.DataFrame({"text": [f"item {i % 20}" for i in range(60)] + [None]})
+LIST_PRICE = Price(0.15, 0.60)  # the simulator is free: tests of amounts give it a price
 
 
 def test_the_estimate_counts_what_a_run_then_sends(complete, endpoint, cache):
@@ -35,6 +39,7 @@ def test_the_estimate_counts_cache_hits_and_packing_savings(complete, endpoint, 
         cache=cache,
         rows_per_request=4,
         max_tokens=10,
+        pricing=LIST_PRICE,
     )
     assert (plan.distinct_requests, plan.cache_hits, plan.requests_without_packing) == (20, 10, 10)
     assert plan.requests == 3 and plan.output_tokens_max == 100
@@ -69,7 +74,8 @@ def test_an_unknown_cost_says_how_to_give_a_price(complete, endpoint):
     _, report = pl.DataFrame({"text": ["a"]}).pipe(
         complete, prompt="{text}", model="mystery", return_report=True
     )
-    assert "pricing='free' for a model you host (CLI: --price mystery=IN,OUT" in str(report)
+    assert price_hint(["mystery"]) in str(report)
+    assert "--price mystery=IN,OUT on the command line" in price_hint(["mystery"])
 
 
 def test_a_free_model_costs_nothing_rather_than_an_unknown(complete, endpoint):
@@ -81,6 +87,7 @@ def test_a_free_model_costs_nothing_rather_than_an_unknown(complete, endpoint):
 
 
 def test_savings_are_what_the_job_would_have_cost_without_cache_and_dedupe(complete):
+    complete = functools.partial(complete, pricing=LIST_PRICE)
     _, no_cache = DUPLICATED.pipe(complete, prompt="{text}", cache=False, return_report=True)
     DUPLICATED.pipe(complete, prompt="{text}")
     _, rerun = DUPLICATED.pipe(complete, prompt="{text}", return_report=True)
@@ -149,3 +156,37 @@ def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
 def test_an_estimate_for_an_unpriced_model_says_how_to_price_it():
     plan = estimate(pl.DataFrame({"text": ["a"]}), prompt="{text}", model="gpt4o-mini", cache=False)
     assert "no price for 'gpt4o-mini' (did you mean 'gpt-4o-mini'?)" in str(plan)
+
+
+def test_an_estimate_and_a_report_give_the_same_price_hint(endpoint):
+    endpoint.configure(models=("mystery",))
+    options = dict(prompt="{text}", model="mystery", base_url=endpoint.base_url, cache=False)
+    plan = estimate(pl.DataFrame({"text": ["a"]}), **options)
+    _, report = pl.DataFrame({"text": ["a"]}).pipe(llm_complete, return_report=True, **options)
+    assert price_hint(["mystery"]) in str(plan) and price_hint(["mystery"]) in str(report)
+
+
+def test_the_estimate_of_a_job_the_cache_answers_costs_nothing(complete, endpoint, cache):
+    endpoint.configure(models=("mystery",))
+    frame = pl.DataFrame({"text": ["a", "b"]})
+    frame.pipe(complete, prompt="{text}", model="mystery")
+    plan = estimate(
+        frame, prompt="{text}", model="mystery", base_url=endpoint.base_url, cache=cache
+    )
+    assert (plan.requests, plan.cost_min, plan.cost_max) == (0, 0.0, 0.0)
+    assert "cost                 $0.0000 to $0.0000" in str(plan) and "no price" not in str(plan)
+
+
+def test_a_job_the_cache_answers_costs_nothing_even_unpriced(complete, endpoint):
+    endpoint.configure(models=("mystery",))
+    frame = pl.DataFrame({"text": ["a"]})
+    frame.pipe(complete, prompt="{text}", model="mystery")
+    _, rerun = frame.pipe(complete, prompt="{text}", model="mystery", return_report=True)
+    assert rerun.cost == 0.0 and "cost unknown" not in str(rerun)
+
+
+def test_the_simulators_models_are_free(complete):
+    _, report = pl.DataFrame({"text": ["a", "b"]}).pipe(
+        complete, prompt="{text}", return_report=True, cache=False
+    )
+    assert report.requests_sent == 2 and report.cost == 0.0

@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import JobAbortedError, Progress, _limits
+from llm_ops import JobAbortedError, Progress, RowsFailedWarning, _limits
 from llm_ops._engine.answers import retry_after
 from llm_ops._limits import RateLimiter, SlowStart, parse_duration
 from llm_ops._progress import TerminalDisplay
@@ -126,14 +126,30 @@ def test_progress_callback_sees_the_job_finish(complete):
     assert (seen[-1].rows_done, seen[-1].requests_done) == (20, 20)
 
 
-def test_terminal_display_redraws_one_line():
+def test_the_progress_bar_is_tqdms_with_the_jobs_fields():
     stream = io.StringIO()
     display = TerminalDisplay(stream)
-    snapshot = Progress(10, 5, 10, 5, 6, 1, 0, 0, 100, 50, 8, 1.0)
-    display(snapshot)
+    display(Progress(10, 5, 10, 5, 6, 1, 0, 0, 100, 50, 8, 1.0, cost=0.25))
     display.close()
-    assert stream.getvalue().startswith("\rllm-ops rows 5/10 · 5 req/s")
+    last = stream.getvalue().rstrip("\n").rsplit("\r", 1)[-1]
+    assert last.startswith("llm-ops:  50%|") and "| 5/10 rows [" in last
+    assert (
+        "5 req/s · 150 tok/s · 429s 0 · retries 1 · concurrency 8 · ETA 1s · cost $0.2500" in last
+    )
     assert stream.getvalue().endswith("\n")
+
+
+def test_forced_progress_draws_the_bar_on_stderr(complete, capsys):
+    _rows(20).pipe(complete, prompt="{text}", progress=True)
+    assert "| 20/20 rows [" in capsys.readouterr().err
+
+
+def test_the_first_rows_failing_alike_are_noted_early(complete):
+    seen: list[Progress] = []
+    frame = pl.DataFrame({"text": [f"{i} [[sim:status=400]]" for i in range(40)]})
+    with pytest.warns(RowsFailedWarning):
+        frame.pipe(complete, prompt="{text}", concurrency=1, progress=seen.append)
+    assert seen[-1].note == "20 of the first 20 rows failed: 'HTTP 400: simulated error N'"
 
 
 @pytest.mark.parametrize(

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
 import pytest
 from pydantic import ValidationError
 
-from flows.enrich import EnrichConfig, config_of, enrich_table, main, open_table
-from llm_ops import ConfigError, JobAbortedError
+from flows.enrich import EnrichConfig, config_of, enrich_table, main, open_table, report_table
+from llm_ops import ConfigError, JobAbortedError, ModelUsage, RunReport
+from llm_ops._pricing import price_hint
 from llm_ops.tables import Counters
 from llm_ops.testing import expected_reply
+
+NOW = datetime.now(UTC)
 
 SECRET = "sk-gateway-0123456789"
 AZURE = "https://res.openai.azure.com/openai/deployments/gpt?api-version=2024-10-21"
@@ -261,3 +265,10 @@ def test_the_command_line_runs_the_flow_on_the_local_simulator(prefect, tmp_path
     replies = [expected_reply(text, model="sim") for text in ("great fit", "runs small")]
     assert written["fit"].to_list() == [replies[0], None, replies[1]]
     assert written["fit_status"].to_list() == ["ok", "skipped", "ok"]
+
+
+def test_the_report_artifact_says_how_to_give_a_price():
+    usage = {"mystery": ModelUsage(rows=1, requests=1, cost=None)}
+    report = RunReport("r", NOW, NOW, "mystery", "e", 1, 1, 0, 1, 0, models=usage)
+    figures = {row["figure"]: row["value"] for row in report_table(report)}
+    assert figures["cost unknown"] == price_hint(["mystery"])

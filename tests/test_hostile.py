@@ -13,7 +13,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, JobAbortedError, llm_complete
+from llm_ops import ConfigError, JobAbortedError, Price, llm_complete
 from llm_ops._engine.answers import retry_after
 from llm_ops._engine.engine import join_url
 from llm_ops.testing import expected_reply
@@ -47,7 +47,10 @@ def test_an_answer_with_unknown_usage_is_taken_from_the_cache_on_a_rerun(complet
 
 def test_negative_usage_never_makes_cost_negative_nor_defeats_max_cost(complete):
     rows = pl.DataFrame({"text": [f"row {i} [[sim:prompt_tokens=-1000000]]" for i in range(40)]})
-    out, report = rows.pipe(complete, prompt="{text}", max_cost=0.001, return_report=True)
+    price = Price(0.15, 0.60)  # the simulator is free: a budget needs a price to reach
+    out, report = rows.pipe(
+        complete, prompt="{text}", pricing=price, max_cost=0.001, return_report=True
+    )
     assert report.cost is not None and report.cost >= 0 and report.prompt_tokens >= 0
     assert report.budget_stop is not None and report.requests_sent < 10
     assert out["completion_status"].value_counts().height == 2  # ok and skipped

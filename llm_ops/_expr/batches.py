@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import polars as pl
 
 from .._client import Client
+from .._failures import failure_reasons, warn_columns
 from .._options import (
     CallOptions,
     EmbedOptions,
@@ -162,6 +163,7 @@ class Batches:
             raise ConfigError(f"on_error must be 'null' or 'raise', got {self.on_error!r}")
         self.reports = Reports(client.cache)
         self._memo: pl.DataFrame | None = None  # without a cache: what earlier batches got
+        self.warned = False  # a RowsFailedWarning was given for a batch
 
     def over(self, expr: pl.Expr) -> pl.Expr:
         return expr.map_batches(self, return_dtype=self.dtype, is_elementwise=True)
@@ -181,6 +183,15 @@ class Batches:
                 raise_failed_rows(columns, job.columns)
             except RowsFailedError as exc:
                 raise BatchRowsFailedError(exc.rows, exc.errors, exc.statuses) from None
+        if not self.warned:  # once per expression: the first batch with failed rows speaks
+            names = job.columns
+            self.warned = bool(columns[names.status].is_in(list(FAILED)).any())
+            warn_columns(
+                columns,
+                names.status,
+                names.error,
+                f"the {names.error!r} field of output='struct', or llm_ops.last_report().errors",
+            )
         result = shaped(self.output, job.columns, self.ask.result(pl.col(job.columns.output)))
         answered = columns.select(result).to_series().alias(values.name)
         release_freed_memory()
@@ -242,7 +253,10 @@ class Batches:
             report = nothing_done(job, started_at, time.perf_counter() - clock)
         self.reports.add(
             dataclasses.replace(
-                report, rows=frame.height, statuses=in_order(status_counts(columns, job.columns))
+                report,
+                rows=frame.height,
+                statuses=in_order(status_counts(columns, job.columns)),
+                errors=failure_reasons(columns, job.columns.status, job.columns.error),
             )
         )
         return columns

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import polars as pl
 
+from .._failures import failure_reasons
 from .._options import Job
 from .._pricing import add_costs, subtract_costs
 from .._report import RunReport, Saving, add_spending, sum_reports
@@ -136,4 +137,5 @@ def _combined_report(
         cost_saved=subtract_costs(every_row.cost(last_price), spent),
         savings=savings,
         models=models,
+        errors=failure_reasons(columns, job.columns.status, job.columns.error),
     )

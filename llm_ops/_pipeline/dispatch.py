@@ -202,18 +202,19 @@ async def _send(
         counters=sender.counters,
         engine=backend.engine,
         phase="sending" if job.batching is None else "batch",
+        price=job.price,
     )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for member, answer in outcome.items or [(request, outcome)]:
-            tracker.rows_done += member.rows
+            tracker.settled(member.rows, answer.status, answer.error)
             sink.add(member, answer)
 
     def refuse(request: Request) -> bool:
         """Settle, unsent, a request whose answer the cache could not keep."""
         why = sink.unkeepable(request)
         if why is not None:
-            tracker.rows_done += request.rows
+            tracker.settled(request.rows, "skipped", why)
             sink.add(request, Outcome(key=request.key, status="skipped", error=why))
         return why is not None
 

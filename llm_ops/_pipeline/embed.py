@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import polars as pl
 
+from .._failures import failure_reasons
 from .._options import Columns
 from .._progress import ProgressCallback
 from .._report import RunReport, make_report
@@ -54,6 +56,7 @@ async def embed_frame(
         stopped=done.stopped,
         cache=backend.cache.path if backend.cache else None,
     )
+    report = replace(report, errors=failure_reasons(added, columns.status, columns.error))
     if on_report is not None:
         on_report(report)
     elif backend.cache is not None:

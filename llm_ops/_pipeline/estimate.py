@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ import polars as pl
 
 from .._cache import Cache
 from .._options import Job
-from .._pricing import PRICES, Price, add_costs, approx_tokens, cost_or_none
+from .._pricing import Price, add_costs, approx_tokens, cost_or_none, price_hint
 from .._report import dollars
 from .dispatch import requests_for
 from .plan import plan_frame
@@ -22,10 +21,10 @@ class Estimate:
 
     Input tokens are estimated at four characters a token plus four per message (no tokenizer
     can be downloaded here); output tokens are bounded by ``max_tokens`` and unknown without it.
-    Costs are ``None`` when the model has no price; the batch costs are those of
-    ``mode="batch"`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade the counts are the first
-    model's, and the cost range runs from every row answered by the first model to every row
-    sent to every model.
+    Costs are ``None`` when the model has no price ($0 when nothing is to be sent); the batch
+    costs are those of ``mode="batch"`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade
+    the counts are the first model's, and the cost range runs from every row answered by the
+    first model to every row sent to every model.
     """
 
     rows: int
@@ -65,18 +64,9 @@ class Estimate:
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
                 f"cost (batch API)     {dollars(self.batch_cost_min)} to "
                 f"{dollars(self.batch_cost_max)}",
-                *map(_no_price, self.unpriced),
+                *([price_hint(self.unpriced)] if self.unpriced else []),
             ]
         )
-
-
-def _no_price(model: str) -> str:
-    closest = difflib.get_close_matches(model, list(PRICES), n=1, cutoff=0.6)
-    known = f" (did you mean {closest[0]!r}?)" if closest else ""
-    return (
-        f"no price for {model!r}{known}; give one with pricing=Price(...), or "
-        "--price-input/--price-output"
-    )
 
 
 def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estimate:
@@ -131,7 +121,9 @@ def price_plan(
         batch_cost_min=batch_min,
         batch_cost_max=batch_max,
         unpriced=tuple(
-            model for model, price in zip(job.models, live, strict=True) if price is None
+            model
+            for model, price in zip(job.models, live, strict=True)
+            if price is None and requests  # nothing to send costs $0, priced or not
         ),
     )
 
@@ -140,7 +132,10 @@ def _cost_range(
     prices: list[Price | None], requests: int, input_tokens: int, output_max: int | None
 ) -> tuple[float | None, float | None]:
     """From every request answered by the first model with no output, to every request sent
-    to every model with ``output_max`` tokens (unknown without a bound)."""
+    to every model with ``output_max`` tokens (unknown without a bound); nothing to send
+    costs $0."""
+    if not requests:
+        return 0.0, 0.0
     low = cost_or_none(prices[0], requests=requests, input_tokens=input_tokens, output_tokens=0)
     high: float | None = 0.0
     for price in prices:

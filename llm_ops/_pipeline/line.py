@@ -15,11 +15,12 @@ stops sending (:mod:`llm_ops._pricing`), batch mode sends through the provider's
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import polars as pl
 
+from .._failures import failure_reasons
 from .._options import Job
 from .._pricing import Budget
 from .._report import RunReport
@@ -87,5 +88,6 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
         budget_stop=done.budget_stop,
         cache=backend.cache.path if backend.cache else None,
     )
+    report = replace(report, errors=failure_reasons(columns, job.columns.status, job.columns.error))
     row_keys = planned.groups.select("key").gather(planned.row_group)
     return Tier(columns, report, row_keys, results, done.stopped)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import polars as pl
 
 from .._client import Client
+from .._failures import TOP_REASONS, shown
 from .._options import split_options
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, RowsFailedWarning
 from ..tables import Table, input_files
 from ._job_arguments import add_job_arguments, job_options
 from ._parser import DEFAULT_KEY_ENV, Commands, command, output_format
@@ -76,12 +78,14 @@ def run(args: argparse.Namespace) -> int:
     with _table(args, written, options) as table:
         if csv:
             _check_csv_columns(table)
-        if args.ray:
-            from ..ray import run_on_ray
+        with warnings.catch_warnings():  # the reasons are printed below, as the CLI's own
+            warnings.simplefilter("ignore", RowsFailedWarning)
+            if args.ray:
+                from ..ray import run_on_ray
 
-            report = run_on_ray(table, address=args.ray, workers=args.ray_workers)
-        else:
-            report = table.run()
+                report = run_on_ray(table, address=args.ray, workers=args.ray_workers)
+            else:
+                report = table.run()
         status, error = table.job.columns.status, table.job.columns.error
     if csv:
         _parquet_to_csv(written, out)
@@ -90,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if report.failed_rows:
         print(
             f"{report.failed_rows:,} row(s) failed; see the {status} and {error} columns. A "
-            "rerun sends only those.",
+            "rerun sends only those. Most common reasons:",
+            *(f"  {n:>8,}  {shown(why)}" for why, n in list(report.errors.items())[:TOP_REASONS]),
+            sep="\n",
             file=sys.stderr,
         )
         return 1 if args.strict else 0

@@ -12,6 +12,7 @@ import polars as pl
 
 from .._cache import Cache
 from .._client import Client
+from .._failures import warn_report
 from .._options import Job
 from .._pipeline.cascade import run_cascade
 from .._report import RunReport, add_spending, sum_reports
@@ -48,6 +49,7 @@ def cascade_table(
     if stopped is not None:
         raise stopped
     out.publish()
+    warn_report(total, f"the {job.columns.error!r} column of {str(output)!r}")
     return total
 
 

@@ -23,6 +23,7 @@ import polars as pl
 
 from .._cache import Cache
 from .._client import Client
+from .._failures import warn_report
 from .._options import CallOptions, Job, ModelOption, check_job, make_job
 from .._outcome import Counters
 from .._pipeline.batch import BatchPart
@@ -315,8 +316,10 @@ class Table:
             tallies=written.tallies,
             started_at=started_at,
         )
+        report = replace(report, errors=written.errors)
         report = replace(report, journal_pending=self.cache.record_run(report.as_dict()))
         shutil.rmtree(self.work_dir, ignore_errors=True)
+        warn_report(report, f"the {self.job.columns.error!r} column of {str(self.output)!r}")
         return report
 
     def run_cascade(self) -> RunReport:

@@ -3,12 +3,13 @@ from the cache and the chunks' results files, one row group per batch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from .._cache import Cache
+from .._failures import add_reasons, failure_reasons
 from .._options import Job
 from .._pipeline.join import join_back, status_counts
 from .._pipeline.plan import key_rows, lookup_answers
@@ -32,12 +33,16 @@ class Written:
         Requests and tokens as if every row were sent (``every_row``), each distinct request
         once (``each_distinct``), and those the cache (``cache``) and the semantic cache
         (``similar``) answered, for :meth:`Table.finish`.
+    errors
+        Failed rows written per reason, most common first (see
+        :attr:`llm_ops.RunReport.errors`).
 
     See the example of :meth:`Table.plan`.
     """
 
     statuses: dict[str, int]
     tallies: dict[str, Tally]
+    errors: dict[str, int] = field(default_factory=dict)
 
 
 def write_output(
@@ -47,6 +52,7 @@ def write_output(
     chunks' results files first), written to ``output``."""
     fresh = read_outcomes(work_dir)
     counts: dict[str, int] = {}
+    errors: dict[str, int] = {}
     with OutputFile(output) as out:
         for batch in read_batches(files, batch_rows):
             keyed = key_rows(batch, job.spec)
@@ -57,6 +63,9 @@ def write_output(
             )
             for status, n in status_counts(added, job.columns).items():
                 counts[status] = counts.get(status, 0) + n
+            errors = add_reasons(
+                errors, failure_reasons(added, job.columns.status, job.columns.error)
+            )
             out.append(batch, added)
     if out.empty:
         raise no_rows(files)
@@ -64,7 +73,7 @@ def write_output(
     similar = fresh.filter(pl.col("status") == "similar").select(
         "key", "prompt_tokens", "completion_tokens"
     )
-    return Written(statuses=counts, tallies=count_tallies(work_dir, cache, similar))
+    return Written(statuses=counts, tallies=count_tallies(work_dir, cache, similar), errors=errors)
 
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
