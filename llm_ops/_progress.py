@@ -315,10 +315,18 @@ class ChunkedProgress:
 
 
 def resolve_progress(progress: bool | ProgressCallback | None) -> ProgressCallback | None:
-    """``None``: the progress bar when stderr is a terminal (off in pipes, logs and CI);
-    ``True``/``False`` force it on or off; a callable gets the snapshots instead."""
+    """``None``: the progress bar in a terminal or a Jupyter notebook (off in pipes, logs and
+    CI); ``True``/``False`` force it on or off; a callable gets the snapshots instead."""
     if callable(progress):
         return progress
     if progress is None:
-        progress = sys.stderr.isatty()
+        progress = sys.stderr.isatty() or _in_a_notebook()
     return TerminalDisplay() if progress else None
+
+
+def _in_a_notebook() -> bool:
+    """Whether a Jupyter kernel runs this (its stderr is no terminal, but tqdm.auto draws a
+    widget there); IPython is only looked up, never imported."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})

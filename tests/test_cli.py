@@ -95,7 +95,7 @@ def test_run_writes_the_rows_with_their_answers(job, tmp_path, endpoint, capsys)
 
 def test_run_prints_why_rows_failed(job, table, tmp_path, capsys):
     pl.DataFrame({"text": ["good", "no [[sim:status=400]]"]}).write_parquet(table)
-    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    assert main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "1 row(s) failed" in err and "1  'HTTP 400: simulated error" in err
 
@@ -103,7 +103,7 @@ def test_run_prints_why_rows_failed(job, table, tmp_path, capsys):
 def test_estimate_of_a_job_the_cache_answers_costs_nothing(job, tmp_path, endpoint, capsys):
     endpoint.configure(models=("mystery",))  # a model without a price
     job = [arg if arg != "sim" else "mystery" for arg in job]
-    assert main(["run", *job, "--out", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
+    assert main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["estimate", *job]) == 0
     out = capsys.readouterr().out

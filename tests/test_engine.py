@@ -20,7 +20,7 @@ import pytest
 from llm_ops import JobAbortedError, Progress, RowsFailedWarning, _limits
 from llm_ops._engine.answers import retry_after
 from llm_ops._limits import RateLimiter, SlowStart, parse_duration
-from llm_ops._progress import TerminalDisplay
+from llm_ops._progress import TerminalDisplay, resolve_progress
 from llm_ops.testing import expected_reply
 
 
@@ -359,3 +359,15 @@ def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, c
         cached = con.sql("SELECT count(*) FROM llm_cache").fetchall()
     assert cached == [(sent,)] and sent < 200  # what was in flight was answered and kept
     assert "destroyed but it is pending" not in caplog.text
+
+
+def test_a_jupyter_kernel_gets_the_progress_bar_though_its_stderr_is_no_terminal(monkeypatch):
+    kernel = SimpleNamespace(config={"IPKernelApp": {}})
+    monkeypatch.setitem(sys.modules, "IPython", SimpleNamespace(get_ipython=lambda: kernel))
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert isinstance(resolve_progress(None), TerminalDisplay)
+
+
+def test_a_pipe_gets_no_progress_bar(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert resolve_progress(None) is None

@@ -30,12 +30,12 @@ def test_mypy_strict():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_exception_the_library_defines_is_in_the_tree_rooted_at_llm_ops_error():
+def test_every_exception_the_library_defines_is_rooted_at_llm_ops_error_or_llm_ops_warning():
     import importlib
     import pkgutil
 
     import llm_ops
-    from llm_ops import LlmOpsError
+    from llm_ops import LlmOpsError, LlmOpsWarning
     from llm_ops._engine.answers import Final, Retryable
 
     modules = [
@@ -52,5 +52,6 @@ def test_every_exception_the_library_defines_is_in_the_tree_rooted_at_llm_ops_er
         and value.__module__.startswith("llm_ops")
     }
     signals = {Retryable, Final}  # how an attempt tells its retry loop what became of it
-    outside = {kind.__name__ for kind in defined - signals if not issubclass(kind, LlmOpsError)}
+    roots = (LlmOpsError, LlmOpsWarning)
+    outside = {kind.__name__ for kind in defined - signals if not issubclass(kind, roots)}
     assert outside == set()
