@@ -54,9 +54,9 @@ from llm_ops import (
     JobAbortedError,
     LlmOpsError,
     Options,
-    Price,
     RunReport,
     SemanticCache,
+    parse_pricing,
 )
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 
@@ -179,19 +179,24 @@ class EnrichConfig(BaseModel):
     timeout: float | None = Field(None, gt=0, description="seconds per attempt (default: 60)")
     max_attempts: int | None = Field(None, ge=1, description="attempts per request (default: 5)")
     chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")
-    batch_rows: int = Field(100_000, ge=1, description="rows per read batch and row group")
-    max_failure_ratio: float | None = Field(
-        None, ge=0, le=1, description="fail the run when a larger share of rows (0 to 1) failed"
+    rows_per_read: int = Field(100_000, ge=1, description="rows per read batch and row group")
+    on_error: Literal["null", "raise"] = Field(
+        "null",
+        description="null: failed rows get a null answer and the run succeeds; raise: the run "
+        "fails when any row failed, after the output is written and every answer cached",
     )
-    price_input_per_million: float | None = Field(None, description="$ per 1M input tokens")
-    price_output_per_million: float | None = Field(None, description="$ per 1M output tokens")
-    price_per_request: float | None = Field(None, description="$ per request")
+    pricing: list[str] | None = Field(
+        None,
+        description="prices as MODEL=IN,OUT, $ per 1M input and output tokens (a third number: "
+        "$ per request), once per model; IN,OUT for every model; or free (default: the built-in "
+        "price of a known model)",
+    )
     max_cost: float | None = Field(None, description="stop sending past this many dollars")
     max_requests: int | None = Field(None, description="stop sending past this many requests")
-    semantic_cache_model: str | None = Field(
+    semantic_cache: str | None = Field(
         None, description="embedding model: reuse answers of similar cached requests"
     )
-    similarity: float = Field(
+    semantic_cache_threshold: float = Field(
         0.95, gt=0, le=1, description="cosine similarity from which a similar answer is reused"
     )
     mode: Literal["live", "batch"] = Field(
@@ -256,14 +261,12 @@ class EnrichConfig(BaseModel):
         }
         options["output"] = self.output_column
         options["progress"] = False  # the flow reports through its artifacts and logs
-        price = Price.given(
-            self.price_input_per_million, self.price_output_per_million, self.price_per_request
-        )
-        if price is not None:
-            options["pricing"] = price
-        if self.semantic_cache_model:
+        pricing = parse_pricing(self.pricing or [])
+        if pricing is not None:
+            options["pricing"] = pricing
+        if self.semantic_cache:
             options["semantic_cache"] = SemanticCache(
-                self.semantic_cache_model, threshold=self.similarity
+                self.semantic_cache, threshold=self.semantic_cache_threshold
             )
         if self.api_key_secret:
             options["api_key"] = _secret(self.api_key_secret)
@@ -301,7 +304,7 @@ def open_table(config: EnrichConfig) -> Table:
         config.output,
         prompt=config.prompt,
         model=config.model,
-        batch_rows=config.batch_rows,
+        rows_per_read=config.rows_per_read,
         chunk_size=config.chunk_size,
         **options,
     )
@@ -489,21 +492,18 @@ def _publish_batches(parts: list[BatchPart], when: str) -> None:
 
 
 def _finish(config: EnrichConfig, report: RunReport) -> dict[str, Any]:
-    """Publish the report, and fail the run past ``max_failure_ratio``."""
+    """Publish the report, and fail the run when rows failed and ``on_error`` is "raise"."""
     create_table_artifact(
         report_table(report),
         key="enrich-report",
         description=f"llm-ops run {report.run_id}: {config.input}",
     )
     get_run_logger().info("wrote %s\n%s", config.output, report)
-    if config.max_failure_ratio is not None and report.rows:
-        ratio = report.failed_rows / report.rows
-        if ratio > config.max_failure_ratio:
-            raise LlmOpsError(
-                f"{report.failed_rows} of {report.rows} rows failed ({ratio:.1%}), more than "
-                f"max_failure_ratio={config.max_failure_ratio:g}; the output was written and "
-                "every answer is cached, so a rerun sends only the failed rows"
-            )
+    if config.on_error == "raise" and report.failed_rows:
+        raise LlmOpsError(
+            f"{report.failed_rows} of {report.rows} rows failed (on_error='raise'); the output "
+            "was written and every answer is cached, so a rerun sends only the failed rows"
+        )
     return asdict(report)
 
 
@@ -540,13 +540,10 @@ _CLI_METAVARS = {
     "max_tokens": "TOKENS",
     "temperature": "TEMPERATURE",
     "batch_poll_seconds": "SECONDS",
-    "max_failure_ratio": "RATIO",
-    "semantic_cache_model": "EMBEDDING_MODEL",
-    "similarity": "COSINE",
+    "semantic_cache": "EMBEDDING_MODEL",
+    "semantic_cache_threshold": "COSINE",
     "ray_address": "ADDRESS",
-    "price_input_per_million": "USD",
-    "price_output_per_million": "USD",
-    "price_per_request": "USD",
+    "pricing": "MODEL=IN,OUT",
     "max_cost": "USD",
 }
 
@@ -568,7 +565,7 @@ def command_line() -> argparse.ArgumentParser:
         if name in _CLI_SKIPPED:
             continue
         how: dict[str, Any]
-        if name == "model":
+        if name in ("model", "pricing"):
             how = {"action": "append"}
         elif len(kinds) == 1 and get_origin(kinds[0]) is Literal:
             how = {"choices": list(get_args(kinds[0]))}

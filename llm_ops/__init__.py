@@ -19,7 +19,7 @@ from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
 from ._options import CallOptions, ClientOptions, EmbedOptions, Options, RequestOptions
 from ._pipeline.batch import BatchPart
 from ._pipeline.estimate import Estimate
-from ._pricing import PRICES, Price
+from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._semantic import SemanticCache
@@ -88,6 +88,7 @@ __all__ = [
     "llm_extract",
     "llm_filter",
     "open_cache",
+    "parse_pricing",
     "request_key",
 ]
 

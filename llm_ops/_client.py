@@ -217,7 +217,7 @@ class Client:
         model: str,
         output: str = "embedding",
         dimensions: int | None = None,
-        batch_size: int = 256,
+        inputs_per_request: int = 256,
         **options: Unpack[ResultOptions],
     ) -> Frame:
         """:func:`llm_ops.llm_embed` on this client (same arguments but the client's)."""
@@ -230,7 +230,7 @@ class Client:
                 f"{', '.join(schema_of(df))}"
             )
         render(column, schema_of(df)[column], what="llm_embed")  # raises if it cannot be text
-        positive_int("batch_size", batch_size)
+        positive_int("inputs_per_request", inputs_per_request)
         if on_error not in ("null", "raise"):
             raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
         spec = EmbeddingSpec(self.endpoint.identity, _model(model), dimensions)
@@ -246,7 +246,7 @@ class Client:
                 spec,
                 backend,
                 columns=columns,
-                batch_size=batch_size,
+                inputs_per_request=inputs_per_request,
                 on_error=on_error,
                 progress=resolve_progress(options.get("progress")),
             )

@@ -267,12 +267,12 @@ def llm_embed(
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
-    batch_size: int = 256,
+    inputs_per_request: int = 256,
     **options: Unpack[EmbedOptions],
 ) -> Frame:
     """Add an embedding of ``column`` to every row, as a fixed-size ``Float32`` array column.
 
-    Distinct texts are embedded once, many per request (``batch_size`` inputs, within the
+    Distinct texts are embedded once, many per request (``inputs_per_request`` inputs, within the
     endpoint's limits), and cached in the ``llm_embeddings`` table of the same cache database.
     ``<output>_status`` and ``<output>_error`` work as for :func:`llm_ops.llm_complete`.
 
@@ -288,7 +288,7 @@ def llm_embed(
         Name of the vector column.
     dimensions
         Ask the endpoint for vectors of this size (part of the cache key).
-    batch_size
+    inputs_per_request
         Inputs per request.
     base_url, api_key, cache, concurrency, max_attempts, timeout, on_error, progress
         As for :func:`llm_ops.llm_complete`, and so are ``headers``, ``verify``, ``cert`` and
@@ -314,7 +314,7 @@ def llm_embed(
             model=model,
             output=output,
             dimensions=dimensions,
-            batch_size=batch_size,
+            inputs_per_request=inputs_per_request,
             **cast(ResultOptions, call),
         )
     return result

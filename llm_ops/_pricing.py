@@ -133,9 +133,9 @@ def price_hint(models: Sequence[str]) -> str:
     >>> import textwrap
     >>> print(textwrap.fill(price_hint(["gpt4o-mini"]), 90))
     no price for 'gpt4o-mini' (did you mean 'gpt-4o-mini'?): give one in dollars per million
-    input and output tokens with pricing={'gpt4o-mini': Price(IN, OUT)} in Python, --price
-    gpt4o-mini=IN,OUT on the command line, or price_input_per_million= and
-    price_output_per_million= in the flow; for a model you host, pricing='free' (or 0,0)
+    input and output tokens with pricing={'gpt4o-mini': Price(IN, OUT)} in Python, or
+    --pricing gpt4o-mini=IN,OUT on the command line and in the flow; for a model you host,
+    pricing='free' (--pricing free)
     """
     named = ", ".join(map(repr, models))
     first = models[0]
@@ -143,10 +143,46 @@ def price_hint(models: Sequence[str]) -> str:
     guess = f" (did you mean {closest[0]!r}?)" if closest else ""
     return (
         f"no price for {named}{guess}: give one in dollars per million input and output "
-        f"tokens with pricing={{{first!r}: Price(IN, OUT)}} in Python, --price {first}=IN,OUT "
-        "on the command line, or price_input_per_million= and price_output_per_million= in "
-        "the flow; for a model you host, pricing='free' (or 0,0)"
+        f"tokens with pricing={{{first!r}: Price(IN, OUT)}} in Python, or --pricing "
+        f"{first}=IN,OUT on the command line and in the flow; for a model you host, "
+        "pricing='free' (--pricing free)"
     )
+
+
+def parse_pricing(items: Sequence[str]) -> PricingOption:
+    """The ``pricing=`` that ``--pricing`` items give on the command line and in the flow:
+    ``MODEL=IN,OUT`` per model (dollars per million input and output tokens, and optionally
+    a third number, dollars per request), ``IN,OUT`` for every model, or ``free``.
+
+    Examples
+    --------
+    >>> parse_pricing(["gpt-4o-mini=0.15,0.60"])["gpt-4o-mini"].output_per_million
+    0.6
+    >>> parse_pricing(["free"])
+    'free'
+    """
+    if not items:
+        return None
+    if list(items) == ["free"]:
+        return "free"
+    table: dict[str, Price] = {}
+    for item in items:
+        model, _, rates = item.rpartition("=")
+        try:
+            numbers = [float(rate) for rate in rates.split(",")]
+            if len(numbers) not in (2, 3) or min(numbers) < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(
+                f"--pricing takes MODEL=IN,OUT (dollars per million input and output tokens, "
+                f"e.g. gpt-4o-mini=0.15,0.60), IN,OUT for every model, or free; got {item!r}"
+            ) from None
+        table[model] = Price(numbers[0], numbers[1], None, numbers[2] if numbers[2:] else 0.0)
+    if "" in table and len(table) > 1:
+        raise ConfigError(
+            "--pricing takes IN,OUT for every model or MODEL=IN,OUT per model, not both"
+        )
+    return table.pop("") if "" in table else table
 
 
 def price_for(model: str, pricing: PricingOption = None) -> Price | None:

@@ -32,19 +32,19 @@ class SemanticCache:
         values (0.95 and up) reuse answers to near-identical prompts only.
     dimensions
         Ask the embedding endpoint for vectors of this size.
-    batch_size
+    inputs_per_request
         Texts per embedding request.
 
     Examples
     --------
-    >>> SemanticCache("text-embedding-3-small", threshold=0.97)
-    SemanticCache(model='text-embedding-3-small', threshold=0.97, dimensions=None, batch_size=256)
+    >>> SemanticCache("text-embedding-3-small", threshold=0.97)  # doctest: +ELLIPSIS
+    SemanticCache(model='text-embedding-3-small', threshold=0.97, dimensions=None, ...)
     """
 
     model: str
     threshold: float = 0.95
     dimensions: int | None = None
-    batch_size: int = 256
+    inputs_per_request: int = 256
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -62,7 +62,7 @@ class SemanticCache:
                 f"SemanticCache threshold is a cosine similarity in (0, 1], "
                 f"e.g. 0.95, got {threshold!r}"
             )
-        for name in ("dimensions", "batch_size"):
+        for name in ("dimensions", "inputs_per_request"):
             value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1

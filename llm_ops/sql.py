@@ -18,7 +18,7 @@ requests are deduplicated, served from the cache and sent concurrently by the sa
 ``llm_request_key(...)``, same arguments
     the cache key of the request, to ``JOIN llm_cache USING (key)`` yourself
 
-Failed rows never abort the query unless ``strict=True``; each call of the function (a vector
+Failed rows never abort the query unless ``on_error="raise"``; each call of the function (a vector
 of rows) with failed rows gives a :class:`~llm_ops.RowsFailedWarning` naming the most common
 reasons.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 import duckdb
 import polars as pl
@@ -59,7 +59,7 @@ def register(
     /,
     *,
     model: str | None = None,
-    strict: bool = False,
+    on_error: Literal["null", "raise"] = "null",
     **options: Unpack[ClientOptions],
 ) -> None:
     """Add ``llm_complete``, ``llm_complete_result`` and ``llm_request_key`` to ``con``.
@@ -70,8 +70,9 @@ def register(
         Any DuckDB connection.
     model
         Default for the functions' ``model :=`` argument; without one, every call names it.
-    strict
-        Abort the query when a row fails, instead of answering NULL.
+    on_error
+        ``"null"``: a failed row answers NULL (``llm_complete_result`` says why).
+        ``"raise"``: a failed row aborts the query, as ``on_error`` does everywhere.
     **options
         What the connection's :class:`~llm_ops.Client` is made with (``base_url``,
         ``api_key``, ``cache``, ``concurrency``, ``rpm``, ...; see
@@ -99,7 +100,7 @@ def register(
             con.remove_function(name)
     con.create_function(
         complete,
-        _completer(client, strict),
+        _completer(client, on_error=on_error),
         _ARGUMENTS,
         _RESULT,
         type=PythonUDFType.ARROW,
@@ -177,7 +178,9 @@ def _each_job(client: Client, columns: tuple[pa.Array, ...]) -> Iterator[tuple[J
         yield job, group
 
 
-def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
+def _completer(
+    client: Client, *, on_error: Literal["null", "raise"]
+) -> Callable[..., pa.StructArray]:
     def complete(
         prompt: pa.Array,
         model: pa.Array,
@@ -201,7 +204,7 @@ def _completer(client: Client, strict: bool) -> Callable[..., pa.StructArray]:
             ):
                 answers[row], statuses[row], errors[row] = answer, status, error
         failed = [i for i, status in enumerate(statuses) if status in FAILED]
-        if strict and failed:
+        if on_error == "raise" and failed:
             raise RowsFailedError(
                 failed, [errors[i] or "" for i in failed], [statuses[i] or "" for i in failed]
             )

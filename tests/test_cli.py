@@ -269,8 +269,8 @@ def test_a_budget_holds_across_chunks(job, tmp_path, endpoint, capsys):
                 str(tmp_path / "out.parquet"),
                 "--chunk-size",
                 "1",
-                "--price-request",
-                "0.01",
+                "--pricing",
+                "0,0,0.01",
                 "--max-cost",
                 "0.01",
             ]
@@ -289,7 +289,7 @@ def test_run_with_the_semantic_cache(job, table, tmp_path):
     out, options = tmp_path / "out.parquet", ["--semantic-cache", "sim-embed", "--no-progress"]
     assert main(["run", *job, "--output", str(out), *options]) == 0
     pl.DataFrame({"id": [5], "text": ["Good!"]}).write_parquet(table)
-    assert main(["run", *job, "--output", str(out), *options, "--similarity", "0.9"]) == 0
+    assert main(["run", *job, "--output", str(out), *options, "--semantic-cache-threshold", "0.9"]) == 0
     assert pl.read_parquet(out)["completion_status"].to_list() == ["similar"]
 
 
@@ -440,15 +440,14 @@ def test_sql_error_is_one_line(cache, capsys):
 
 
 def test_price_per_model_prices_each_model_of_a_cascade(job, capsys):
-    args = ["--model", "sim-small", "--price", "sim-small=0.15,0.60", "--price", "sim=2.5,10"]
+    args = ["--model", "sim-small", "--pricing", "sim-small=0.15,0.60", "--pricing", "sim=2.5,10"]
     assert main(["estimate", *job, *args, "--max-tokens", "10"]) == 0
     assert "no price" not in capsys.readouterr().out
 
 
-def test_a_malformed_price_is_a_usage_error(job, capsys):
-    with pytest.raises(SystemExit):
-        main(["estimate", *job, "--price", "sim=cheap"])
-    assert "is not MODEL=IN,OUT" in capsys.readouterr().err
+def test_a_malformed_price_is_refused_saying_what_it_takes(job, capsys):
+    assert main(["estimate", *job, "--pricing", "sim=cheap"]) != 0
+    assert "--pricing takes MODEL=IN,OUT" in capsys.readouterr().err
 
 
 def test_a_header_from_the_environment_opens_an_azure_shaped_endpoint(

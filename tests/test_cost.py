@@ -75,7 +75,7 @@ def test_an_unknown_cost_says_how_to_give_a_price(complete, endpoint):
         complete, prompt="{text}", model="mystery", return_report=True
     )
     assert price_hint(["mystery"]) in str(report)
-    assert "--price mystery=IN,OUT on the command line" in price_hint(["mystery"])
+    assert "--pricing mystery=IN,OUT on the command line" in price_hint(["mystery"])
 
 
 def test_a_free_model_costs_nothing_rather_than_an_unknown(complete, endpoint):

@@ -28,7 +28,7 @@ def test_vectors_have_the_right_width_and_values(embed_rows):
 
 
 def test_one_request_per_batch_of_distinct_inputs(embed_rows, endpoint):
-    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=20)
+    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, inputs_per_request=20)
     stats = endpoint.stats()
     assert (stats["embedding_requests"], stats["embedding_inputs"]) == (3, 50)
     assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
@@ -48,7 +48,7 @@ def test_a_rerun_is_served_from_the_cache(embed_rows, endpoint):
 
 def test_batches_over_the_endpoint_limit_are_split_until_they_fit(embed_rows, endpoint):
     endpoint.configure(max_embedding_inputs=10)
-    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, batch_size=40)
+    out = pl.DataFrame({"text": TEXTS}).pipe(embed_rows, inputs_per_request=40)
     assert out["embedding_status"].value_counts().sort("embedding_status").rows() == [
         ("ok", 120),
         ("skipped", 1),
@@ -58,7 +58,7 @@ def test_batches_over_the_endpoint_limit_are_split_until_they_fit(embed_rows, en
 def test_one_input_too_large_for_the_server_fails_alone(embed_rows, endpoint):
     endpoint.configure(max_embedding_chars=100)
     texts = [f"review {i}" for i in range(64)] + ["word " * 100]
-    out = pl.DataFrame({"text": texts}).pipe(embed_rows, batch_size=64, max_attempts=2)
+    out = pl.DataFrame({"text": texts}).pipe(embed_rows, inputs_per_request=64, max_attempts=2)
     assert out["embedding_status"].to_list() == ["ok"] * 64 + ["failed"]
     assert "too large to process" in out["embedding_error"][64]
     assert endpoint.stats()["embedding_requests"] <= 2 * 8 + 2

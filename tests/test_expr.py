@@ -45,7 +45,7 @@ def small_batches():
 
 
 def summary(options, **more):
-    return pl.col("text").llm.complete("Summarize: {}", output="struct", **options, **more)
+    return pl.col("text").llm.complete("Summarize: {}", with_status=True, **options, **more)
 
 
 def struct_columns(frame, name="text"):
@@ -176,7 +176,7 @@ def test_classify_asks_for_the_labels_in_the_request_schema(options):
 def test_a_label_the_model_was_not_given_is_invalid(options):
     rows = pl.DataFrame({"text": ["fine", "[[sim:invalid=enum]]"]})
     out = struct_columns(
-        rows.select(pl.col("text").llm.classify(["a", "b"], output="struct", **options))
+        rows.select(pl.col("text").llm.classify(["a", "b"], with_status=True, **options))
     )
     assert out["status"].to_list() == ["ok", "invalid"]
     assert out["answer"][1] is None and "none of these" in out["raw"][1]
@@ -219,7 +219,7 @@ def test_any_string_expression_is_a_prompt(options):
 
 
 def test_a_struct_expressions_template_names_its_fields(options):
-    asked = pl.struct("id", "text").llm.complete("{id} says {text}", output="struct", **options)
+    asked = pl.struct("id", "text").llm.complete("{id} says {text}", with_status=True, **options)
     out = struct_columns(TEXTS.select(asked.alias("x")), "x")
     assert out["answer"][0] == expected_reply("1 says b", model="sim")
     assert out["error"][2] == "column 'text' is null; row not sent"
@@ -227,7 +227,7 @@ def test_a_struct_expressions_template_names_its_fields(options):
 
 def test_embed_gives_llm_embeds_vectors_and_statuses(endpoint, cache):
     vectors = pl.col("text").llm.embed(
-        model="sim-embed", dimensions=8, output="struct", base_url=endpoint.base_url, cache=cache
+        model="sim-embed", dimensions=8, with_status=True, base_url=endpoint.base_url, cache=cache
     )
     mine = struct_columns(TEXTS.select(vectors))
     theirs = TEXTS.pipe(

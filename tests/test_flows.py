@@ -37,7 +37,7 @@ def config(tmp_path, endpoint, cache):
         base_url=endpoint.base_url,
         cache=str(cache),
         chunk_size=2,
-        batch_rows=5,
+        rows_per_read=5,
     )
 
 

@@ -208,7 +208,7 @@ def test_a_classify_expression_gets_only_the_labels_from_the_servers_grammar(lla
     labels = ["clothing", "colour"]
     asked = pl.col("text").llm.classify(
         labels,
-        output="struct",
+        with_status=True,
         model=llama.model,
         base_url=llama.base_url,
         cache=cache,

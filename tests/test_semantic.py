@@ -170,7 +170,9 @@ def test_max_cost_needs_a_price_for_the_embedding_model(complete):
         _ask(complete, "x", max_cost=1.0, semantic_cache=SemanticCache("my-embedder"))
 
 
-@pytest.mark.parametrize("setting", [{"model": ""}, {"dimensions": 0}, {"batch_size": True}])
+@pytest.mark.parametrize(
+    "setting", [{"model": ""}, {"dimensions": 0}, {"inputs_per_request": True}]
+)
 def test_bad_settings_are_refused(setting):
     with pytest.raises(ConfigError, match="SemanticCache"):
         SemanticCache(**{"model": "sim-embed", **setting})

@@ -103,7 +103,7 @@ def test_table_chunks_in_input_order_follow_the_first_rows(endpoint, tmp_path):
             prompt="{text}",
             model="sim",
             chunk_size=5,
-            batch_rows=7,  # first rows counted across input batches
+            rows_per_read=7,  # first rows counted across input batches
             send_order="input",
         )
         chunks = [pl.read_parquet(chunk)["prompt"] for chunk in table.plan().chunks]

@@ -58,9 +58,9 @@ def test_failed_and_null_rows_are_null_and_the_result_says_why(con):
     assert results[4]["error"] == "HTTP 400: simulated error 400"
 
 
-def test_strict_mode_aborts_the_query(endpoint, cache):
+def test_on_error_raise_aborts_the_query(endpoint, cache):
     connection = duckdb.connect()
-    register(connection, base_url=endpoint.base_url, cache=cache, strict=True)
+    register(connection, base_url=endpoint.base_url, cache=cache, on_error="raise")
     with pytest.raises(duckdb.Error, match="rejected: HTTP 400"):
         connection.sql("SELECT llm_complete('[[sim:status=400]]', model := 'sim')").fetchall()
 

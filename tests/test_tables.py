@@ -31,14 +31,14 @@ def job_on(tmp_path, endpoint, cache):
 
 
 def test_plan_writes_one_chunk_file_per_chunk_size_misses(job_on):
-    plan = job_on([str(i % 7) for i in range(50)], batch_rows=8, chunk_size=3).plan()
+    plan = job_on([str(i % 7) for i in range(50)], rows_per_read=8, chunk_size=3).plan()
     assert (plan.rows, plan.distinct, plan.misses) == (50, 7, 7)
     assert len(plan.chunks) == 3
 
 
 def test_rows_keep_their_order_across_batches(job_on, tmp_path):
     texts = [f"t{i}" for i in range(23)]
-    table = job_on(texts, batch_rows=4, chunk_size=10)
+    table = job_on(texts, rows_per_read=4, chunk_size=10)
     for chunk in table.plan().chunks:
         table.run_chunk(chunk)
     table.write()
@@ -65,7 +65,7 @@ def test_no_matching_input_is_a_config_error(tmp_path):
 
 def test_table_reports_count_what_dedupe_saved(job_on):
     texts = [f"t{i % 5}" for i in range(15)]  # each one thrice; the simulator is free: priced
-    report = job_on(texts, batch_rows=4, price_input_per_million=0.15).run()
+    report = job_on(texts, rows_per_read=4, pricing=["0.15,0"]).run()
     assert report.cost and report.cost > 0
     assert report.cost_saved == pytest.approx(2 * report.cost)
 
@@ -73,7 +73,7 @@ def test_table_reports_count_what_dedupe_saved(job_on):
 def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
     out = tmp_path / "out.parquet"
     for texts in (["red dress, lovely"], ["Lovely red dress!", "blue hat"]):
-        report = job_on(texts, semantic_cache_model="sim-embed", similarity=0.9).run()
+        report = job_on(texts, semantic_cache="sim-embed", semantic_cache_threshold=0.9).run()
     written = pl.read_parquet(out)
     assert written["summary_status"].to_list() == ["similar", "ok"]
     assert written["summary"][0].endswith("red dress, lovely")
@@ -84,7 +84,7 @@ def test_the_semantic_cache_works_over_tables(job_on, tmp_path):
 def test_a_cascade_runs_over_a_table_batch_by_batch(job_on, tmp_path, cache):
     texts = ["a", "b [[sim:unsure_for=sim-small]]", "c", "a", "d [[sim:fail_for=sim-small]]"]
     report = job_on(
-        texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'", batch_rows=2
+        texts, model=["sim-small", "sim"], escalate="summary LIKE 'unsure:%'", rows_per_read=2
     ).run()
     written = pl.read_parquet(tmp_path / "out.parquet")
     assert written["summary_model"].to_list() == [

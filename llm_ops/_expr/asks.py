@@ -2,7 +2,7 @@
 
 ``complete`` asks for text (or the caller's schema); ``classify``, ``extract`` and ``filter``
 ask for JSON by a schema of their own, and their result is a field of it. Either way the
-result is the answer alone, or (``output="struct"``) the answer with its status, its error and
+result is the answer alone, or (``with_status=True``) the answer with its status, its error and
 the other columns :func:`~llm_ops.llm_complete` would add.
 """
 

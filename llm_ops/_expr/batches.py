@@ -77,7 +77,7 @@ def embedding(
     expr: pl.Expr,
     model: str,
     dimensions: int | None,
-    batch_size: int,
+    inputs_per_request: int,
     output: Output,
     client: Client | None,
     options: Mapping[str, Any],
@@ -93,7 +93,7 @@ def embedding(
         client_for(client, made),
         model=model,
         dimensions=dimensions,
-        batch_size=batch_size,
+        inputs_per_request=inputs_per_request,
         output=output,
         options=cast(EmbedOptions, call),
     )
@@ -347,7 +347,7 @@ class Embeddings(Batches):
         *,
         model: str,
         dimensions: int | None,
-        batch_size: int,
+        inputs_per_request: int,
         output: Output,
         options: EmbedOptions,
     ):
@@ -358,7 +358,7 @@ class Embeddings(Batches):
             )
         if dimensions is not None:
             positive_int("dimensions", dimensions)
-        self.batch_size = positive_int("batch_size", batch_size)
+        self.inputs_per_request = positive_int("inputs_per_request", inputs_per_request)
         self.progress = resolve_progress(options.get("progress"))
         self.spec = EmbeddingSpec(client.endpoint.identity, model, dimensions)
         self.vector: pl.DataType = (
@@ -390,7 +390,7 @@ class Embeddings(Batches):
                 self.spec,
                 backend,
                 columns=job.columns,
-                batch_size=self.batch_size,
+                inputs_per_request=self.inputs_per_request,
                 on_error="null",
                 progress=self.progress,
                 on_report=on_report,

@@ -10,7 +10,7 @@ import polars as pl
 
 from .._client import Client
 from .._options import ClientOptions, EmbedOptions, ModelOption, RequestOptions, SchemaOption
-from ..exceptions import TemplateError
+from ..exceptions import ConfigError, TemplateError
 from .asks import Output, classification, extraction, one_schema, text, verdict
 from .batches import completion, embedding
 
@@ -32,12 +32,12 @@ class LlmNamespace:
 
     The result keeps the expression's name, as Polars expressions do: name it with
     ``.alias(...)``. Each method returns the answer, null where a row failed or was skipped
-    (:func:`llm_ops.last_report` counts them), or, with ``output="struct"``, a struct of
+    (:func:`llm_ops.last_report` counts them), or, with ``with_status=True``, a struct of
     ``answer``, ``status`` (:data:`llm_ops.STATUSES`) and ``error`` (plus ``raw``,
     ``similar_to``, ``similarity`` and ``model`` where ``llm_complete`` adds those columns).
 
     Use the plain form where a null answer is all you need to know (a filter, a summary
-    column); use ``output="struct"`` where each row must say why it has no answer (a job whose
+    column); use ``with_status=True`` where each row must say why it has no answer (a job whose
     failures you look at or retry). In a type-checked module, write
     ``llm(pl.col("text")).complete(...)`` with :func:`llm_ops.polars.llm`: type checkers
     do not see namespaces registered at run time.
@@ -51,7 +51,7 @@ class LlmNamespace:
         prompt: str | None = None,
         *,
         model: ModelOption,
-        output: Output = "answer",
+        with_status: bool = False,
         client: Client | None = None,
         **options: Unpack[ExprOptions],
     ) -> pl.Expr:
@@ -73,9 +73,9 @@ class LlmNamespace:
         model
             Model name, or a list of names for a cascade (see :func:`~llm_ops.llm_complete`;
             an ``escalate=`` rule reads the answer as ``pl.col("answer")``).
-        output
-            ``"answer"``: the answer, null where the row failed or was skipped.
-            ``"struct"``: ``{answer, status, error, ...}``, so nothing is hidden.
+        with_status
+            ``False``: the answer, null where the row failed or was skipped.
+            ``True``: a struct ``{answer, status, error, ...}``, so nothing is hidden.
         client
             A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
         **options
@@ -115,7 +115,7 @@ class LlmNamespace:
 
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.select(
-        ...         pl.col("text").llm.complete("Summarize: {}", model="sim", output="struct",
+        ...         pl.col("text").llm.complete("Summarize: {}", model="sim", with_status=True,
         ...                                     base_url=endpoint.base_url, cache=False)
         ...     ).unnest("text")
         >>> out.select("status", "error")
@@ -131,7 +131,9 @@ class LlmNamespace:
         └─────────┴─────────────────────────────────┘
         """
         ask = text()
-        expr, _ = completion(self._expr, ask, prompt, "complete", model, output, client, options)
+        expr, _ = completion(
+            self._expr, ask, prompt, "complete", model, _shape(with_status), client, options
+        )
         return expr
 
     def classify(
@@ -140,7 +142,7 @@ class LlmNamespace:
         prompt: str | None = None,
         *,
         model: ModelOption,
-        output: Output = "answer",
+        with_status: bool = False,
         client: Client | None = None,
         **options: Unpack[ExprOptions],
     ) -> pl.Expr:
@@ -157,7 +159,7 @@ class LlmNamespace:
         prompt
             A template with ``{}`` for the value (or field names, on a struct); by default
             ``"Classify the text as exactly one of these labels: <labels>.\\n\\nText: {}"``.
-        model, output, client, **options
+        model, with_status, client, **options
             As for :meth:`complete`.
 
         Examples
@@ -184,7 +186,9 @@ class LlmNamespace:
         └───────────────────┴──────────┘
         """
         ask = classification(labels)
-        expr, _ = completion(self._expr, ask, prompt, "classify", model, output, client, options)
+        expr, _ = completion(
+            self._expr, ask, prompt, "classify", model, _shape(with_status), client, options
+        )
         return expr
 
     def extract(
@@ -194,7 +198,7 @@ class LlmNamespace:
         prompt: str | None = None,
         *,
         model: ModelOption,
-        output: Output = "answer",
+        with_status: bool = False,
         client: Client | None = None,
         **options: Unpack[ExprOptions],
     ) -> pl.Expr:
@@ -212,7 +216,7 @@ class LlmNamespace:
         prompt
             A template with ``{}`` for the value (or field names, on a struct); by default
             ``"Extract the fields of the JSON schema from the text.\\n\\nText: {}"``.
-        model, output, client, **options
+        model, with_status, client, **options
             As for :meth:`complete`.
 
         Examples
@@ -241,7 +245,9 @@ class LlmNamespace:
         └────────────────────┴──────────┘
         """
         ask = extraction(one_schema(schema, options.pop("schema", None)))
-        expr, _ = completion(self._expr, ask, prompt, "extract", model, output, client, options)
+        expr, _ = completion(
+            self._expr, ask, prompt, "extract", model, _shape(with_status), client, options
+        )
         return expr
 
     def filter(
@@ -249,7 +255,7 @@ class LlmNamespace:
         prompt: str,
         *,
         model: ModelOption,
-        output: Output = "answer",
+        with_status: bool = False,
         client: Client | None = None,
         **options: Unpack[ExprOptions],
     ) -> pl.Expr:
@@ -269,7 +275,7 @@ class LlmNamespace:
         prompt
             The question, a template with ``{}`` for the value (or field names, on a struct):
             ``"Is this review about shipping? {}"``.
-        model, output, client, **options
+        model, with_status, client, **options
             As for :meth:`complete`.
 
         Examples
@@ -298,7 +304,9 @@ class LlmNamespace:
                 "filter needs the question, e.g. .llm.filter('Is this about shipping? {}', ...)"
             )
         ask = verdict()
-        expr, _ = completion(self._expr, ask, prompt, "filter", model, output, client, options)
+        expr, _ = completion(
+            self._expr, ask, prompt, "filter", model, _shape(with_status), client, options
+        )
         return expr
 
     def embed(
@@ -306,15 +314,15 @@ class LlmNamespace:
         *,
         model: str,
         dimensions: int | None = None,
-        batch_size: int = 256,
-        output: Output = "answer",
+        inputs_per_request: int = 256,
+        with_status: bool = False,
         client: Client | None = None,
         **options: Unpack[EmbedOptions],
     ) -> pl.Expr:
         """Embed every value; a ``List(Float32)`` column, ``Array(Float32, dimensions)`` with
         ``dimensions``.
 
-        Distinct texts are embedded once, ``batch_size`` to a request, and cached in
+        Distinct texts are embedded once, ``inputs_per_request`` to a request, and cached in
         ``llm_embeddings`` with the same keys as :func:`~llm_ops.llm_embed`.
 
         Parameters
@@ -324,9 +332,9 @@ class LlmNamespace:
         dimensions
             Ask the endpoint for vectors of this size (part of the cache key); the result is
             then a fixed-size ``Array``.
-        batch_size
+        inputs_per_request
             Inputs per request.
-        output, client
+        with_status, client
             As for :meth:`complete`.
         **options
             As for :func:`~llm_ops.llm_embed`: ``base_url``, ``cache``, ``on_error``, ...
@@ -353,4 +361,13 @@ class LlmNamespace:
         │ null      ┆ null                            │
         └───────────┴─────────────────────────────────┘
         """
-        return embedding(self._expr, model, dimensions, batch_size, output, client, options)
+        return embedding(
+            self._expr, model, dimensions, inputs_per_request, _shape(with_status), client, options
+        )
+
+
+def _shape(with_status: bool) -> Output:
+    """What an expression gives: the answer alone, or the struct that also says why."""
+    if not isinstance(with_status, bool):
+        raise ConfigError(f"with_status must be True or False, got {with_status!r}")
+    return "struct" if with_status else "answer"

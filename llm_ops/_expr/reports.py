@@ -28,7 +28,7 @@ def last_report() -> RunReport | None:
     ``None`` before any has run.
 
     A failed row is null in an expression's plain form; this report's ``statuses`` and
-    ``failed_rows`` say how many there were (``output="struct"`` says which). The same
+    ``failed_rows`` say how many there were (``with_status=True`` says which). The same
     figures are recorded in ``llm_runs``: one row for the first batch, then one for the
     batches of each ``flush_seconds`` (2 s) after it.
 

@@ -28,7 +28,7 @@ async def embed_frame(
     backend: Backend,
     *,
     columns: Columns,
-    batch_size: int,
+    inputs_per_request: int,
     on_error: str,
     progress: ProgressCallback | None,
     on_report: Callable[[RunReport], None] | None = None,
@@ -38,7 +38,12 @@ async def embed_frame(
     started_at, clock = datetime.now(UTC), time.perf_counter()
     row_keys, distinct = await asyncio.to_thread(distinct_texts, frame, column, spec)
     done = await embed_distinct(
-        distinct, spec, backend, batch_size=batch_size, progress=progress, rows=frame.height
+        distinct,
+        spec,
+        backend,
+        inputs_per_request=inputs_per_request,
+        progress=progress,
+        rows=frame.height,
     )
     added = _join_back(
         row_keys, done.vectors, frame[column].is_null(), column, columns, dimensions=spec.dimensions

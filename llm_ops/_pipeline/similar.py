@@ -146,7 +146,7 @@ async def _find_in_slice(
         texts,
         embedding,
         backend,
-        batch_size=semantic.batch_size,
+        inputs_per_request=semantic.inputs_per_request,
         progress=job.progress,
         rows=progress[0],
         rows_after=progress[1],

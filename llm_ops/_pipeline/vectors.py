@@ -68,13 +68,13 @@ async def embed_distinct(
     spec: EmbeddingSpec,
     backend: Backend,
     *,
-    batch_size: int,
+    inputs_per_request: int,
     progress: ProgressCallback | None = None,
     rows: int | None = None,
     rows_after: int = 0,
 ) -> Embedded:
     """Vectors for ``distinct`` (key, prompt, rows): from the cache, else from the endpoint,
-    ``batch_size`` texts per request, written through to ``llm_embeddings``.
+    ``inputs_per_request`` texts per request, written through to ``llm_embeddings``.
 
     ``rows`` (all the rows being embedded, for progress) turns on ``progress``;
     ``rows_after`` of them wait for later calls.
@@ -91,7 +91,7 @@ async def embed_distinct(
     tracker = Tracker(
         rows=total,
         rows_settled=total - int(misses["rows"].sum()) - rows_after,
-        requests=-(-misses.height // batch_size),
+        requests=-(-misses.height // inputs_per_request),
         counters=dispatcher.counters,
         engine=backend.engine,
         phase="embedding",
@@ -129,7 +129,7 @@ async def embed_distinct(
 
     stopped = await dispatch_durably(
         dispatcher,
-        _batches(misses, spec, batch_size),
+        _batches(misses, spec, inputs_per_request),
         on_outcome,
         sink=sink,
         tracker=tracker,

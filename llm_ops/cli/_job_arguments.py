@@ -11,9 +11,8 @@ import argparse
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from .._options import Options
-from .._pricing import Price
+from .._pricing import parse_pricing
 from .._semantic import SemanticCache
-from ..exceptions import ConfigError
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
     add_api_key_env,
@@ -98,23 +97,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
         )
         named[name] = action.dest  # output_column for output: --output is the file
     parser.add_argument(
-        "--batch", action="store_const", const="batch", dest="mode", help="the same as --mode batch"
-    )
-    parser.add_argument(
-        "--price-input",
-        type=float,
-        metavar="USD",
-        help="$ per 1M input tokens (default: the built-in price of a known model)",
-    )
-    parser.add_argument("--price-output", type=float, metavar="USD", help="$ per 1M output tokens")
-    parser.add_argument("--price-request", type=float, metavar="USD", help="$ per request")
-    parser.add_argument(
-        "--price",
+        "--pricing",
         action="append",
-        type=_model_price,
         metavar="MODEL=IN,OUT",
-        help="$ per 1M input and output tokens of one model, e.g. sim-small=0.15,0.60; once "
-        "per model of a cascade (instead of --price-input/--price-output)",
+        help="$ per 1M input and output tokens of a model, e.g. gpt-4o-mini=0.15,0.60 (a third "
+        "number: $ per request); once per model of a cascade; IN,OUT for every model; 'free' "
+        "for models you host (default: the built-in price of a known model)",
     )
     parser.add_argument(
         "--chunk-size",
@@ -124,7 +112,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
         help="distinct requests sent per chunk (default: 5000)",
     )
     parser.add_argument(
-        "--batch-rows",
+        "--rows-per-read",
         type=int,
         default=100_000,
         metavar="N",
@@ -143,11 +131,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
         "embedding model (rows get status 'similar')",
     )
     parser.add_argument(
-        "--similarity",
+        "--semantic-cache-threshold",
         type=float,
         default=0.95,
         metavar="COSINE",
-        help="with --semantic-cache: the similarity from which an answer is reused (default: 0.95)",
+        help="with --semantic-cache: the cosine similarity from which an answer is reused "
+        "(default: 0.95)",
     )
     add_api_key_env(parser)
     add_connection_arguments(parser)
@@ -161,35 +150,16 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         for name, dest in args.option_flags.items()
         if getattr(args, dest) is not None
     }
-    price = Price.given(args.price_input, args.price_output, args.price_request)
-    if price is not None and args.price:
-        raise ConfigError(
-            "give prices per model (--price MODEL=IN,OUT) or for every model "
-            "(--price-input/--price-output/--price-request), not both"
-        )
-    if price is not None:
-        options["pricing"] = price
-    if args.price:
-        options["pricing"] = dict(args.price)
+    pricing = parse_pricing(args.pricing or [])
+    if pricing is not None:
+        options["pricing"] = pricing
     if args.semantic_cache:
-        options["semantic_cache"] = SemanticCache(args.semantic_cache, threshold=args.similarity)
+        options["semantic_cache"] = SemanticCache(
+            args.semantic_cache, threshold=args.semantic_cache_threshold
+        )
     if args.escalate:
         options["escalate"] = args.escalate
     key = api_key(args)
     if key is not None:
         options["api_key"] = key
     return {**options, **connection_options(args)}
-
-
-def _model_price(text: str) -> tuple[str, Price]:
-    """``MODEL=IN,OUT`` (dollars per million input and output tokens) → (model, price)."""
-    model, _, rates = text.partition("=")
-    try:
-        given, taken = (float(rate) for rate in rates.split(","))
-    except ValueError:
-        model = ""
-    if not model:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not MODEL=IN,OUT, e.g. gpt-4o-mini=0.15,0.60"
-        )
-    return model, Price(input_per_million=given, output_per_million=taken)

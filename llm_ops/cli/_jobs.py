@@ -36,7 +36,11 @@ def add_commands(commands: Commands) -> None:
         run_parser, output="file to write the rows with their answers to, .parquet or .csv"
     )
     run_parser.add_argument(
-        "--strict", action="store_true", help="exit with status 1 when any row failed"
+        "--on-error",
+        choices=("null", "raise"),
+        default="null",
+        help="null: failed rows get an empty answer and the command exits 0; raise: it exits "
+        "with status 1 when any row failed (the output is written either way; default: null)",
     )
     run_parser.add_argument("--no-progress", action="store_true", help="no progress line")
     run_parser.add_argument(
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             sep="\n",
             file=sys.stderr,
         )
-        return 1 if args.strict else 0
+        return 1 if args.on_error == "raise" else 0
     return 0
 
 
@@ -129,7 +133,7 @@ def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iter
             out,
             prompt=args.prompt,
             model=model,
-            batch_rows=args.batch_rows,
+            rows_per_read=args.rows_per_read,
             chunk_size=args.chunk_size,
             **call,
         )

@@ -76,7 +76,7 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
     ),
     "max_cost": OptionFlag(
         "stop sending once the projected spend would pass this many dollars; rows not sent "
-        "are skipped, everything answered is cached (needs a price: see --price-input)",
+        "are skipped, everything answered is cached (needs a price: see --pricing)",
         "USD",
     ),
     "max_requests": OptionFlag("stop sending once this many HTTP requests would be passed", "N"),

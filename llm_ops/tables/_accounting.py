@@ -19,13 +19,13 @@ from ._files import read_batches
 from ._plan import TablePlan, open_plan_db
 
 
-def estimate_table(job: Job, cache: Cache, files: list[Path], *, batch_rows: int) -> Estimate:
+def estimate_table(job: Job, cache: Cache, files: list[Path], *, rows_per_read: int) -> Estimate:
     """:meth:`Table.estimate`: ``files`` keyed batch by batch, their distinct requests looked
     up in ``cache`` (if its file exists; none is made) and the misses priced."""
     plan_cache = cache if cache.path.exists() else None
     rows = keyed = 0
     distinct: list[pl.DataFrame] = []
-    for batch in read_batches(files, batch_rows):
+    for batch in read_batches(files, rows_per_read):
         keyed_batch = key_rows(batch, job.spec)
         rows += batch.height
         keyed += int(keyed_batch.distinct["rows"].sum())

@@ -20,7 +20,7 @@ from ._files import OutputFile, no_rows, read_batches
 
 
 def cascade_table(
-    client: Client, job: Job, cache: Cache, files: list[Path], output: Path, *, batch_rows: int
+    client: Client, job: Job, cache: Cache, files: list[Path], output: Path, *, rows_per_read: int
 ) -> RunReport:
     """:meth:`Table.run_cascade`: each batch of ``files`` through ``job``'s models, written to
     ``output`` as one row group, under budgets that span the batches; one run recorded."""
@@ -29,7 +29,7 @@ def cascade_table(
     spent: tuple[float, int, int] = (0.0, 0, 0)
     stopped: BaseException | None = None
     with OutputFile(output) as out:
-        for batch in read_batches(files, batch_rows):
+        for batch in read_batches(files, rows_per_read):
             added, report, stopped = client.run(_cascade(client, batch, job.after(spent)))
             reports.append(report)
             spent = add_spending(spent, report.spending())

@@ -47,11 +47,11 @@ def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
-def read_batches(files: list[Path], batch_rows: int) -> Iterator[pl.DataFrame]:
-    """The input as Polars frames of at most ``batch_rows`` rows, in file and row order."""
+def read_batches(files: list[Path], rows_per_read: int) -> Iterator[pl.DataFrame]:
+    """The input as Polars frames of at most ``rows_per_read`` rows, in file and row order."""
     for file in files:
         # One batch at a time: a dataset scanner would read ahead many batches.
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
+        for batch in pq.ParquetFile(file).iter_batches(batch_size=rows_per_read):
             if batch.num_rows:
                 yield from_arrow(pa.Table.from_batches([batch]))
 

@@ -83,7 +83,7 @@ def plan_table(
     work_dir: Path,
     *,
     answers_dir: Path,
-    batch_rows: int,
+    rows_per_read: int,
     chunk_size: int,
 ) -> TablePlan:
     """Key and dedupe ``files`` in the work database, anti-join the cache and write the
@@ -103,7 +103,7 @@ def plan_table(
             "prompt VARCHAR, rows BIGINT, first BIGINT)"
         )
         rows = seen = 0
-        for batch in read_batches(files, batch_rows):
+        for batch in read_batches(files, rows_per_read):
             rows += batch.height
             found = key_rows(batch, job.spec).distinct.with_row_index("first", seen)
             seen += found.height

@@ -54,7 +54,7 @@ class Table:
         plus the added ones).
     prompt, model, **options
         As for :func:`llm_ops.llm_complete` (see :class:`llm_ops.CallOptions`).
-    batch_rows
+    rows_per_read
         Rows read and written per batch (and per row group of the output).
     chunk_size
         Distinct requests per chunk file, the unit :meth:`run_chunk` sends.
@@ -103,7 +103,7 @@ class Table:
         *,
         prompt: str,
         model: ModelOption,
-        batch_rows: int = 100_000,
+        rows_per_read: int = 100_000,
         chunk_size: int = 5_000,
         **options: Unpack[CallOptions],
     ) -> None:
@@ -118,7 +118,7 @@ class Table:
         self.output = Path(out)
         if any(f.resolve() == self.output.resolve() for f in self.files):
             raise ConfigError(f"output {os.fspath(out)!r} is also an input; write somewhere else")
-        self.batch_rows = positive_int("batch_rows", batch_rows)
+        self.rows_per_read = positive_int("rows_per_read", rows_per_read)
         self.chunk_size = positive_int("chunk_size", chunk_size)
         schema = pl.scan_parquet(self.files).collect_schema()
         self.job: Job = make_job(
@@ -226,7 +226,7 @@ class Table:
             self.files,
             self.work_dir,
             answers_dir=self.answers_dir,
-            batch_rows=self.batch_rows,
+            rows_per_read=self.rows_per_read,
             chunk_size=self.chunk_size,
         )
         if plan.misses:  # a misspelled model fails the plan, not every chunk task after it
@@ -291,7 +291,7 @@ class Table:
             self.files,
             self.output,
             self.work_dir,
-            batch_rows=self.batch_rows,
+            rows_per_read=self.rows_per_read,
         )
 
     def finish(
@@ -359,7 +359,12 @@ class Table:
         >>> work.cleanup()
         """
         return cascade_table(
-            self.client, self.job, self.cache, self.files, self.output, batch_rows=self.batch_rows
+            self.client,
+            self.job,
+            self.cache,
+            self.files,
+            self.output,
+            rows_per_read=self.rows_per_read,
         )
 
     def estimate(self) -> Estimate:
@@ -387,4 +392,4 @@ class Table:
         >>> work.cleanup()
         """
         job = self.job if not self.cascade else self.job.for_model(self.job.models[0])
-        return estimate_table(job, self.cache, self.files, batch_rows=self.batch_rows)
+        return estimate_table(job, self.cache, self.files, rows_per_read=self.rows_per_read)

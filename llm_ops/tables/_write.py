@@ -46,7 +46,7 @@ class Written:
 
 
 def write_output(
-    job: Job, cache: Cache, files: list[Path], output: Path, work_dir: Path, *, batch_rows: int
+    job: Job, cache: Cache, files: list[Path], output: Path, work_dir: Path, *, rows_per_read: int
 ) -> Written:
     """:meth:`Table.write`: each batch of ``files`` joined back to its answers (those of the
     chunks' results files first), written to ``output``."""
@@ -54,7 +54,7 @@ def write_output(
     counts: dict[str, int] = {}
     errors: dict[str, int] = {}
     with OutputFile(output) as out:
-        for batch in read_batches(files, batch_rows):
+        for batch in read_batches(files, rows_per_read):
             keyed = key_rows(batch, job.spec)
             wanted = keyed.distinct.select("key")
             results = _batch_results(lookup_answers(cache, wanted), wanted.join(fresh, on="key"))
