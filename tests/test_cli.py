@@ -289,7 +289,10 @@ def test_run_with_the_semantic_cache(job, table, tmp_path):
     out, options = tmp_path / "out.parquet", ["--semantic-cache", "sim-embed", "--no-progress"]
     assert main(["run", *job, "--output", str(out), *options]) == 0
     pl.DataFrame({"id": [5], "text": ["Good!"]}).write_parquet(table)
-    assert main(["run", *job, "--output", str(out), *options, "--semantic-cache-threshold", "0.9"]) == 0
+    assert (
+        main(["run", *job, "--output", str(out), *options, "--semantic-cache-threshold", "0.9"])
+        == 0
+    )
     assert pl.read_parquet(out)["completion_status"].to_list() == ["similar"]
 
 

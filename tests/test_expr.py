@@ -239,7 +239,7 @@ def test_embed_gives_llm_embeds_vectors_and_statuses(endpoint, cache):
 def test_misuse_is_a_config_error_before_anything_is_sent(options, endpoint):
     with pytest.raises(ConfigError, match="unknown option"):
         pl.col("text").llm.complete("{}", colour="red", **options)
-    with pytest.raises(ConfigError, match="output must be 'answer' or 'struct'"):
+    with pytest.raises(ConfigError, match="its output is its name"):
         pl.col("text").llm.complete("{}", output="summary", **options)
     with pytest.raises(TemplateError, match="does not use the value"):
         TEXTS.select(pl.col("text").llm.complete("Summarize", **options))

@@ -124,14 +124,6 @@ def verdict() -> Ask:
 # -- the result's shape -----------------------------------------------------------------------
 
 
-def check_output(output: object) -> Output:
-    if output not in ("answer", "struct"):
-        raise ConfigError(
-            f"output must be 'answer' or 'struct', got {output!r}; name the result with .alias(...)"
-        )
-    return output
-
-
 def shaped(output: Output, columns: Columns, answer: pl.Expr) -> pl.Expr:
     """The result: the answer, or the struct of it with the other columns."""
     if output == "answer":

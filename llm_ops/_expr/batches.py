@@ -35,7 +35,7 @@ from .._report import RunReport
 from .._spec import EmbeddingSpec, positive_int
 from .._status import FAILED
 from ..exceptions import ConfigError, RowsFailedError
-from .asks import Ask, Output, check_output, shaped, shaped_dtype
+from .asks import Ask, Output, shaped, shaped_dtype
 from .reports import Reports, in_order, nothing_done, record_unrecorded
 from .runtime import client_for, close_runtimes, runtime_of
 from .values import VALUE, templates_for, value_name
@@ -59,7 +59,10 @@ def completion(
     """The expression asking ``ask`` of every value of ``expr``, and its batch function."""
     made, call = split_options(options)
     if "output" in call:
-        raise ConfigError("output takes 'answer' or 'struct' here")
+        raise ConfigError(
+            "an expression takes no output=: its output is its name (.alias('summary')), and "
+            "with_status=True gives the answer with its status and error"
+        )
     batches = Completions(
         client_for(client, made),
         prompt,
@@ -157,7 +160,7 @@ class Batches:
     def __init__(self, client: Client, *, output: Output, options: Mapping[str, Any]):
         self.client = client
         self.runtime = runtime_of(client)
-        self.output = check_output(output)
+        self.output = output
         self.on_error = options.get("on_error", "null")
         if self.on_error not in ("null", "raise"):
             raise ConfigError(f"on_error must be 'null' or 'raise', got {self.on_error!r}")
@@ -190,7 +193,7 @@ class Batches:
                 columns,
                 names.status,
                 names.error,
-                f"the {names.error!r} field of output='struct', or llm_ops.last_report().errors",
+                f"the {names.error!r} field of with_status=True, or llm_ops.last_report().errors",
             )
         result = shaped(self.output, job.columns, self.ask.result(pl.col(job.columns.output)))
         answered = columns.select(result).to_series().alias(values.name)
