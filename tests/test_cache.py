@@ -10,6 +10,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pyarrow as pa
+from sources import syntax_tree
 
 import llm_ops
 from llm_ops import default_cache_path
@@ -171,7 +172,7 @@ _SQL_FOR_PEOPLE = {
 def _sql_on_cache_tables(path):
     """The string literals of ``path`` that name a cache table in SQL (an f-string's literal
     parts joined), docstrings aside."""
-    tree = ast.parse(path.read_text())
+    tree = syntax_tree(path)
     documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     docstrings = {
         id(node.body[0].value)
