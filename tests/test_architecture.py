@@ -1,5 +1,6 @@
 """The layers of ARCHITECTURE.md hold: every import in llm_ops/ goes down a layer, or to a
-module its row allows in its own layer, and inside a package only to a module listed above it."""
+module its row allows in its own layer, and inside a package only to a module listed above it.
+Outside the package, flows/, benchmarks/ and scripts/ use only the public API."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm_ops"
 ROW = re.compile(r"^\| (\d+) \| `([\w]+)` \| [^|]+ \|([^|]*)\|$")
 INNER_ROW = re.compile(r"^\| `(\w+)\.(\w+)` \| [^|]+ \|$")
+USERS = ("flows", "benchmarks", "scripts")  # code outside the package held to its public API
 
 Import = tuple[str, str | None]  # the module an import names, the name it takes (None: itself)
 
@@ -244,3 +246,84 @@ def test_a_package_init_is_the_package_and_others_are_left_out():
     # the layers allow what goes down, or sideways where the row says so
     assert _layer_violations("_semantic", {"_key", "exceptions"}) == []
     assert _layer_violations("_key", {"_status"}) == ["_status"]
+
+
+def _all_of(module: str) -> set[str]:
+    """A module's ``__all__``, read from its source."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{module} has no __all__")
+
+
+def _public_api() -> dict[str, set[str]]:
+    """The public modules, those docs/reference/api.md documents, and their names."""
+    api = (ROOT / "docs" / "reference" / "api.md").read_text()
+    return {m: _all_of(m) for m in re.findall(r"^## `(llm_ops[\w.]*)`$", api, re.MULTILINE)}
+
+
+def _private_uses(imports: set[Import], public: dict[str, set[str]]) -> list[str]:
+    """The imports that go past the public API: a module it does not document, or a name that
+    is not in its module's ``__all__`` (``*`` and dunders such as ``__version__`` aside)."""
+    return sorted(
+        f"{module}.{name}" if name else module
+        for module, name in imports
+        if module not in public
+        or not (name is None or name == "*" or name in public[module] or name.startswith("__"))
+    )
+
+
+def _user_files() -> list[Path]:
+    return sorted(p for folder in USERS for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_the_public_api_is_the_documented_modules():
+    public = _public_api()
+    assert {"llm_ops", "llm_ops.tables", "llm_ops.ray", "llm_ops.testing"} <= set(public)
+    assert not [m for m in public if any(part.startswith("_") for part in m.split("."))]
+
+
+def test_flows_benchmarks_and_scripts_use_only_the_public_api():
+    public = _public_api()
+    files = _user_files()
+    assert ROOT / "flows" / "enrich.py" in files
+    wrong = [
+        f"{path.relative_to(ROOT)} uses {use}"
+        for path in files
+        for use in _private_uses(_collect(path.read_text(), _name_of(path)[0]), public)
+    ]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import llm_ops._client",
+        "from llm_ops._client import Client",
+        "from llm_ops import _client",
+        "from llm_ops import _metadata",
+        "from llm_ops.tables import _plan",
+        "from llm_ops.tables._plan import plan",
+        "from llm_ops.ray import _ray",
+        "from llm_ops import NoSuchName",
+        "import llm_ops.cli",
+        "import llm_ops\nllm_ops._client.Client",
+        "import llm_ops.tables as tables\ntables._plan",
+        "def f():\n    from llm_ops._pipeline.run import run_frame",
+    ],
+)
+def test_a_private_use_outside_the_package_is_caught(source):
+    assert _private_uses(_collect(source, "benchmarks.planted"), _public_api())
+
+
+def test_the_public_api_passes():
+    source = (
+        "import llm_ops\nfrom llm_ops import Client, __version__\n"
+        "from llm_ops.tables import Table\nfrom llm_ops import testing\n"
+        "from llm_ops.testing import *\nllm_ops.llm_complete\n"
+    )
+    assert _private_uses(_collect(source, "flows.planted"), _public_api()) == []
