@@ -56,7 +56,7 @@ from ._spec import Limits
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, Table, send_chunk
 
-__all__ = ["Quota", "run_on_ray", "send_chunks"]
+__all__ = ["Quota", "connect", "run_on_ray", "send_chunks"]
 
 LEASE_SECONDS = 0.25  # a lease covers about this long of the budget
 CHECK_SECONDS = 1.0  # an unlimited worker asks this often whether another learned a limit
