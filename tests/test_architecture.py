@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from sources import syntax_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "llm_ops"
@@ -74,7 +75,7 @@ def _collect(source: str, module: str, *, package: bool = False) -> set[Import]:
 
     found: set[Import] = set()
     bound: dict[str, str] = {}  # a name an import binds -> the module it is
-    tree = ast.parse(source)
+    tree = syntax_tree(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -252,7 +253,7 @@ def _all_of(module: str) -> set[str]:
     """A module's ``__all__``, read from its source."""
     path = ROOT.joinpath(*module.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    for node in ast.parse(path.read_text()).body:
+    for node in syntax_tree(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
         ):

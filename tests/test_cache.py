@@ -172,7 +172,7 @@ _SQL_FOR_PEOPLE = {
 def _sql_on_cache_tables(path):
     """The string literals of ``path`` that name a cache table in SQL (an f-string's literal
     parts joined), docstrings aside."""
-    tree = syntax_tree(path)
+    tree = syntax_tree(path.read_text())
     documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     docstrings = {
         id(node.body[0].value)
