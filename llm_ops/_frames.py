@@ -10,6 +10,10 @@ import pyarrow as pa
 from .exceptions import ConfigError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
+PolarsFrame = TypeVar("PolarsFrame", pl.DataFrame, pl.LazyFrame)
+"""The Polars kinds of :data:`Frame`, for the public signatures: pyarrow has no type hints, so
+``pa.Table`` is ``Any`` to a type checker, and a type variable one of whose kinds is ``Any``
+makes every result ``Any``; each function has an overload of its own for a ``pa.Table``."""
 
 
 def to_polars(df: Any) -> pl.DataFrame:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Unpack, cast, overload
 
+import pyarrow as pa
+
 from ._client import Client, warn_failed_rows
-from ._frames import Frame
+from ._frames import Frame, PolarsFrame
 from ._options import EmbedOptions, ModelOption, Options, ResultOptions, split_options
 from ._pipeline.estimate import Estimate
 from ._report import RunReport
@@ -18,24 +20,44 @@ from ._report import RunReport
 
 @overload
 def llm_complete(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 def llm_complete(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+def llm_complete(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> pa.Table: ...
+@overload
+def llm_complete(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[pa.Table, RunReport]: ...
 def llm_complete(
     df: Frame,
     /,
@@ -221,24 +243,44 @@ def llm_complete(
 
 @overload
 async def llm_complete_async(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 async def llm_complete_async(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+async def llm_complete_async(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> pa.Table: ...
+@overload
+async def llm_complete_async(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[pa.Table, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
     /,
@@ -259,6 +301,30 @@ async def llm_complete_async(
     return (result, report) if return_report else result
 
 
+@overload
+def llm_embed(
+    df: PolarsFrame,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    batch_size: int = 256,
+    **options: Unpack[EmbedOptions],
+) -> PolarsFrame: ...
+@overload
+def llm_embed(
+    df: pa.Table,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    batch_size: int = 256,
+    **options: Unpack[EmbedOptions],
+) -> pa.Table: ...
 def llm_embed(
     df: Frame,
     /,
