@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import polars as pl
@@ -10,6 +11,10 @@ import pyarrow as pa
 from .exceptions import ConfigError
 
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame, pa.Table)
+PolarsFrame = TypeVar("PolarsFrame", pl.DataFrame, pl.LazyFrame)
+"""The Polars kinds of :data:`Frame`, for the public signatures: pyarrow has no type hints, so
+``pa.Table`` is ``Any`` to a type checker, and a type variable one of whose kinds is ``Any``
+makes every result ``Any``; each function has an overload of its own for a ``pa.Table``."""
 
 
 def to_polars(df: Any) -> pl.DataFrame:
@@ -40,6 +45,22 @@ def same_kind(original: Frame, result: pl.DataFrame) -> Frame:
     if isinstance(original, pa.Table):
         return cast(Frame, result.to_arrow())
     return result
+
+
+def deferred(
+    df: pl.LazyFrame,
+    run: Callable[[pl.DataFrame], pl.DataFrame],
+    added: Mapping[str, pl.DataType],
+) -> pl.LazyFrame:
+    """``df``, to which ``run`` adds the columns ``added`` (names and types, known now, after
+    the input's) when it is collected.
+
+    ``run`` gets every row at once, as an eager frame (it is not streamable), so a job dedupes,
+    budgets and reports over the whole frame, as for a DataFrame; and no filter, projection
+    or slice is pushed past it, so it gets the rows it would get eagerly.
+    """
+    schema = pl.Schema({**df.collect_schema(), **added})
+    return df.map_batches(run, schema=schema, streamable=False)
 
 
 def from_arrow(table: pa.Table) -> pl.DataFrame:

@@ -9,33 +9,64 @@ from __future__ import annotations
 import os
 from typing import Any, Literal, Unpack, cast, overload
 
+import polars as pl
+import pyarrow as pa
+
 from ._client import Client, warn_failed_rows
-from ._frames import Frame
-from ._options import EmbedOptions, ModelOption, Options, ResultOptions, split_options
+from ._frames import Frame, PolarsFrame, deferred
+from ._options import (
+    EmbedOptions,
+    ModelOption,
+    Options,
+    ResultOptions,
+    check_embedding,
+    split_options,
+)
 from ._pipeline.estimate import Estimate
-from ._report import RunReport
+from ._report import RunReport, remember_latest
+from .exceptions import ConfigError
 
 
 @overload
 def llm_complete(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 def llm_complete(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+def llm_complete(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> pa.Table: ...
+@overload
+def llm_complete(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[pa.Table, RunReport]: ...
 def llm_complete(
     df: Frame,
     /,
@@ -57,7 +88,9 @@ def llm_complete(
     ----------
     df
         A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
-        A LazyFrame is collected: the requests are made when this function is called.
+        A LazyFrame stays lazy: its options and templates are checked against its schema
+        now, and the requests are made when it is collected, for all its rows at once (read
+        the report with :func:`llm_ops.last_report` then; ``return_report`` is refused).
     prompt
         Template with ``{column}`` references, e.g. ``"Summarize: {text}"``. Only plain column
         names; ``{{`` and ``}}`` are literal braces. Rows where a referenced column is null
@@ -212,6 +245,8 @@ def llm_complete(
     >>> out["completion"][0]
     'sim #a9d110f4: Summarize: Lovely dress'
     """
+    if isinstance(df, pl.LazyFrame):
+        return _complete_later(df, prompt, model, return_report, options)
     made, call = split_options(options)
     with Client(**made) as client:
         result, report = client.run(client._complete(df, prompt, model, call))
@@ -221,24 +256,44 @@ def llm_complete(
 
 @overload
 async def llm_complete_async(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 async def llm_complete_async(
-    df: Frame,
+    df: PolarsFrame,
     /,
     *,
     prompt: str,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+async def llm_complete_async(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    **options: Unpack[Options],
+) -> pa.Table: ...
+@overload
+async def llm_complete_async(
+    df: pa.Table,
+    /,
+    *,
+    prompt: str,
+    model: ModelOption,
+    return_report: Literal[True],
+    **options: Unpack[Options],
+) -> tuple[pa.Table, RunReport]: ...
 async def llm_complete_async(
     df: Frame,
     /,
@@ -248,7 +303,10 @@ async def llm_complete_async(
     return_report: bool = False,
     **options: Unpack[Options],
 ) -> Frame | tuple[Frame, RunReport]:
-    """:func:`llm_complete` for code already running in an event loop; same arguments."""
+    """:func:`llm_complete` for code already running in an event loop; same arguments (a
+    LazyFrame stays lazy: its requests are made when it is collected)."""
+    if isinstance(df, pl.LazyFrame):
+        return _complete_later(df, prompt, model, return_report, options)
     made, call = split_options(options)
     client = Client(**made)
     try:
@@ -259,6 +317,30 @@ async def llm_complete_async(
     return (result, report) if return_report else result
 
 
+@overload
+def llm_embed(
+    df: PolarsFrame,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    batch_size: int = 256,
+    **options: Unpack[EmbedOptions],
+) -> PolarsFrame: ...
+@overload
+def llm_embed(
+    df: pa.Table,
+    /,
+    *,
+    column: str,
+    model: str,
+    output: str = "embedding",
+    dimensions: int | None = None,
+    batch_size: int = 256,
+    **options: Unpack[EmbedOptions],
+) -> pa.Table: ...
 def llm_embed(
     df: Frame,
     /,
@@ -280,6 +362,10 @@ def llm_embed(
     ----------
     df
         A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+        A LazyFrame stays lazy: the arguments are checked against its schema now, and the
+        texts are embedded when it is collected, all its rows at once. Its vector column is
+        a ``List(Float32)`` unless ``dimensions`` is given: a LazyFrame's schema is known
+        before anything is sent, the vectors' size is not.
     column
         The text column to embed; null rows are ``skipped``.
     model
@@ -306,6 +392,8 @@ def llm_embed(
     >>> out.schema["embedding"], out["embedding_status"].to_list()
     (Array(Float32, shape=(8,)), ['ok', 'skipped'])
     """
+    if isinstance(df, pl.LazyFrame):
+        return _embed_later(df, column, model, output, dimensions, batch_size, options)
     made, call = split_options(options)
     with Client(**made) as client:
         result: Frame = client.embed(
@@ -318,6 +406,71 @@ def llm_embed(
             **cast(ResultOptions, call),
         )
     return result
+
+
+def _complete_later(
+    df: pl.LazyFrame,
+    prompt: str,
+    model: ModelOption,
+    return_report: bool,
+    options: Options,
+) -> pl.LazyFrame:
+    """``llm_complete`` of a LazyFrame: checked now, run when it is collected."""
+    made, call = split_options(options)
+    # the job as llm_complete makes it, checked against the schema before anything is sent
+    job = Client(**made)._job(prompt, model, call, columns=df.collect_schema())
+    if return_report:
+        raise ConfigError(
+            "return_report=True needs an eager frame: a LazyFrame is answered when it is "
+            "collected; then read llm_ops.last_report()"
+        )
+
+    def run(frame: pl.DataFrame) -> pl.DataFrame:
+        result, report = llm_complete(
+            frame, prompt=prompt, model=model, return_report=True, **options
+        )
+        remember_latest(lambda: report)
+        return result
+
+    return deferred(df, run, job.added)
+
+
+def _embed_later(
+    df: pl.LazyFrame,
+    column: str,
+    model: str,
+    output: str,
+    dimensions: int | None,
+    batch_size: int,
+    options: EmbedOptions,
+) -> pl.LazyFrame:
+    """``llm_embed`` of a LazyFrame: checked now, run when it is collected."""
+    made, _ = split_options(options)
+    Client(**made)  # its options checked
+    added = check_embedding(
+        df.collect_schema(),
+        column=column,
+        model=model,
+        output=output,
+        dimensions=dimensions,
+        batch_size=batch_size,
+        on_error=options.get("on_error", "null"),
+    )
+    vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
+
+    def run(frame: pl.DataFrame) -> pl.DataFrame:
+        embedded = llm_embed(
+            frame,
+            column=column,
+            model=model,
+            output=output,
+            dimensions=dimensions,
+            batch_size=batch_size,
+            **options,
+        )
+        return embedded.with_columns(pl.col(output).cast(vector))
+
+    return deferred(df, run, added.dtypes(vector))
 
 
 def estimate(

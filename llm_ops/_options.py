@@ -30,7 +30,8 @@ from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
 from ._spec import Connection, Limits, RequestSpec, is_number, positive_int, seconds
-from ._template import check_columns, parse_template
+from ._status import STATUS_DTYPE
+from ._template import check_columns, parse_template, render
 from .exceptions import ConfigError
 
 CachePath = str | os.PathLike[str] | bool | None
@@ -202,6 +203,20 @@ class Columns:
             *([self.model] if self.cascade else []),
         )
 
+    def dtypes(self, answer: pl.DataType) -> dict[str, pl.DataType]:
+        """The type of each of :attr:`names`, in their order, ``answer`` being the answer's:
+        a lazy result's schema is known before anything is sent."""
+        dtypes: dict[str, pl.DataType] = {
+            self.output: answer,
+            self.status: STATUS_DTYPE,
+            self.error: pl.String(),
+            self.raw: pl.String(),
+            self.similar_to: pl.String(),
+            self.similarity: pl.Float64(),
+            self.model: pl.String(),
+        }
+        return {name: dtypes[name] for name in self.names}
+
     def check_free(self, schema: Mapping[str, Any]) -> None:
         for column in self.names:
             if column in schema:
@@ -313,6 +328,13 @@ class Job:
     @property
     def models(self) -> tuple[str, ...]:
         return self.cascade.models if self.cascade else (self.spec.model,)
+
+    @property
+    def added(self) -> dict[str, pl.DataType]:
+        """The columns the job adds and their types: the answer is text, or the struct of
+        ``schema=``."""
+        schema = self.spec.schema
+        return self.columns.dtypes(pl.String() if schema is None else schema.dtype)
 
     @property
     def endpoint_models(self) -> tuple[str, ...]:
@@ -495,3 +517,36 @@ def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
     check_columns(job.spec.prompt, columns, what="prompt")
     if job.spec.system is not None:
         check_columns(job.spec.system, columns, what="system")
+
+
+def check_embedding(
+    columns: Mapping[str, pl.DataType],
+    *,
+    column: object,
+    model: object,
+    output: str,
+    dimensions: int | None,
+    batch_size: int,
+    on_error: object,
+) -> Columns:
+    """Check an embedding call against the input's ``columns``, as
+    :meth:`llm_ops.Client.embed` does before it sends anything; the columns it adds."""
+    if not isinstance(column, str) or not column:
+        raise ConfigError(f"column must name the text column to embed, got {column!r}")
+    if column not in columns:
+        raise ConfigError(
+            f"column {column!r} is not in the table; available columns: {', '.join(columns)}"
+        )
+    render(column, columns[column], what="llm_embed")  # raises if it cannot be text
+    positive_int("batch_size", batch_size)
+    if on_error not in ("null", "raise"):
+        raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+    if not isinstance(model, str) or not model.strip():
+        raise ConfigError(
+            f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
+        )
+    if dimensions is not None:
+        positive_int("dimensions", dimensions)
+    added = Columns(output)
+    added.check_free(columns)
+    return added

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -363,3 +364,19 @@ def dollars(amount: float | None) -> str:
     if amount is None:
         return "unknown"
     return f"${amount:,.4f}" if round(amount, 4) else "$0.0000"  # never "$-0.0000"
+
+
+_latest: Callable[[], RunReport | None] | None = None
+
+
+def remember_latest(report: Callable[[], RunReport | None]) -> None:
+    """Make ``report`` what :func:`llm_ops.last_report` gives from now on: a run whose report
+    cannot be returned (an ``llm`` expression, adding up its batches as they come; a LazyFrame's
+    job, run when it is collected)."""
+    global _latest
+    _latest = report
+
+
+def latest() -> RunReport | None:
+    """The report :func:`remember_latest` was given last (``None``: none yet)."""
+    return None if _latest is None else _latest()

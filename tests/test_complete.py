@@ -8,7 +8,14 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import ConfigError, llm_complete_async
+from llm_ops import (
+    STATUS_DTYPE,
+    ConfigError,
+    RowsFailedError,
+    SemanticCache,
+    last_report,
+    llm_complete_async,
+)
 from llm_ops.testing import expected_reply
 
 
@@ -91,6 +98,84 @@ def test_lazyframe_in_lazyframe_out(complete):
     out = pl.LazyFrame({"text": ["x"]}).pipe(complete, prompt="{text}")
     assert isinstance(out, pl.LazyFrame)
     assert out.collect()["completion_status"].to_list() == ["ok"]
+
+
+def test_a_lazyframe_sends_nothing_until_it_is_collected(complete, endpoint):
+    out = pl.LazyFrame({"text": ["x", "y"]}).pipe(complete, prompt="{text}")
+    assert endpoint.stats()["requests"] == 0
+    out.collect()
+    assert endpoint.stats()["requests"] == 2
+
+
+LAZY_OPTIONS = {
+    "plain": {},
+    "schema": {"schema": {"type": "object", "properties": {"n": {"type": "integer"}}}},
+    "cascade": {"model": ["sim-small", "sim"]},
+    "semantic cache": {"semantic_cache": SemanticCache("sim-embed", threshold=0.99)},
+}
+
+
+@pytest.mark.parametrize("options", LAZY_OPTIONS.values(), ids=LAZY_OPTIONS)
+def test_a_collected_lazyframe_equals_the_eager_result(complete, tmp_path, options):
+    df = pl.DataFrame({"id": [1, 2, 3], "text": ["x", None, "x"]})
+    lazy = df.lazy().pipe(complete, prompt="{text}", cache=tmp_path / "lazy.duckdb", **options)
+    eager = df.pipe(complete, prompt="{text}", cache=tmp_path / "eager.duckdb", **options)
+    assert lazy.collect().equals(eager)
+
+
+def test_a_lazyframes_schema_is_known_before_it_is_collected(complete, endpoint):
+    out = pl.LazyFrame({"text": ["x"]}).pipe(complete, prompt="{text}", output="a")
+    assert out.collect_schema() == {
+        "text": pl.String,
+        "a": pl.String,
+        "a_status": STATUS_DTYPE,
+        "a_error": pl.String,
+    }
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_bad_option_with_a_lazyframe_is_refused_before_it_is_collected(complete, endpoint):
+    with pytest.raises(ConfigError, match="on_error must be"):
+        pl.LazyFrame({"text": ["x"]}).pipe(complete, prompt="{text}", on_error="maybe")
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_bad_template_with_a_lazyframe_is_refused_before_it_is_collected(complete):
+    with pytest.raises(ConfigError, match="title"):
+        pl.LazyFrame({"text": ["x"]}).pipe(complete, prompt="{title}")
+
+
+def test_return_report_with_a_lazyframe_is_refused(complete):
+    with pytest.raises(ConfigError, match="last_report"):
+        pl.LazyFrame({"text": ["x"]}).pipe(complete, prompt="{text}", return_report=True)
+
+
+def test_a_lazyframes_report_is_the_last_report_once_collected(complete):
+    pl.LazyFrame({"text": ["x", "x", None]}).pipe(complete, prompt="{text}").collect()
+    report = last_report()
+    assert (report.rows, report.requests_sent, report.statuses["skipped"]) == (3, 1, 1)
+
+
+def test_on_error_raise_with_a_lazyframe_raises_at_collect(complete):
+    out = pl.LazyFrame({"text": ["x", "[[sim:status=400]]"]}).pipe(
+        complete, prompt="{text}", on_error="raise"
+    )
+    with pytest.raises(RowsFailedError, match="row 1: rejected"):
+        out.collect()
+
+
+def test_an_async_call_with_a_lazyframe_stays_lazy(endpoint, cache):
+    lazy = asyncio.run(
+        llm_complete_async(
+            pl.LazyFrame({"text": ["x"]}),
+            prompt="{text}",
+            model="sim",
+            base_url=endpoint.base_url,
+            cache=cache,
+        )
+    )
+    assert isinstance(lazy, pl.LazyFrame) and endpoint.stats()["requests"] == 0
+    assert lazy.collect()["completion_status"].to_list() == ["ok"]
 
 
 def test_arrow_table_in_arrow_table_out(complete):

@@ -7,7 +7,7 @@ import functools
 import polars as pl
 import pytest
 
-from llm_ops import llm_embed
+from llm_ops import ConfigError, llm_embed
 from llm_ops.testing import embed
 
 
@@ -78,3 +78,31 @@ def test_the_column_is_an_array_even_when_every_row_failed(embed_rows, endpoint)
     endpoint.configure(ignore_dimensions=True)
     out = pl.DataFrame({"text": ["a", "b"]}).pipe(embed_rows, dimensions=16)
     assert out.schema["embedding"] == pl.Array(pl.Float32, 16)
+
+
+def test_a_lazyframe_sends_nothing_until_it_is_collected(embed_rows, endpoint):
+    out = pl.LazyFrame({"text": ["red coat"]}).pipe(embed_rows, dimensions=16)
+    assert isinstance(out, pl.LazyFrame) and endpoint.stats()["embedding_requests"] == 0
+    out.collect()
+    assert endpoint.stats()["embedding_requests"] == 1
+
+
+def test_a_collected_lazyframe_equals_the_eager_result(embed_rows, tmp_path):
+    df = pl.DataFrame({"text": ["red coat", None, "red coat"]})
+    lazy = df.lazy().pipe(embed_rows, dimensions=16, cache=tmp_path / "lazy.duckdb")
+    eager = df.pipe(embed_rows, dimensions=16, cache=tmp_path / "eager.duckdb")
+    assert lazy.collect().equals(eager)
+
+
+def test_a_lazyframe_without_dimensions_gets_a_list_column_of_the_same_vectors(embed_rows):
+    df = pl.DataFrame({"text": ["red coat"]})
+    lazy = df.lazy().pipe(embed_rows)
+    assert lazy.collect_schema()["embedding"] == pl.List(pl.Float32)
+    vectors = lazy.collect()["embedding"].to_list()
+    assert vectors == df.pipe(embed_rows)["embedding"].to_list()
+
+
+def test_a_bad_column_with_a_lazyframe_is_refused_before_it_is_collected(embed_rows, endpoint):
+    with pytest.raises(ConfigError, match="column 'title' is not in the table"):
+        pl.LazyFrame({"text": ["red coat"]}).pipe(embed_rows, column="title")
+    assert endpoint.stats()["embedding_requests"] == 0

@@ -345,3 +345,38 @@ def test_a_lazy_frame_stays_lazy_and_sends_nothing_until_collected(options, endp
     lazy = llm_classify(TEXTS.lazy(), "text", ["good", "bad"], **options)
     assert isinstance(lazy, pl.LazyFrame) and endpoint.stats()["requests"] == 0
     assert lazy.collect()["label_status"].to_list()[2] == "skipped"
+
+
+class Mood(BaseModel):
+    mood: str
+
+
+SEMANTIC_OPERATORS = {
+    "llm_filter": lambda frame, **options: llm_filter(frame, "Late? {text}", **options),
+    "llm_classify": lambda frame, **options: llm_classify(frame, "text", ["a", "b"], **options),
+    "llm_extract": lambda frame, **options: llm_extract(frame, "text", Mood, **options),
+}
+
+
+@pytest.mark.parametrize("operator", SEMANTIC_OPERATORS.values(), ids=SEMANTIC_OPERATORS)
+def test_each_operator_sends_nothing_for_a_lazyframe_until_it_is_collected(
+    operator, options, endpoint
+):
+    lazy = operator(TEXTS.lazy(), **options)
+    assert isinstance(lazy, pl.LazyFrame) and endpoint.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("operator", SEMANTIC_OPERATORS.values(), ids=SEMANTIC_OPERATORS)
+def test_each_operators_collected_lazyframe_equals_its_eager_result(operator, options):
+    # without a cache: with one, a value repeated in a later streaming batch is "cached"
+    lazy = operator(TEXTS.lazy(), **{**options, "cache": False})
+    assert lazy.collect().equals(operator(TEXTS, **{**options, "cache": False}))
+
+
+@pytest.mark.parametrize("operator", SEMANTIC_OPERATORS.values(), ids=SEMANTIC_OPERATORS)
+def test_each_operator_refuses_a_bad_option_for_a_lazyframe_before_collect(
+    operator, options, endpoint
+):
+    with pytest.raises(ConfigError, match="on_error must be 'null' or 'raise'"):
+        operator(TEXTS.lazy(), on_error="skip", **options)
+    assert endpoint.stats()["requests"] == 0

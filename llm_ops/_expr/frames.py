@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from .._client import Client
-from .._frames import Frame, from_arrow, schema_of
+from .._frames import Frame, PolarsFrame, from_arrow, schema_of
 from .._options import ModelOption, SchemaOption
 from .._report import RunReport
 from .._template import check_columns, parse_template
@@ -31,7 +31,7 @@ __all__ = ["llm_classify", "llm_extract", "llm_filter"]
 
 @overload
 def llm_filter(
-    df: Frame,
+    df: PolarsFrame,
     /,
     prompt: str,
     *,
@@ -39,10 +39,10 @@ def llm_filter(
     return_report: Literal[False] = ...,
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 def llm_filter(
-    df: Frame,
+    df: PolarsFrame,
     /,
     prompt: str,
     *,
@@ -50,7 +50,29 @@ def llm_filter(
     return_report: Literal[True],
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+def llm_filter(
+    df: pa.Table,
+    /,
+    prompt: str,
+    *,
+    model: ModelOption,
+    return_report: Literal[False] = ...,
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> pa.Table: ...
+@overload
+def llm_filter(
+    df: pa.Table,
+    /,
+    prompt: str,
+    *,
+    model: ModelOption,
+    return_report: Literal[True],
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> tuple[pa.Table, RunReport]: ...
 def llm_filter(
     df: Frame,
     /,
@@ -116,7 +138,7 @@ def llm_filter(
 
 @overload
 def llm_classify(
-    df: Frame,
+    df: PolarsFrame,
     /,
     column: str,
     labels: Sequence[str],
@@ -127,10 +149,10 @@ def llm_classify(
     return_report: Literal[False] = ...,
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 def llm_classify(
-    df: Frame,
+    df: PolarsFrame,
     /,
     column: str,
     labels: Sequence[str],
@@ -141,7 +163,35 @@ def llm_classify(
     return_report: Literal[True],
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+def llm_classify(
+    df: pa.Table,
+    /,
+    column: str,
+    labels: Sequence[str],
+    *,
+    model: ModelOption,
+    prompt: str | None = None,
+    output: str = "label",
+    return_report: Literal[False] = ...,
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> pa.Table: ...
+@overload
+def llm_classify(
+    df: pa.Table,
+    /,
+    column: str,
+    labels: Sequence[str],
+    *,
+    model: ModelOption,
+    prompt: str | None = None,
+    output: str = "label",
+    return_report: Literal[True],
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> tuple[pa.Table, RunReport]: ...
 def llm_classify(
     df: Frame,
     /,
@@ -211,7 +261,7 @@ def llm_classify(
 
 @overload
 def llm_extract(
-    df: Frame,
+    df: PolarsFrame,
     column: str,
     schema: SchemaOption = None,
     /,
@@ -222,10 +272,10 @@ def llm_extract(
     return_report: Literal[False] = ...,
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> Frame: ...
+) -> PolarsFrame: ...
 @overload
 def llm_extract(
-    df: Frame,
+    df: PolarsFrame,
     column: str,
     schema: SchemaOption = None,
     /,
@@ -236,7 +286,35 @@ def llm_extract(
     return_report: Literal[True],
     client: Client | None = None,
     **options: Unpack[ExprOptions],
-) -> tuple[Frame, RunReport]: ...
+) -> tuple[PolarsFrame, RunReport]: ...
+@overload
+def llm_extract(
+    df: pa.Table,
+    column: str,
+    schema: SchemaOption = None,
+    /,
+    *,
+    model: ModelOption,
+    prompt: str | None = None,
+    output: str = "extracted",
+    return_report: Literal[False] = ...,
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> pa.Table: ...
+@overload
+def llm_extract(
+    df: pa.Table,
+    column: str,
+    schema: SchemaOption = None,
+    /,
+    *,
+    model: ModelOption,
+    prompt: str | None = None,
+    output: str = "extracted",
+    return_report: Literal[True],
+    client: Client | None = None,
+    **options: Unpack[ExprOptions],
+) -> tuple[pa.Table, RunReport]: ...
 def llm_extract(
     df: Frame,
     column: str,

@@ -15,17 +15,16 @@ from datetime import UTC, datetime
 from .._cache import Cache
 from .._options import Job
 from .._outcome import Counters
-from .._report import RunReport, make_report, sum_reports
+from .._report import RunReport, latest, make_report, remember_latest, sum_reports
 from .._status import STATUSES
 
-_last: Reports | None = None  # held: the expression itself is gone once its query ran
 _unrecorded: weakref.WeakSet[Reports] = weakref.WeakSet()
 
 
 def last_report() -> RunReport | None:
     """The report of the ``llm`` expression (or ``llm_filter``, ``llm_classify``,
-    ``llm_extract``) that ran last in this process: every batch it answered so far, added up;
-    ``None`` before any has run.
+    ``llm_extract``, or ``llm_complete`` of a LazyFrame) that ran last in this process: every
+    batch it answered so far, added up; ``None`` before any has run.
 
     A failed row is null in an expression's plain form; this report's ``statuses`` and
     ``failed_rows`` say how many there were (``with_status=True`` says which). The same
@@ -47,7 +46,7 @@ def last_report() -> RunReport | None:
     >>> {status: n for status, n in report.statuses.items() if n}
     {'ok': 2, 'skipped': 1, 'rejected': 1}
     """
-    return None if _last is None else _last.total
+    return latest()
 
 
 class Reports:
@@ -73,11 +72,11 @@ class Reports:
         return dataclasses.replace(nothing_done(job), run_id=self.run_id)
 
     def add(self, report: RunReport) -> None:
-        global _last
         with self._lock:
             both = [report] if self.total is None else [self.total, report]
             self.total = dataclasses.replace(added_up(both), run_id=self.run_id)
-            _last = self
+            # held: the expression itself is gone once its query ran
+            remember_latest(lambda: self.total)
             if self.cache is None:
                 return
             self._pending.append(report)
