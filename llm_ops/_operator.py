@@ -326,7 +326,7 @@ def llm_embed(
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
-    batch_size: int = 256,
+    inputs_per_request: int = 256,
     **options: Unpack[EmbedOptions],
 ) -> PolarsFrame: ...
 @overload
@@ -338,7 +338,7 @@ def llm_embed(
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
-    batch_size: int = 256,
+    inputs_per_request: int = 256,
     **options: Unpack[EmbedOptions],
 ) -> pa.Table: ...
 def llm_embed(
@@ -393,7 +393,7 @@ def llm_embed(
     (Array(Float32, shape=(8,)), ['ok', 'skipped'])
     """
     if isinstance(df, pl.LazyFrame):
-        return _embed_later(df, column, model, output, dimensions, batch_size, options)
+        return _embed_later(df, column, model, output, dimensions, inputs_per_request, options)
     made, call = split_options(options)
     with Client(**made) as client:
         result: Frame = client.embed(
@@ -441,7 +441,7 @@ def _embed_later(
     model: str,
     output: str,
     dimensions: int | None,
-    batch_size: int,
+    inputs_per_request: int,
     options: EmbedOptions,
 ) -> pl.LazyFrame:
     """``llm_embed`` of a LazyFrame: checked now, run when it is collected."""
@@ -453,7 +453,7 @@ def _embed_later(
         model=model,
         output=output,
         dimensions=dimensions,
-        batch_size=batch_size,
+        inputs_per_request=inputs_per_request,
         on_error=options.get("on_error", "null"),
     )
     vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
@@ -465,7 +465,7 @@ def _embed_later(
             model=model,
             output=output,
             dimensions=dimensions,
-            batch_size=batch_size,
+            inputs_per_request=inputs_per_request,
             **options,
         )
         return embedded.with_columns(pl.col(output).cast(vector))

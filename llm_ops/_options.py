@@ -526,7 +526,7 @@ def check_embedding(
     model: object,
     output: str,
     dimensions: int | None,
-    batch_size: int,
+    inputs_per_request: int,
     on_error: object,
 ) -> Columns:
     """Check an embedding call against the input's ``columns``, as
@@ -538,7 +538,7 @@ def check_embedding(
             f"column {column!r} is not in the table; available columns: {', '.join(columns)}"
         )
     render(column, columns[column], what="llm_embed")  # raises if it cannot be text
-    positive_int("batch_size", batch_size)
+    positive_int("inputs_per_request", inputs_per_request)
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
     if not isinstance(model, str) or not model.strip():
