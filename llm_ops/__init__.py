@@ -12,11 +12,18 @@ from importlib import metadata as _metadata
 from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
-from ._expr import ExprOptions, LlmNamespace, last_report
+from ._expr import ExprOptions, ExtractOptions, LlmNamespace, last_report
 from ._expr.frames import llm_classify, llm_extract, llm_filter
 from ._key import canonical_json, request_key
 from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
-from ._options import CallOptions, ClientOptions, EmbedOptions, Options, RequestOptions
+from ._options import (
+    AskOptions,
+    CallOptions,
+    ClientOptions,
+    EmbedOptions,
+    Options,
+    RequestOptions,
+)
 from ._pipeline.batch import BatchPart
 from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price, parse_pricing
@@ -46,6 +53,7 @@ __all__ = [
     "PRICES",
     "STATUSES",
     "STATUS_DTYPE",
+    "AskOptions",
     "BatchPart",
     "Cache",
     "CacheError",
@@ -58,6 +66,7 @@ __all__ = [
     "EmbedOptions",
     "Estimate",
     "ExprOptions",
+    "ExtractOptions",
     "JobAbortedError",
     "JobInterruptedError",
     "LlmNamespace",

@@ -31,8 +31,8 @@ from .exceptions import ConfigError
 def llm_complete(
     df: PolarsFrame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
@@ -41,8 +41,8 @@ def llm_complete(
 def llm_complete(
     df: PolarsFrame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
@@ -51,8 +51,8 @@ def llm_complete(
 def llm_complete(
     df: pa.Table,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
@@ -61,8 +61,8 @@ def llm_complete(
 def llm_complete(
     df: pa.Table,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
@@ -70,8 +70,8 @@ def llm_complete(
 def llm_complete(
     df: Frame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: bool = False,
     **options: Unpack[Options],
@@ -258,8 +258,8 @@ def llm_complete(
 async def llm_complete_async(
     df: PolarsFrame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
@@ -268,8 +268,8 @@ async def llm_complete_async(
 async def llm_complete_async(
     df: PolarsFrame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
@@ -278,8 +278,8 @@ async def llm_complete_async(
 async def llm_complete_async(
     df: pa.Table,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[False] = ...,
     **options: Unpack[Options],
@@ -288,8 +288,8 @@ async def llm_complete_async(
 async def llm_complete_async(
     df: pa.Table,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: Literal[True],
     **options: Unpack[Options],
@@ -297,8 +297,8 @@ async def llm_complete_async(
 async def llm_complete_async(
     df: Frame,
     /,
-    *,
     prompt: str,
+    *,
     model: ModelOption,
     return_report: bool = False,
     **options: Unpack[Options],
@@ -321,8 +321,8 @@ async def llm_complete_async(
 def llm_embed(
     df: PolarsFrame,
     /,
-    *,
     column: str,
+    *,
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
@@ -333,8 +333,8 @@ def llm_embed(
 def llm_embed(
     df: pa.Table,
     /,
-    *,
     column: str,
+    *,
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
@@ -344,8 +344,8 @@ def llm_embed(
 def llm_embed(
     df: Frame,
     /,
-    *,
     column: str,
+    *,
     model: str,
     output: str = "embedding",
     dimensions: int | None = None,
@@ -474,7 +474,7 @@ def _embed_later(
 
 
 def estimate(
-    df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[Options]
+    df: Any, /, prompt: str, *, model: ModelOption, **options: Unpack[Options]
 ) -> Estimate:
     """Plan a :func:`~llm_ops.llm_complete` job and price it; nothing is sent.
 

@@ -71,9 +71,9 @@ class ResultOptions(TypedDict, total=False):
     progress: ProgressOption
 
 
-class RequestOptions(ResultOptions, total=False):
-    """What one completion call says besides its prompt, model and output column: what the
-    ``llm`` expression namespace takes too (where the output is the expression's name)."""
+class AskOptions(ResultOptions, total=False):
+    """:class:`RequestOptions` but ``schema``: what ``llm_extract`` takes besides the schema,
+    which it names as a parameter of its own (positional, as ``llm_classify``'s labels)."""
 
     system: str | None
     max_tokens: int | None
@@ -81,7 +81,6 @@ class RequestOptions(ResultOptions, total=False):
     top_p: float | None
     seed: int | None
     stop: str | list[str] | None
-    schema: SchemaOption
     repair: bool
     rows_per_request: int
     pack_tokens: int | None
@@ -97,6 +96,13 @@ class RequestOptions(ResultOptions, total=False):
     batch_max_bytes: int
     batch_poll_seconds: float
     send_order: SendOrder
+
+
+class RequestOptions(AskOptions, total=False):
+    """What one completion call says besides its prompt, model and output column: what the
+    ``llm`` expression namespace takes too (where the output is the expression's name)."""
+
+    schema: SchemaOption
 
 
 class CallOptions(RequestOptions, total=False):

@@ -24,7 +24,7 @@ expressions).
 """
 
 from .asks import Output
-from .namespace import ExprOptions, LlmNamespace
+from .namespace import ExprOptions, ExtractOptions, LlmNamespace
 from .reports import last_report
 
-__all__ = ["ExprOptions", "LlmNamespace", "Output", "last_report"]
+__all__ = ["ExprOptions", "ExtractOptions", "LlmNamespace", "Output", "last_report"]

@@ -15,7 +15,7 @@ from typing import Any, Literal, cast
 import polars as pl
 from pydantic import BaseModel
 
-from .._options import Columns, Job, SchemaOption
+from .._options import Columns, Job
 from .._status import STATUS_DTYPE
 from ..exceptions import ConfigError
 from .values import escaped
@@ -100,12 +100,6 @@ def extraction(schema: object, value: str = "{}") -> Ask:
         schema=cast("type[BaseModel] | Mapping[str, Any]", schema),
         prompt=f"Extract the fields of the JSON schema from the text.\n\nText: {value}",
     )
-
-
-def one_schema(positional: SchemaOption, keyword: SchemaOption) -> SchemaOption:
-    if positional is not None and keyword is not None:
-        raise ConfigError("extract takes one schema: pass it as the first argument or schema=")
-    return positional if positional is not None else keyword
 
 
 def verdict() -> Ask:

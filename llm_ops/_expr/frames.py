@@ -22,8 +22,8 @@ from .._options import ModelOption, SchemaOption
 from .._report import RunReport
 from .._template import check_columns, parse_template
 from ..exceptions import ConfigError
-from . import ExprOptions
-from .asks import Ask, classification, extraction, one_schema, verdict
+from . import ExprOptions, ExtractOptions
+from .asks import Ask, classification, extraction, verdict
 from .batches import Completions, completion
 
 __all__ = ["llm_classify", "llm_extract", "llm_filter"]
@@ -262,71 +262,71 @@ def llm_classify(
 @overload
 def llm_extract(
     df: PolarsFrame,
-    column: str,
-    schema: SchemaOption = None,
     /,
+    column: str,
+    schema: SchemaOption,
     *,
     model: ModelOption,
     prompt: str | None = None,
     output: str = "extracted",
     return_report: Literal[False] = ...,
     client: Client | None = None,
-    **options: Unpack[ExprOptions],
+    **options: Unpack[ExtractOptions],
 ) -> PolarsFrame: ...
 @overload
 def llm_extract(
     df: PolarsFrame,
-    column: str,
-    schema: SchemaOption = None,
     /,
+    column: str,
+    schema: SchemaOption,
     *,
     model: ModelOption,
     prompt: str | None = None,
     output: str = "extracted",
     return_report: Literal[True],
     client: Client | None = None,
-    **options: Unpack[ExprOptions],
+    **options: Unpack[ExtractOptions],
 ) -> tuple[PolarsFrame, RunReport]: ...
 @overload
 def llm_extract(
     df: pa.Table,
-    column: str,
-    schema: SchemaOption = None,
     /,
+    column: str,
+    schema: SchemaOption,
     *,
     model: ModelOption,
     prompt: str | None = None,
     output: str = "extracted",
     return_report: Literal[False] = ...,
     client: Client | None = None,
-    **options: Unpack[ExprOptions],
+    **options: Unpack[ExtractOptions],
 ) -> pa.Table: ...
 @overload
 def llm_extract(
     df: pa.Table,
-    column: str,
-    schema: SchemaOption = None,
     /,
+    column: str,
+    schema: SchemaOption,
     *,
     model: ModelOption,
     prompt: str | None = None,
     output: str = "extracted",
     return_report: Literal[True],
     client: Client | None = None,
-    **options: Unpack[ExprOptions],
+    **options: Unpack[ExtractOptions],
 ) -> tuple[pa.Table, RunReport]: ...
 def llm_extract(
     df: Frame,
-    column: str,
-    schema: SchemaOption = None,
     /,
+    column: str,
+    schema: SchemaOption,
     *,
     model: ModelOption,
     prompt: str | None = None,
     output: str = "extracted",
     return_report: bool = False,
     client: Client | None = None,
-    **options: Unpack[ExprOptions],
+    **options: Unpack[ExtractOptions],
 ) -> Frame | tuple[Frame, RunReport]:
     """Extract the fields of ``schema`` from ``column``: a ``Struct`` column, with status and
     error.
@@ -373,7 +373,7 @@ def llm_extract(
     >>> orders["extracted_status"].to_list()
     ['ok', 'ok']
     """
-    ask = extraction(one_schema(schema, options.pop("schema", None)), _reference(column))
+    ask = extraction(schema, _reference(column))
     return _add_columns(
         df, column, prompt, model, output, return_report, client, options, ask, "llm_extract"
     )

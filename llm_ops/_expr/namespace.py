@@ -9,9 +9,16 @@ from typing import Unpack
 import polars as pl
 
 from .._client import Client
-from .._options import ClientOptions, EmbedOptions, ModelOption, RequestOptions, SchemaOption
+from .._options import (
+    AskOptions,
+    ClientOptions,
+    EmbedOptions,
+    ModelOption,
+    RequestOptions,
+    SchemaOption,
+)
 from ..exceptions import ConfigError, TemplateError
-from .asks import Output, classification, extraction, one_schema, text, verdict
+from .asks import Output, classification, extraction, text, verdict
 from .batches import completion, embedding
 
 
@@ -19,6 +26,11 @@ class ExprOptions(ClientOptions, RequestOptions, total=False):
     """The keyword options of the ``llm`` expressions and of ``llm_filter``, ``llm_classify``
     and ``llm_extract``: every option of :func:`~llm_ops.llm_complete` but ``output`` (an
     expression's name is its output; see :class:`llm_ops.Options`)."""
+
+
+class ExtractOptions(ClientOptions, AskOptions, total=False):
+    """The keyword options of ``.llm.extract`` and ``llm_extract``: those of
+    :class:`ExprOptions` but ``schema``, a parameter of their own."""
 
 
 @pl.api.register_expr_namespace("llm")
@@ -193,14 +205,13 @@ class LlmNamespace:
 
     def extract(
         self,
-        schema: SchemaOption = None,
-        /,
+        schema: SchemaOption,
         prompt: str | None = None,
         *,
         model: ModelOption,
         with_status: bool = False,
         client: Client | None = None,
-        **options: Unpack[ExprOptions],
+        **options: Unpack[ExtractOptions],
     ) -> pl.Expr:
         """Extract the fields of ``schema`` from every value; a ``Struct`` column of them.
 
@@ -244,7 +255,7 @@ class LlmNamespace:
         │ Extract the fields ┆ 95       │
         └────────────────────┴──────────┘
         """
-        ask = extraction(one_schema(schema, options.pop("schema", None)))
+        ask = extraction(schema)
         expr, _ = completion(
             self._expr, ask, prompt, "extract", model, _shape(with_status), client, options
         )
