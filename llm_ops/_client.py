@@ -30,14 +30,11 @@ from ._options import (
     connection_of,
     make_job,
 )
-from ._outcome import Outcome, Request
+from ._pipeline import batch_admin
 from ._pipeline.backend import Backend
 from ._pipeline.batch import BatchPart, BatchRunner
-from ._pipeline.dispatch import requests_for
 from ._pipeline.embed import embed_frame
 from ._pipeline.estimate import Estimate, estimate_frame
-from ._pipeline.persist import AnswerSink
-from ._pipeline.plan import plan_frame
 from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport
@@ -299,27 +296,14 @@ class Client:
         recorded batch into the cache with :meth:`collect_batches` (``llm-ops batches
         collect``).
         """
-        return self.run(self._submit(df, prompt, model, {**options, "mode": "batch"}))
-
-    async def _submit(
-        self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
-    ) -> list[BatchPart]:
-        job = self._job(prompt, model, options, columns=schema_of(df))
-        backend = await self.prepare()
-        plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
-        wanted = {request.key: request for request in requests_for(plan.misses, job)}
-
-        async def not_sent(request: Request, outcome: Outcome) -> None:
-            """A budget kept it from the batch; the rows say so when the job is collected."""
-
-        return await BatchRunner(job, backend).submit(wanted, not_sent)
+        job = self._job(prompt, model, {**options, "mode": "batch"}, columns=schema_of(df))
+        frame = to_polars(df)
+        return self.run(self._on_backend(lambda backend: batch_admin.submit(frame, job, backend)))
 
     def batches(self, *, job_id: str | None = None) -> list[BatchPart]:
         """The batches recorded in the cache (of one submission, or all) as last seen; see
         :meth:`refresh_batches` for the provider's current counts."""
-        if self.cache is None:
-            return []
-        return [BatchPart(**row) for row in self.cache.batch_parts(job_id=job_id)]
+        return batch_admin.recorded(self.cache, job_id=job_id)
 
     def refresh_batches(self, *, job_id: str | None = None) -> list[BatchPart]:
         """:meth:`batches`, with each live batch's state and counts asked of the provider."""
@@ -330,29 +314,11 @@ class Client:
         stream their answers into the cache; returns how many requests were collected.
         ``batch_poll_seconds``: the first wait between polls (it grows to a minute)."""
         parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
-
-        async def collect() -> int:
-            backend = await self.prepare()
-            collected = 0
-            for model in sorted({part.model for part in parts}):
-                same = [part for part in parts if part.model == model]
-                runner = self._batch_runner(
-                    model, same[0].endpoint, backend, poll_seconds=batch_poll_seconds
-                )
-                sink = AnswerSink(runner.job, backend)
-
-                async def keep(request: Request, outcome: Outcome, sink: AnswerSink = sink) -> None:
-                    sink.add(request, outcome)
-
-                try:
-                    await runner.resume(same, keep)
-                finally:
-                    if sink.cache is not None:
-                        await sink.cache.close()
-                collected += len(sink.outcomes)
-            return collected
-
-        return self.run(collect())
+        return self.run(
+            self._on_backend(
+                lambda backend: batch_admin.collect(parts, backend, poll_seconds=batch_poll_seconds)
+            )
+        )
 
     def cancel_batches(self, *, job_id: str) -> list[BatchPart]:
         """Cancel a submission's live batches; collect them afterwards to keep what they
@@ -360,33 +326,19 @@ class Client:
         return self._each_batch_part(job_id, BatchRunner.cancel)
 
     def _each_batch_part(
-        self, job_id: str | None, action: Callable[[BatchRunner, BatchPart], Awaitable[None]]
+        self, job_id: str | None, action: batch_admin.PartAction
     ) -> list[BatchPart]:
         """Ask the provider to ``action`` each recorded batch part; returns the parts."""
         parts = self.batches(job_id=job_id)
-
-        async def each() -> None:
-            runner = self._batch_runner("any", self.endpoint.identity, await self.prepare())
-            with runner.provider_errors():
-                for part in parts:
-                    await action(runner, part)
-
-        self.run(each())
+        endpoint = self.endpoint.identity
+        self.run(
+            self._on_backend(lambda backend: batch_admin.each(parts, endpoint, backend, action))
+        )
         return parts
 
-    def _batch_runner(
-        self, model: str, endpoint: str, backend: Backend, *, poll_seconds: float = 5.0
-    ) -> BatchRunner:
-        """A runner for batches made by any job: only the model and endpoint matter to
-        collecting them (the requests are read back from the batches' input files)."""
-        job = make_job(
-            prompt="{unused}",
-            model=model,
-            endpoint=endpoint,
-            cached=True,
-            options={"mode": "batch", "progress": False, "batch_poll_seconds": poll_seconds},
-        )
-        return BatchRunner(job, backend)
+    async def _on_backend(self, work: Callable[[Backend], Awaitable[T]]) -> T:
+        """``work`` on what :meth:`prepare` gives."""
+        return await work(await self.prepare())
 
     # -- the client's event loop --------------------------------------------------------------
 
