@@ -54,7 +54,9 @@ class Client:
     chunk of a table, each vector of a SQL query) shares what was learned about the endpoint:
     a ``Retry-After``, limits from ``x-ratelimit-*`` headers, a lowered concurrency. Its work
     runs on an event loop of its own, in a background thread, so the same client serves sync
-    and async callers. Use it as a context manager, or call :meth:`close`.
+    and async callers; the ``llm`` expressions given ``client=`` run on the thread Polars calls
+    them on, and send their requests through the same engine, on this loop. Use it as a
+    context manager, or call :meth:`close`.
 
     Parameters
     ----------
@@ -365,12 +367,31 @@ class Client:
         # round trip to /models
         loop = asyncio.get_running_loop()
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
+        return Backend(await self._ready_engine(models, prepared), self.cache)
+
+    async def lend_engine(self) -> Engine:
+        """This client's engine (the one :meth:`prepare` gives), for a job running on an
+        event loop of its own: the ``llm`` expressions, on the thread Polars calls them on.
+        The engine stays on this client's loop; such a job reaches it through
+        :meth:`Engine.hosted <llm_ops._engine.engine.Engine.hosted>`, which the dispatch
+        does for every attempt, so both kinds of job share one connection pool, one rate
+        limiter and one adaptive concurrency. Make the cache ready first (the job's thread
+        does it in place)."""
+        return await self.run_async(self._ready_engine(()))
+
+    async def _ready_engine(
+        self, models: Sequence[str], prepared: Awaitable[None] | None = None
+    ) -> Engine:
+        """The engine, made on this client's loop once, with ``models`` checked; a fresh
+        one resumes the concurrency the cache learned (once ``prepared``, the cache's
+        making ready, is done)."""
         fresh = self._engine is None
         try:
             if self._engine is None:
-                self._engine = self.new_engine()
+                self._engine = self._new_engine()
+            engine = self._engine
             if models:
-                await self._engine.check_models(models)
+                await engine.check_models(models)
         finally:
             if prepared is not None:
                 await prepared
@@ -379,13 +400,11 @@ class Client:
                 self.cache.learned_concurrency, self.endpoint.identity
             )
             if learned is not None:
-                self._engine.concurrency.resume(learned)
-        return Backend(self._engine, self.cache)
+                engine.concurrency.resume(learned)
+        return engine
 
-    def new_engine(self) -> Engine:
-        """An engine for this client's endpoint, limits and limiter, for the event loop it is
-        first used on: :meth:`prepare` makes one for the client's own loop, and the ``llm``
-        expressions one for the loop of the thread Polars runs them on."""
+    def _new_engine(self) -> Engine:
+        """The engine of this client's endpoint, limits and limiter, on the running loop."""
         limiter = None if self.limiter is None else self.limiter(self.limits)
         return Engine(self.endpoint, self.limits, limiter, self.connection)
 
