@@ -8,15 +8,16 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, overload
 
 import polars as pl
 
 from ._cache import Cache, resolve_cache_path
+from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
 from ._frames import Frame, same_kind, schema_of, to_polars
-from ._limits import Limiter
+from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
     LIMIT_OPTIONS,
     CallOptions,
@@ -38,7 +39,7 @@ from ._pipeline.estimate import Estimate, estimate_frame
 from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport
-from ._signals import graceful_sigterm
+from ._signals import graceful_sigterm, stopping_gently
 from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
 from ._template import render
 from .exceptions import ConfigError
@@ -65,6 +66,10 @@ class Client:
         ``concurrency``, ``max_attempts``, ``timeout``, ``rpm``, ``tpm``, ``flush_every``,
         ``flush_seconds``, ``merge_wait``: as for :func:`llm_ops.llm_complete` (see
         :class:`llm_ops.ClientOptions`).
+    quota
+        A rate budget shared beyond this process, which the client's rate limiter leases
+        from instead of keeping ``rpm``/``tpm`` of its own: what a Ray worker's client is
+        made with (see :mod:`llm_ops.ray`); ``None``, the default: the client's own.
 
     Examples
     --------
@@ -79,10 +84,14 @@ class Client:
     ['text', 'title', 'title_status', 'title_error']
     """
 
+    drain_seconds: ClassVar[float] = DRAIN_SECONDS
+    """How long, at most, a stopped job (SIGTERM, Ctrl-C, a cancelled task) lets what is in
+    flight be answered before it drops it."""
+
     def __init__(
         self,
         *,
-        limiter: Callable[[Limits], Limiter] | None = None,
+        quota: QuotaLink | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
         unknown = set(options) - ClientOptions.__optional_keys__
@@ -109,9 +118,9 @@ class Client:
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._starting = threading.Lock()
-        # A limiter shared beyond this process (a cluster's quota: see llm_ops.ray), made on
-        # the client's loop with the engine; None: the engine's own.
-        self.limiter = limiter
+        # A rate budget shared beyond this process (a cluster's quota: see llm_ops.ray), which
+        # the engine's limiter leases from; None: the engine's own budget.
+        self.quota = quota
 
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
@@ -404,8 +413,10 @@ class Client:
         return engine
 
     def _new_engine(self) -> Engine:
-        """The engine of this client's endpoint, limits and limiter, on the running loop."""
-        limiter = None if self.limiter is None else self.limiter(self.limits)
+        """The engine of this client's endpoint, limits and quota, on the running loop."""
+        limiter = None
+        if self.quota is not None:
+            limiter = LeasedLimiter(self.quota, rpm=self.limits.rpm, tpm=self.limits.tpm)
         return Engine(self.endpoint, self.limits, limiter, self.connection)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -436,6 +447,22 @@ class Client:
             job.cancel()
             await asyncio.wrap_future(job.ended)
             raise
+
+    def call_stopped_gently(self, call: Callable[[], T]) -> T:
+        """``call()`` (sync code running jobs on this client), on a thread of its own, so that
+        a KeyboardInterrupt here (how Ray cancels a task) stops this process's jobs as SIGTERM
+        does: nothing new is sent, what is in flight is answered and kept (for at most
+        :attr:`drain_seconds`), and then the interrupt goes on. SIGTERM drains them too."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool, graceful_sigterm():
+            calling = pool.submit(call)
+            try:
+                while True:  # a KeyboardInterrupt is only raised between waits
+                    with contextlib.suppress(concurrent.futures.TimeoutError):
+                        return calling.result(timeout=0.1)
+            except KeyboardInterrupt:
+                with stopping_gently():
+                    concurrent.futures.wait([calling])
+                raise
 
     def close(self) -> None:
         """Close the connection pool and stop the client's loop; the client cannot be used
