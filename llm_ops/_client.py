@@ -8,15 +8,16 @@ import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar, Unpack, overload
+from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, overload
 
 import polars as pl
 
 from ._cache import Cache, resolve_cache_path
+from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
 from ._frames import Frame, same_kind, schema_of, to_polars
-from ._limits import Limiter
+from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
     LIMIT_OPTIONS,
     CallOptions,
@@ -30,18 +31,15 @@ from ._options import (
     connection_of,
     make_job,
 )
-from ._outcome import Outcome, Request
+from ._pipeline import batch_admin
 from ._pipeline.backend import Backend
 from ._pipeline.batch import BatchPart, BatchRunner
-from ._pipeline.dispatch import requests_for
 from ._pipeline.embed import embed_frame
 from ._pipeline.estimate import Estimate, estimate_frame
-from ._pipeline.persist import AnswerSink
-from ._pipeline.plan import plan_frame
 from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport
-from ._signals import graceful_sigterm
+from ._signals import graceful_sigterm, stopping_gently
 from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
 from ._template import render
 from .exceptions import ConfigError
@@ -57,7 +55,9 @@ class Client:
     chunk of a table, each vector of a SQL query) shares what was learned about the endpoint:
     a ``Retry-After``, limits from ``x-ratelimit-*`` headers, a lowered concurrency. Its work
     runs on an event loop of its own, in a background thread, so the same client serves sync
-    and async callers. Use it as a context manager, or call :meth:`close`.
+    and async callers; the ``llm`` expressions given ``client=`` run on the thread Polars calls
+    them on, and send their requests through the same engine, on this loop. Use it as a
+    context manager, or call :meth:`close`.
 
     Parameters
     ----------
@@ -66,6 +66,10 @@ class Client:
         ``concurrency``, ``max_attempts``, ``timeout``, ``rpm``, ``tpm``, ``flush_every``,
         ``flush_seconds``, ``merge_wait``: as for :func:`llm_ops.llm_complete` (see
         :class:`llm_ops.ClientOptions`).
+    quota
+        A rate budget shared beyond this process, which the client's rate limiter leases
+        from instead of keeping ``rpm``/``tpm`` of its own: what a Ray worker's client is
+        made with (see :mod:`llm_ops.ray`); ``None``, the default: the client's own.
 
     Examples
     --------
@@ -80,10 +84,14 @@ class Client:
     ['text', 'title', 'title_status', 'title_error']
     """
 
+    drain_seconds: ClassVar[float] = DRAIN_SECONDS
+    """How long, at most, a stopped job (SIGTERM, Ctrl-C, a cancelled task) lets what is in
+    flight be answered before it drops it."""
+
     def __init__(
         self,
         *,
-        limiter: Callable[[Limits], Limiter] | None = None,
+        quota: QuotaLink | None = None,
         **options: Unpack[ClientOptions],
     ) -> None:
         unknown = set(options) - ClientOptions.__optional_keys__
@@ -110,9 +118,9 @@ class Client:
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
         self._starting = threading.Lock()
-        # A limiter shared beyond this process (a cluster's quota: see llm_ops.ray), made on
-        # the client's loop with the engine; None: the engine's own.
-        self.limiter = limiter
+        # A rate budget shared beyond this process (a cluster's quota: see llm_ops.ray), which
+        # the engine's limiter leases from; None: the engine's own budget.
+        self.quota = quota
 
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
@@ -299,27 +307,14 @@ class Client:
         recorded batch into the cache with :meth:`collect_batches` (``llm-ops batches
         collect``).
         """
-        return self.run(self._submit(df, prompt, model, {**options, "mode": "batch"}))
-
-    async def _submit(
-        self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
-    ) -> list[BatchPart]:
-        job = self._job(prompt, model, options, columns=schema_of(df))
-        backend = await self.prepare()
-        plan = await asyncio.to_thread(plan_frame, to_polars(df), job.spec, backend.cache)
-        wanted = {request.key: request for request in requests_for(plan.misses, job)}
-
-        async def not_sent(request: Request, outcome: Outcome) -> None:
-            """A budget kept it from the batch; the rows say so when the job is collected."""
-
-        return await BatchRunner(job, backend).submit(wanted, not_sent)
+        job = self._job(prompt, model, {**options, "mode": "batch"}, columns=schema_of(df))
+        frame = to_polars(df)
+        return self.run(self._on_backend(lambda backend: batch_admin.submit(frame, job, backend)))
 
     def batches(self, *, job_id: str | None = None) -> list[BatchPart]:
         """The batches recorded in the cache (of one submission, or all) as last seen; see
         :meth:`refresh_batches` for the provider's current counts."""
-        if self.cache is None:
-            return []
-        return [BatchPart(**row) for row in self.cache.batch_parts(job_id=job_id)]
+        return batch_admin.recorded(self.cache, job_id=job_id)
 
     def refresh_batches(self, *, job_id: str | None = None) -> list[BatchPart]:
         """:meth:`batches`, with each live batch's state and counts asked of the provider."""
@@ -330,29 +325,11 @@ class Client:
         stream their answers into the cache; returns how many requests were collected.
         ``batch_poll_seconds``: the first wait between polls (it grows to a minute)."""
         parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
-
-        async def collect() -> int:
-            backend = await self.prepare()
-            collected = 0
-            for model in sorted({part.model for part in parts}):
-                same = [part for part in parts if part.model == model]
-                runner = self._batch_runner(
-                    model, same[0].endpoint, backend, poll_seconds=batch_poll_seconds
-                )
-                sink = AnswerSink(runner.job, backend)
-
-                async def keep(request: Request, outcome: Outcome, sink: AnswerSink = sink) -> None:
-                    sink.add(request, outcome)
-
-                try:
-                    await runner.resume(same, keep)
-                finally:
-                    if sink.cache is not None:
-                        await sink.cache.close()
-                collected += len(sink.outcomes)
-            return collected
-
-        return self.run(collect())
+        return self.run(
+            self._on_backend(
+                lambda backend: batch_admin.collect(parts, backend, poll_seconds=batch_poll_seconds)
+            )
+        )
 
     def cancel_batches(self, *, job_id: str) -> list[BatchPart]:
         """Cancel a submission's live batches; collect them afterwards to keep what they
@@ -360,33 +337,19 @@ class Client:
         return self._each_batch_part(job_id, BatchRunner.cancel)
 
     def _each_batch_part(
-        self, job_id: str | None, action: Callable[[BatchRunner, BatchPart], Awaitable[None]]
+        self, job_id: str | None, action: batch_admin.PartAction
     ) -> list[BatchPart]:
         """Ask the provider to ``action`` each recorded batch part; returns the parts."""
         parts = self.batches(job_id=job_id)
-
-        async def each() -> None:
-            runner = self._batch_runner("any", self.endpoint.identity, await self.prepare())
-            with runner.provider_errors():
-                for part in parts:
-                    await action(runner, part)
-
-        self.run(each())
+        endpoint = self.endpoint.identity
+        self.run(
+            self._on_backend(lambda backend: batch_admin.each(parts, endpoint, backend, action))
+        )
         return parts
 
-    def _batch_runner(
-        self, model: str, endpoint: str, backend: Backend, *, poll_seconds: float = 5.0
-    ) -> BatchRunner:
-        """A runner for batches made by any job: only the model and endpoint matter to
-        collecting them (the requests are read back from the batches' input files)."""
-        job = make_job(
-            prompt="{unused}",
-            model=model,
-            endpoint=endpoint,
-            cached=True,
-            options={"mode": "batch", "progress": False, "batch_poll_seconds": poll_seconds},
-        )
-        return BatchRunner(job, backend)
+    async def _on_backend(self, work: Callable[[Backend], Awaitable[T]]) -> T:
+        """``work`` on what :meth:`prepare` gives."""
+        return await work(await self.prepare())
 
     # -- the client's event loop --------------------------------------------------------------
 
@@ -413,12 +376,31 @@ class Client:
         # round trip to /models
         loop = asyncio.get_running_loop()
         prepared = None if self.cache is None else loop.run_in_executor(None, self.cache.prepare)
+        return Backend(await self._ready_engine(models, prepared), self.cache)
+
+    async def lend_engine(self) -> Engine:
+        """This client's engine (the one :meth:`prepare` gives), for a job running on an
+        event loop of its own: the ``llm`` expressions, on the thread Polars calls them on.
+        The engine stays on this client's loop; such a job reaches it through
+        :meth:`Engine.hosted <llm_ops._engine.engine.Engine.hosted>`, which the dispatch
+        does for every attempt, so both kinds of job share one connection pool, one rate
+        limiter and one adaptive concurrency. Make the cache ready first (the job's thread
+        does it in place)."""
+        return await self.run_async(self._ready_engine(()))
+
+    async def _ready_engine(
+        self, models: Sequence[str], prepared: Awaitable[None] | None = None
+    ) -> Engine:
+        """The engine, made on this client's loop once, with ``models`` checked; a fresh
+        one resumes the concurrency the cache learned (once ``prepared``, the cache's
+        making ready, is done)."""
         fresh = self._engine is None
         try:
             if self._engine is None:
-                self._engine = self.new_engine()
+                self._engine = self._new_engine()
+            engine = self._engine
             if models:
-                await self._engine.check_models(models)
+                await engine.check_models(models)
         finally:
             if prepared is not None:
                 await prepared
@@ -427,14 +409,14 @@ class Client:
                 self.cache.learned_concurrency, self.endpoint.identity
             )
             if learned is not None:
-                self._engine.concurrency.resume(learned)
-        return Backend(self._engine, self.cache)
+                engine.concurrency.resume(learned)
+        return engine
 
-    def new_engine(self) -> Engine:
-        """An engine for this client's endpoint, limits and limiter, for the event loop it is
-        first used on: :meth:`prepare` makes one for the client's own loop, and the ``llm``
-        expressions one for the loop of the thread Polars runs them on."""
-        limiter = None if self.limiter is None else self.limiter(self.limits)
+    def _new_engine(self) -> Engine:
+        """The engine of this client's endpoint, limits and quota, on the running loop."""
+        limiter = None
+        if self.quota is not None:
+            limiter = LeasedLimiter(self.quota, rpm=self.limits.rpm, tpm=self.limits.tpm)
         return Engine(self.endpoint, self.limits, limiter, self.connection)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -465,6 +447,22 @@ class Client:
             job.cancel()
             await asyncio.wrap_future(job.ended)
             raise
+
+    def call_stopped_gently(self, call: Callable[[], T]) -> T:
+        """``call()`` (sync code running jobs on this client), on a thread of its own, so that
+        a KeyboardInterrupt here (how Ray cancels a task) stops this process's jobs as SIGTERM
+        does: nothing new is sent, what is in flight is answered and kept (for at most
+        :attr:`drain_seconds`), and then the interrupt goes on. SIGTERM drains them too."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool, graceful_sigterm():
+            calling = pool.submit(call)
+            try:
+                while True:  # a KeyboardInterrupt is only raised between waits
+                    with contextlib.suppress(concurrent.futures.TimeoutError):
+                        return calling.result(timeout=0.1)
+            except KeyboardInterrupt:
+                with stopping_gently():
+                    concurrent.futures.wait([calling])
+                raise
 
     def close(self) -> None:
         """Close the connection pool and stop the client's loop; the client cannot be used

@@ -2,7 +2,8 @@
 
 A single-event-loop object (no thread safety needed), per endpoint, so a ``Retry-After`` from
 one answer pauses every sender together. How many requests are in flight is
-:mod:`llm_ops._concurrency`'s.
+:mod:`llm_ops._concurrency`'s. Processes sharing one budget (a cluster's workers) each lease
+from a :class:`SharedQuota` living in one of them, through a :class:`LeasedLimiter`.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class _Budget:
 
 class LeasedBudget(_Budget):
     """A budget that time does not refill: what was leased from a budget shared with other
-    processes (see :class:`llm_ops.ray.LeasedLimiter`), spent as :class:`RateLimiter` spends
+    processes (see :class:`LeasedLimiter`), spent as :class:`RateLimiter` spends
     its own."""
 
     def __init__(self) -> None:
@@ -137,7 +138,7 @@ class SlowStart:
 
 class Limiter(Protocol):
     """What the engine asks of a rate limiter: this process's :class:`RateLimiter`, or one
-    that leases from a budget shared by a cluster's workers (:mod:`llm_ops.ray`)."""
+    that leases from a budget shared by a cluster's workers (:class:`LeasedLimiter`)."""
 
     @property
     def tpm(self) -> float | None: ...
@@ -320,3 +321,141 @@ def _tighter(a: float | None, b: float | None) -> float | None:
     if b is None:
         return a
     return min(a, b)
+
+
+# -- a budget shared by many processes ----------------------------------------------------------
+
+LEASE_SECONDS = 0.25  # a lease covers about this long of the budget
+CHECK_SECONDS = 1.0  # an unlimited limiter asks this often whether another learned a limit
+
+
+class SharedQuota:
+    """A rate budget shared by many processes (a cluster's workers): the configured limits,
+    those any of them learned from the endpoint's headers, and every pause, in one place,
+    handed out in leases (see :class:`LeasedLimiter`). It lives in one process (a Ray actor:
+    :class:`llm_ops.ray.Quota`); the others reach it through a :class:`QuotaLink`."""
+
+    def __init__(self, rpm: float | None, tpm: float | None):
+        self.limiter = RateLimiter(rpm=rpm, tpm=tpm)
+
+    def limits(self) -> tuple[float | None, float | None]:
+        return self.limiter.rpm, self.limiter.tpm
+
+    def lease(self, requests: int, tokens: int) -> tuple[int, int, float]:
+        """Up to ``requests`` requests and ``tokens`` tokens, what the budgets hold now:
+        (requests granted, tokens granted, seconds to wait when nothing could be)."""
+        limiter, now = self.limiter, time.monotonic()
+        if now < limiter.paused_until:
+            return 0, 0, limiter.paused_until - now
+        per_request, per_token = limiter.requests, limiter.tokens
+        granted_requests, granted_tokens = requests, tokens
+        if per_request is not None:
+            per_request.wait_for(0)  # refills
+            granted_requests = min(requests, int(per_request.level))
+        if per_token is not None:
+            per_token.wait_for(0)
+            granted_tokens = min(tokens, max(0, int(per_token.level)))
+        if granted_requests < 1 or (per_token is not None and granted_tokens < 1):
+            wait = max(
+                per_request.wait_for(1) if per_request else 0.0,
+                per_token.wait_for(1) if per_token else 0.0,
+            )
+            return 0, 0, max(wait, 0.01)
+        if per_request is not None:
+            per_request.take(granted_requests)
+        if per_token is not None:
+            per_token.take(granted_tokens)
+        return granted_requests, granted_tokens, 0.0
+
+    def observe(self, headers: dict[str, str]) -> None:
+        self.limiter.observe(headers)
+
+    def pause(self, seconds: float) -> None:
+        self.limiter.pause(seconds)
+
+
+class QuotaLink(Protocol):
+    """How a process reaches a :class:`SharedQuota` living in another one: its limits and
+    leases awaited, what the endpoint said told without waiting."""
+
+    async def limits(self) -> tuple[float | None, float | None]: ...
+
+    async def lease(self, requests: int, tokens: int) -> tuple[int, int, float]: ...
+
+    def observe(self, headers: dict[str, str]) -> None: ...
+
+    def pause(self, seconds: float) -> None: ...
+
+
+class LeasedLimiter(RateLimiter):
+    """A rate limiter of one of many processes: :class:`RateLimiter`'s admission, over budgets
+    that leases from a :class:`SharedQuota` (through ``quota``) refill instead of time; it
+    tells the quota what the endpoint says (limits, ``Retry-After``)."""
+
+    def __init__(self, quota: QuotaLink, *, rpm: float | None, tpm: float | None):
+        super().__init__(rpm=None, tpm=None, slow_start=False)  # the quota paces them all
+        self.quota = quota
+        self._checked = -CHECK_SECONDS
+        self._told: dict[str, str] = {}  # header values the quota has heard
+        self._leasing = asyncio.Lock()
+        self._limit(rpm, tpm)
+
+    def _limit(self, rpm: float | None, tpm: float | None) -> None:
+        """The shared limits: unlimited needs no lease; else requests are leased, and tokens
+        too under a tokens-per-minute limit."""
+        self.user_rpm, self.user_tpm = rpm, tpm
+        limited = rpm is not None or tpm is not None
+        self.requests = (self.requests or LeasedBudget()) if limited else None
+        self.tokens = (self.tokens or LeasedBudget()) if tpm is not None else None
+
+    async def admit(self, tokens: int) -> None:
+        await self._learn_limits()
+        await super().admit(tokens)
+
+    async def _learn_limits(self) -> None:
+        """Ask the quota for the shared limits, at most every :data:`CHECK_SECONDS`, so an
+        unlimited process hears of a limit another one learned."""
+        now = time.monotonic()
+        if now - self._checked > CHECK_SECONDS:
+            # Each sender asks before it goes: none goes unleased on limits not yet known.
+            self._limit(*await self.quota.limits())
+            self._checked = now
+
+    async def refill(self, wait: float, tokens: int) -> None:
+        """Lease about :data:`LEASE_SECONDS` of the shared budget, or wait as long as the
+        quota says nothing can be leased."""
+        await self._learn_limits()
+        async with self._leasing:
+            if self.shortfall(tokens) <= 0:  # another sender leased meanwhile
+                return
+            block = max(1, round((self.rpm or 240) * LEASE_SECONDS / 60))
+            granted, more_tokens, empty_for = await self.quota.lease(block, block * tokens)
+            if self.requests is not None:
+                self.requests.level += granted
+            if self.tokens is not None:
+                self.tokens.level += more_tokens
+            if empty_for:
+                await asyncio.sleep(empty_for)
+
+    def pause(self, seconds: float) -> None:
+        super().pause(seconds)
+        self.quota.pause(seconds)
+
+    def observe(self, headers: Mapping[str, str]) -> None:
+        """Tell the quota what the endpoint's rate headers say, when it changes."""
+        said = {
+            name: value
+            for name, value in headers.items()
+            if name.lower().startswith("x-ratelimit-limit-")
+        }
+        exhausted = any(
+            headers.get(f"x-ratelimit-remaining-{kind}", "").strip() == "0"
+            for kind in ("requests", "tokens")
+        )
+        if said and said != self._told:
+            self._told = said
+            self._checked = -CHECK_SECONDS  # ask for the limits again before the next lease
+            self.quota.observe(dict(headers))
+        elif exhausted:
+            reset = parse_duration(headers.get("x-ratelimit-reset-requests", "") or "1")
+            self.pause(min(reset or 1.0, 1.0))

@@ -34,32 +34,19 @@ What is shared, and how:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ._cache import Cache
 from ._client import Client
-from ._engine.dispatcher import DRAIN_SECONDS
-from ._journal import JournalWriter
-from ._limits import LeasedBudget, RateLimiter, parse_duration
-from ._options import Job
 from ._report import RunReport
-from ._signals import graceful_sigterm, stopping_gently
-from ._spec import Limits
 from .exceptions import ConfigError, LlmOpsError
-from .tables import Counters, Table, send_chunk
+from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
 
 __all__ = ["Quota", "connect", "run_on_ray", "send_chunks"]
 
-LEASE_SECONDS = 0.25  # a lease covers about this long of the budget
-CHECK_SECONDS = 1.0  # an unlimited worker asks this often whether another learned a limit
 OnChunk = Callable[[int, int, Counters], None]
 
 
@@ -250,14 +237,14 @@ def send_chunks(
 def _stop(running: list[Any]) -> None:
     """Stop the chunks still running after one failed. Gently first: a cancelled task stops
     sending, lets what is in flight be answered and writes its answers to its journal (see
-    :func:`_stopped_gently_on_cancel`), which killing its process would lose; only those still
-    running after the drain are killed."""
+    :func:`_send_chunk`), which killing its process would lose; only those still running
+    after the drain are killed."""
     if not running:
         return
     ray = _ray()
     for ref in running:
         ray.cancel(ref)
-    _, stuck = ray.wait(running, num_returns=len(running), timeout=DRAIN_SECONDS + 5)
+    _, stuck = ray.wait(running, num_returns=len(running), timeout=Client.drain_seconds + 5)
     for ref in stuck:
         ray.cancel(ref, force=True)
 
@@ -280,7 +267,7 @@ class _Work:
     """What every chunk task of one run needs."""
 
     client_options: dict[str, Any] = dataclasses.field(repr=False)  # holds the key
-    job: Job
+    job: Any  # the table's Job, without its progress
     answers: str
     flush_every: int
     flush_seconds: float
@@ -289,88 +276,19 @@ class _Work:
 
 def _send_chunk(work: _Work, chunk: str) -> Counters:
     """One chunk, on a worker: its answers go to the work directory, its requests under the
-    cluster's quota."""
-    client = Client(limiter=lambda limits: LeasedLimiter(work.quota, limits), **work.client_options)
+    cluster's quota. Ray cancels a task with a KeyboardInterrupt in the main thread: the
+    chunk then stops as on SIGTERM (see :meth:`Client.call_stopped_gently`), so what is in
+    flight is answered and journalled within the drain time the driver waits before it
+    kills the worker."""
+    client = Client(quota=_QuotaOfTheCluster(work.quota), **work.client_options)
     store = WorkerStore(
         Path(work.answers), flush_every=work.flush_every, flush_seconds=work.flush_seconds
     )
     with client:
-        return _stopped_gently_on_cancel(lambda: send_chunk(client, work.job, store, chunk))
+        return client.call_stopped_gently(lambda: send_chunk(client, work.job, store, chunk))
 
 
-def _stopped_gently_on_cancel(send: Callable[[], Counters]) -> Counters:
-    """``send()``, on a thread of its own: Ray cancels a task with a KeyboardInterrupt in the
-    main thread, which a client takes for Ctrl-C and drops what is in flight, answers the
-    endpoint gave (and bills) included. Here it stops the chunk as SIGTERM does instead:
-    nothing new is sent, what is in flight is answered and journalled, within the drain time
-    the driver waits before it kills the worker."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool, graceful_sigterm():
-        sending = pool.submit(send)
-        try:
-            while True:  # a KeyboardInterrupt is only raised between waits
-                with contextlib.suppress(concurrent.futures.TimeoutError):
-                    return sending.result(timeout=0.1)
-        except KeyboardInterrupt:
-            with stopping_gently():
-                concurrent.futures.wait([sending])
-            raise
-
-
-class WorkerStore(Cache):
-    """A worker's cache: answers appended to its own journal files in the shared work
-    directory, for the driver to merge; the cache file itself is never opened.
-
-    Examples
-    --------
-    What a chunk task does on a worker, here without Ray: a client of its own, without a
-    cache, sends the chunk, and the answers wait in the work directory until the driver
-    adopts them into the cache.
-
-    >>> import tempfile
-    >>> from pathlib import Path
-    >>> import polars as pl
-    >>> from llm_ops import Client
-    >>> from llm_ops.ray import WorkerStore
-    >>> from llm_ops.tables import Table, send_chunk
-    >>> from llm_ops.testing import LocalEndpoint
-    >>> work = tempfile.TemporaryDirectory()
-    >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
-    >>> pl.DataFrame({"text": ["Runs small", "Lovely fabric"]}).write_parquet(reviews)
-    >>> cache = Path(work.name, "cache.duckdb")
-    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
-    ...     table = Table(c, reviews, out, prompt="Summarize: {text}", model="sim")
-    ...     chunk = table.plan().chunks[0]
-    ...     store = WorkerStore(table.answers_dir, flush_every=32, flush_seconds=2.0)
-    ...     with Client(base_url=endpoint.base_url, cache=False) as worker:
-    ...         taken = send_chunk(worker, table.job, store, chunk)
-    ...     journalled = len(list(table.answers_dir.glob("*.jsonl")))
-    ...     hits_before = table.estimate().cache_hits
-    ...     table.cache.adopt(table.answers_dir, wait=2.0)  # on the driver
-    ...     hits_after = table.estimate().cache_hits
-    >>> taken.sent, journalled, hits_before, hits_after
-    (2, 1, 0, 2)
-    >>> work.cleanup()
-    """
-
-    def __init__(self, directory: Path, *, flush_every: int, flush_seconds: float):
-        super().__init__(
-            directory / "never-opened.duckdb", flush_every=flush_every, flush_seconds=flush_seconds
-        )
-        self.journal = directory
-
-    def prepare(self) -> None:
-        self.journal.mkdir(parents=True, exist_ok=True)
-
-    def writer(self) -> JournalWriter:
-        return JournalWriter(self.journal, merge=_left_to_the_driver, merge_every=self.flush_every)
-
-
-def _left_to_the_driver(files: Any, wait: float) -> str | None:
-    """A worker's journal files stay where they are: the driver merges them."""
-    return None
-
-
-class Quota:
+class Quota(SharedQuota):
     """The cluster's rate budget (a Ray actor): the configured limits, those any worker
     learned from the endpoint's headers, and every pause, in one place.
 
@@ -392,114 +310,24 @@ class Quota:
     (0, 0, True)
     """
 
-    def __init__(self, rpm: float | None, tpm: float | None):
-        self.limiter = RateLimiter(rpm=rpm, tpm=tpm)
 
-    def limits(self) -> tuple[float | None, float | None]:
-        return self.limiter.rpm, self.limiter.tpm
+class _QuotaOfTheCluster:
+    """How a worker's client reaches the cluster's :class:`Quota` actor (a
+    :class:`~llm_ops.Client`'s ``quota``): leases and limits awaited, the rest told."""
 
-    def lease(self, requests: int, tokens: int) -> tuple[int, int, float]:
-        """Up to ``requests`` requests and ``tokens`` tokens, what the budgets hold now:
-        (requests granted, tokens granted, seconds to wait when nothing could be)."""
-        limiter, now = self.limiter, time.monotonic()
-        if now < limiter.paused_until:
-            return 0, 0, limiter.paused_until - now
-        per_request, per_token = limiter.requests, limiter.tokens
-        granted_requests, granted_tokens = requests, tokens
-        if per_request is not None:
-            per_request.wait_for(0)  # refills
-            granted_requests = min(requests, int(per_request.level))
-        if per_token is not None:
-            per_token.wait_for(0)
-            granted_tokens = min(tokens, max(0, int(per_token.level)))
-        if granted_requests < 1 or (per_token is not None and granted_tokens < 1):
-            wait = max(
-                per_request.wait_for(1) if per_request else 0.0,
-                per_token.wait_for(1) if per_token else 0.0,
-            )
-            return 0, 0, max(wait, 0.01)
-        if per_request is not None:
-            per_request.take(granted_requests)
-        if per_token is not None:
-            per_token.take(granted_tokens)
-        return granted_requests, granted_tokens, 0.0
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    async def limits(self) -> tuple[float | None, float | None]:
+        limits: tuple[float | None, float | None] = await self.actor.limits.remote()
+        return limits
+
+    async def lease(self, requests: int, tokens: int) -> tuple[int, int, float]:
+        granted: tuple[int, int, float] = await self.actor.lease.remote(requests, tokens)
+        return granted
 
     def observe(self, headers: dict[str, str]) -> None:
-        self.limiter.observe(headers)
+        self.actor.observe.remote(headers)
 
     def pause(self, seconds: float) -> None:
-        self.limiter.pause(seconds)
-
-
-class LeasedLimiter(RateLimiter):
-    """A worker's rate limiter: :class:`RateLimiter`'s admission, over budgets that leases
-    from the cluster's :class:`Quota` refill instead of time; it tells the quota what the
-    endpoint says (limits, ``Retry-After``)."""
-
-    def __init__(self, quota: Any, limits: Limits):
-        super().__init__(rpm=None, tpm=None, slow_start=False)  # the quota paces the cluster
-        self.quota = quota
-        self._checked = -CHECK_SECONDS
-        self._told: dict[str, str] = {}  # header values the quota has heard
-        self._leasing = asyncio.Lock()
-        self._limit(limits.rpm, limits.tpm)
-
-    def _limit(self, rpm: float | None, tpm: float | None) -> None:
-        """The cluster's limits: unlimited needs no lease; else requests are leased, and
-        tokens too under a tokens-per-minute limit."""
-        self.user_rpm, self.user_tpm = rpm, tpm
-        limited = rpm is not None or tpm is not None
-        self.requests = (self.requests or LeasedBudget()) if limited else None
-        self.tokens = (self.tokens or LeasedBudget()) if tpm is not None else None
-
-    async def admit(self, tokens: int) -> None:
-        await self._learn_limits()
-        await super().admit(tokens)
-
-    async def _learn_limits(self) -> None:
-        """Ask the quota for the cluster's limits, at most every :data:`CHECK_SECONDS`, so
-        an unlimited worker hears of a limit another one learned."""
-        now = time.monotonic()
-        if now - self._checked > CHECK_SECONDS:
-            # Each sender asks before it goes: none goes unleased on limits not yet known.
-            self._limit(*await self.quota.limits.remote())
-            self._checked = now
-
-    async def refill(self, wait: float, tokens: int) -> None:
-        """Lease about :data:`LEASE_SECONDS` of the cluster's budget, or wait as long as the
-        quota says nothing can be leased."""
-        await self._learn_limits()
-        async with self._leasing:
-            if self.shortfall(tokens) <= 0:  # another sender leased meanwhile
-                return
-            block = max(1, round((self.rpm or 240) * LEASE_SECONDS / 60))
-            granted, more_tokens, empty_for = await self.quota.lease.remote(block, block * tokens)
-            if self.requests is not None:
-                self.requests.level += granted
-            if self.tokens is not None:
-                self.tokens.level += more_tokens
-            if empty_for:
-                await asyncio.sleep(empty_for)
-
-    def pause(self, seconds: float) -> None:
-        super().pause(seconds)
-        self.quota.pause.remote(seconds)
-
-    def observe(self, headers: Mapping[str, str]) -> None:
-        """Tell the quota what the endpoint's rate headers say, when it changes."""
-        said = {
-            name: value
-            for name, value in headers.items()
-            if name.lower().startswith("x-ratelimit-limit-")
-        }
-        exhausted = any(
-            headers.get(f"x-ratelimit-remaining-{kind}", "").strip() == "0"
-            for kind in ("requests", "tokens")
-        )
-        if said and said != self._told:
-            self._told = said
-            self._checked = -CHECK_SECONDS  # ask for the limits again before the next lease
-            self.quota.observe.remote(dict(headers))
-        elif exhausted:
-            reset = parse_duration(headers.get("x-ratelimit-reset-requests", "") or "1")
-            self.pause(min(reset or 1.0, 1.0))
+        self.actor.pause.remote(seconds)

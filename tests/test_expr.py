@@ -269,6 +269,23 @@ def test_a_client_of_your_own_is_used(endpoint, cache):
     assert len(keys(cache)) == 2
 
 
+def test_an_expression_sends_on_its_clients_connection_pool(endpoint):
+    """A frame job, then an expression on the same client: the expression's requests go out on
+    the client's engine, so on the keep-alive connections the job opened, and no more open
+    than the concurrency allows (an engine of its own would open as many again)."""
+    endpoint.configure(latency=0.05)  # requests overlap: the job opens several connections
+    first = pl.DataFrame({"text": [f"first {i}" for i in range(24)]})
+    second = pl.DataFrame({"text": [f"second {i}" for i in range(24)]})
+    with Client(base_url=endpoint.base_url, cache=False, concurrency=4) as client:
+        client.complete(first, prompt="{text}", model="sim")
+        after_job = endpoint.stats()["connections"]
+        second.select(pl.col("text").llm.complete("{}", model="sim", client=client))
+        after_both = endpoint.stats()
+    assert after_both["requests"] == 48
+    assert 2 <= after_job <= 4
+    assert after_both["connections"] == after_job
+
+
 def test_the_typed_accessor_is_the_namespace(options):
     out = TEXTS.select(llm(pl.col("text")).complete("Summarize: {}", **options))
     assert out.equals(TEXTS.select(pl.col("text").llm.complete("Summarize: {}", **options)))

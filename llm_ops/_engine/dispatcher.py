@@ -15,7 +15,7 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -112,7 +112,7 @@ class Dispatcher:
         Raises :class:`JobAbortedError` once in-flight requests settle if the endpoint refused
         the job (credentials, quota); requests not yet started are then never sent.
         """
-        await self.engine.check_models((self.model,))
+        await self.engine.hosted(self.engine.check_models((self.model,)))
         self._work, self._on_outcome = iter(requests), on_outcome
         self._staff()
         with stopped_by_signals(self):
@@ -388,14 +388,17 @@ class Dispatcher:
 
     def _attempt(
         self, request: Request, messages: list[dict[str, str]], estimate: int
-    ) -> Coroutine[Any, Any, Outcome]:
+    ) -> Awaitable[Outcome]:
         """One attempt, to await: its body serialised once, sent at once, or through the
-        engine's first-request gate while no request got through."""
+        engine's first-request gate while no request got through; on the engine's loop (see
+        :meth:`Engine.hosted`), the rest of the dispatch on its own."""
         body = orjson.dumps(self.body(request, messages))
         if self.engine.connected.is_set():
-            return self._send(request, body, estimate)
-        return self.engine.first_request(
-            functools.partial(self._send_unless_aborted, request, body, estimate)
+            return self.engine.hosted(self._send(request, body, estimate))
+        return self.engine.hosted(
+            self.engine.first_request(
+                functools.partial(self._send_unless_aborted, request, body, estimate)
+            )
         )
 
     async def _send_unless_aborted(self, request: Request, body: bytes, estimate: int) -> Outcome:

@@ -21,7 +21,7 @@ import difflib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
@@ -52,7 +52,8 @@ _log = logging.getLogger("llm_ops")
 class Engine:
     """The transport of one client, for its whole life: the connection pool, the rate limiter,
     the adaptive concurrency and what was learned about the endpoint (its limits, whether it
-    can be reached). It lives on the client's event loop; dispatches borrow it.
+    can be reached). It lives on the event loop it is made on (the client's); dispatches
+    borrow it, those on another loop through :meth:`hosted`.
 
     The official ``openai`` SDK configures it (base URL, auth and default headers); requests go
     through :class:`~llm_ops._engine.transport.Transport`, one pool of keep-alive connections
@@ -67,6 +68,8 @@ class Engine:
         connection: Connection | None = None,
     ):
         self.limits = limits
+        # Its pool, limiter, concurrency and events work on this loop only (see hosted).
+        self.loop = asyncio.get_running_loop()
         self.endpoint = endpoint.shown
         self.connection = connection = connection or Connection()
         self.concurrency = Concurrency(limits.most_in_flight, given=limits.concurrency is not None)
@@ -129,6 +132,15 @@ class Engine:
                 proxy=self.connection.proxy,
             )
         )
+
+    def hosted(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """``work`` (anything touching the pool, the limiter, the concurrency or the SDK), to
+        await on any event loop: as it is on the engine's own loop, else run on the engine's
+        loop (the ``llm`` expressions run on the thread Polars calls them on, with a loop of
+        their own, and borrow their client's engine so). Cancelling the wait cancels it."""
+        if self.loop is asyncio.get_running_loop():
+            return work
+        return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
 
     def url(self, path: str) -> URL:
         return join_url(self.base_url, path, self._query)

@@ -1,5 +1,5 @@
 """Which client an expression runs on, and where its batches run: each client lends its
-expressions one event loop, driven by the thread Polars called, and on it one engine.
+expressions one event loop, driven by the thread Polars called, and its own engine.
 
 Polars calls a batch function on whichever thread evaluates the expression: the caller's
 thread, a streaming thread, or one of its own pool's worker threads (several expressions
@@ -8,8 +8,16 @@ work started from another thread waits for a free pool worker; when every worker
 a batch function, none ever is (with two cores, two llm expressions in one with_columns).
 So a batch does not hop to the client's own loop thread: the thread Polars called drives an
 event loop of the client's expressions itself and runs the pipeline's work in place (where
-a pool worker runs nested Polars work itself). Only the network waits on that loop, and the
-journal's merges (which wait for the cache file) and host name lookups go to a thread.
+a pool worker runs nested Polars work itself). The journal's merges (which wait for the
+cache file) and host name lookups go to a thread, and each attempt to send a request goes to
+the client's loop, where its engine lives (:meth:`Engine.hosted
+<llm_ops._engine.engine.Engine.hosted>`): an expression and the client's ``complete`` calls
+share one connection pool, one rate limiter and one adaptive concurrency. Only the network
+waits there for an expression, never Polars work. (The client's own frame jobs do run
+Polars work on its loop: a ``complete`` call running on another thread at the same time as
+a query whose expressions fill Polars' thread pool, on the same client, can deadlock, the
+call's Polars work waiting for a pool worker and the workers for the client's loop. Give
+such a concurrent query a client of its own.)
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from .._cache import resolve_cache_path
 from .._client import Client
-from .._engine.engine import Engine
 from .._journal import JournalWriter
 from .._options import ClientOptions
 from .._pipeline.backend import Backend
@@ -77,13 +84,19 @@ def runtime_of(client: Client) -> Runtime:
 
 
 def close_runtimes() -> None:
-    """Close every runtime (at exit), forgetting the shared clients."""
+    """Close every runtime (at exit), and the shared clients whose expressions are done:
+    their connections are closed on their loops."""
     with _lock:
-        runtimes = list(_runtimes.values())
+        runtimes = dict(_runtimes.items())
+        shared = list(_clients.values())
         _clients.clear()
-    for runtime in runtimes:
+    for client, runtime in runtimes.items():
+        closed = False
         with contextlib.suppress(Exception):  # a loop still running on a killed thread
-            runtime.close()
+            closed = runtime.close()
+        if closed and client in shared:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 class InPlace(concurrent.futures.ThreadPoolExecutor):
@@ -114,24 +127,22 @@ class InPlace(concurrent.futures.ThreadPoolExecutor):
 
 class Runtime:
     """What the expressions of one client share: an event loop driven by the thread Polars
-    called, and on it one engine (connection pool, rate limiter, adaptive concurrency) for the
-    client's life. One batch at a time: hold :attr:`lock` around :meth:`run`."""
+    called, for the client's life; their requests go out on the client's engine (connection
+    pool, rate limiter, adaptive concurrency), on the client's loop. One batch at a time:
+    hold :attr:`lock` around :meth:`run`."""
 
     def __init__(self, client: Client):
         self.client = client
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(InPlace())
-        self._engine: Engine | None = None
 
     async def backend(self) -> Backend:
-        """The engine (made on this loop, once) and the client's cache, made ready to use
-        before anything is paid for."""
-        if self._engine is None:
-            self._engine = self.client.new_engine()
+        """The client's cache, made ready here (in place), and the engine the client lends
+        this loop, made ready before anything is paid for."""
         if self.client.cache is not None:
             self.client.cache.prepare()
-        return Backend(self._engine, self.client.cache)
+        return Backend(await self.client.lend_engine(), self.client.cache)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run ``coroutine`` on this loop from this thread (from a helper thread where this
@@ -173,15 +184,14 @@ class Runtime:
                 self.loop.run_until_complete(task)
             raise
 
-    def close(self, *, wait: float = 5.0) -> None:
-        """Close the engine's connections and the loop, unless a batch still runs after
-        ``wait`` seconds (at exit: a query a signal stopped on another thread)."""
+    def close(self, *, wait: float = 5.0) -> bool:
+        """Close the loop, unless a batch still runs after ``wait`` seconds (at exit: a query
+        a signal stopped on another thread); whether it was closed. The engine is the
+        client's, closed with it."""
         if not self.lock.acquire(timeout=wait):
-            return
+            return False
         try:
-            if self._engine is not None:
-                self.loop.run_until_complete(self._engine.close())
-                self._engine = None
             self.loop.close()
+            return True
         finally:
             self.lock.release()

@@ -39,7 +39,15 @@ import json
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -62,6 +70,7 @@ POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
 BATCH_ROUNDS = 3  # batches one run puts a request in before its row fails unanswered
 CREATE_ATTEMPTS = 4  # creates of one batch whose answer was lost, each after a lookup
+LINES_PER_PAGE = 1024  # lines of a file read at a time, on the engine's loop
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 Line = dict[str, Any]  # one line of an input file: custom_id, method, url, body
 
@@ -202,9 +211,11 @@ class BatchRunner:
                 job_id, number, self.job.spec.endpoint, self.job.spec.model, len(chunk)
             )
             await self._record(part, keys=[key for key, _ in chunk])  # before anything is paid
-            file = await self.sdk.files.create(
-                file=(f"{part.label.replace('/', '-')}.jsonl", b"".join(b for _, b in chunk)),
-                purpose="batch",
+            file = await self.engine.hosted(
+                self.sdk.files.create(
+                    file=(f"{part.label.replace('/', '-')}.jsonl", b"".join(b for _, b in chunk)),
+                    purpose="batch",
+                )
             )
             part.input_file_id, part.state = file.id, "uploaded"
             await self._record(part)
@@ -237,11 +248,13 @@ class BatchRunner:
         assert part.input_file_id is not None
         for attempt in range(1, CREATE_ATTEMPTS + 1):
             try:
-                batch = await self.sdk_once.batches.create(
-                    input_file_id=part.input_file_id,
-                    endpoint=ENDPOINT,
-                    completion_window="24h",
-                    metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
+                batch = await self.engine.hosted(
+                    self.sdk_once.batches.create(
+                        input_file_id=part.input_file_id,
+                        endpoint=ENDPOINT,
+                        completion_window="24h",
+                        metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
+                    )
                 )
                 part.batch_id = batch.id
                 break
@@ -274,14 +287,18 @@ class BatchRunner:
 
     async def _find(self, part: BatchPart) -> str | None:
         """The provider's batch for ``part``, by the metadata it was created with."""
-        async for batch in self.sdk.batches.list(limit=100):
-            metadata = batch.metadata or {}
-            if (metadata.get("llm_ops_job"), metadata.get("llm_ops_part")) == (
-                part.job_id,
-                str(part.part),
-            ):
-                return batch.id
-        return None
+
+        async def find() -> str | None:
+            async for batch in self.sdk.batches.list(limit=100):
+                metadata = batch.metadata or {}
+                if (metadata.get("llm_ops_job"), metadata.get("llm_ops_part")) == (
+                    part.job_id,
+                    str(part.part),
+                ):
+                    return batch.id
+            return None
+
+        return await self.engine.hosted(find())
 
     async def _record(self, part: BatchPart, *, keys: list[str] | None = None) -> None:
         await asyncio.to_thread(self.cache.record_batch, asdict(part), keys=keys or ())
@@ -297,7 +314,7 @@ class BatchRunner:
         """Ask the provider how ``part`` is doing (its counts), recording a new state."""
         if part.batch_id is None or part.state == "collected":
             return
-        batch = await self.sdk.batches.retrieve(part.batch_id)
+        batch = await self.engine.hosted(self.sdk.batches.retrieve(part.batch_id))
         if batch.request_counts is not None:
             part.completed = batch.request_counts.completed
             part.failed = batch.request_counts.failed
@@ -309,7 +326,7 @@ class BatchRunner:
     async def cancel(self, part: BatchPart) -> None:
         """Cancel ``part``'s batch at the provider; what it answered is kept when collected."""
         if part.batch_id is not None and part.state not in (*TERMINAL, "collected"):
-            batch = await self.sdk.batches.cancel(part.batch_id)
+            batch = await self.engine.hosted(self.sdk.batches.cancel(part.batch_id))
             part.state = batch.status
             await self._record(part)
 
@@ -331,7 +348,7 @@ class BatchRunner:
                 )
             for part in list(pending):
                 assert part.batch_id is not None
-                batch = await self.sdk.batches.retrieve(part.batch_id)
+                batch = await self.engine.hosted(self.sdk.batches.retrieve(part.batch_id))
                 counts = batch.request_counts
                 progressed[part.label] = (counts.completed + counts.failed) if counts else 0
                 self.counters.done = sum(progressed.values())
@@ -475,10 +492,31 @@ class BatchRunner:
         await on_outcome(request, outcome)
 
     async def _lines(self, file_id: str) -> AsyncIterator[str]:
-        async with self.sdk.files.with_streaming_response.content(file_id) as response:
-            async for line in response.iter_lines():
-                if line.strip():
+        """The file's non-blank lines, streamed on the engine's loop a page at a time."""
+
+        async def pages() -> AsyncGenerator[list[str], None]:
+            async with self.sdk.files.with_streaming_response.content(file_id) as response:
+                page: list[str] = []
+                async for line in response.iter_lines():
+                    if line.strip():
+                        page.append(line)
+                    if len(page) >= LINES_PER_PAGE:
+                        yield page
+                        page = []
+                if page:
+                    yield page
+
+        streamed = pages()
+
+        async def next_page() -> list[str] | None:
+            return await anext(streamed, None)
+
+        try:
+            while (page := await self.engine.hosted(next_page())) is not None:
+                for line in page:
                     yield line
+        finally:
+            await self.engine.hosted(streamed.aclose())
 
     async def _lines_of(self, part: BatchPart) -> dict[str, tuple[Request, Line]]:
         """The part's requests and their lines, read back from its input file, in its order:

@@ -33,6 +33,16 @@ from ._files import input_files
 from ._plan import TablePlan
 from ._send import send_chunk as send_chunk
 from ._table import Table
+from ._workers import SharedQuota, WorkerStore
 from ._write import Written
 
-__all__ = ["BatchPart", "Counters", "Table", "TablePlan", "Written", "input_files"]
+__all__ = [
+    "BatchPart",
+    "Counters",
+    "SharedQuota",
+    "Table",
+    "TablePlan",
+    "WorkerStore",
+    "Written",
+    "input_files",
+]

@@ -58,7 +58,7 @@ def send_chunk(
     """:meth:`Table.run_chunk`, with answers written through ``cache`` (a cluster worker's
     passes a store that only appends to the work directory: see :mod:`llm_ops.ray`).
 
-    See the example of :class:`llm_ops.ray.WorkerStore`: a chunk sent as a worker sends it.
+    See the example of :class:`llm_ops.tables.WorkerStore`: a chunk sent as a worker sends it.
     """
     misses = pl.read_parquet(Path(chunk))
     # Answered by an earlier attempt of this chunk: they count as answered in this run.

@@ -592,6 +592,9 @@ class Simulator:
         self.embedding_requests = 0
         self.embedding_inputs = 0
         self.cancelled = 0
+        # the TCP connections requests came on (by the client's address and port): a client
+        # with one keep-alive pool opens no more than it has requests in flight at once
+        self.peers: set[Any] = set()
         self.answer_seconds = Durations()
         self.decoder.reset()
 
@@ -607,6 +610,7 @@ class Simulator:
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
             "cancelled": self.cancelled,
+            "connections": len(self.peers),
             "answer_seconds": self.answer_seconds.summary(),
             **self.decoder.stats(),
             "header_names": sorted(self.header_names),
@@ -620,7 +624,9 @@ class Simulator:
         }
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[self._count_connections]
+        )
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
@@ -631,6 +637,16 @@ class Simulator:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
         app.on_cleanup.append(self._close)
         return app
+
+    @web.middleware
+    async def _count_connections(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Count the distinct TCP connections the API's requests came on (``connections``:
+        those since the last reset); the simulator's own ``/_sim/`` calls are not counted."""
+        if request.transport is not None and not request.path.startswith("/_sim/"):
+            self.peers.add(request.transport.get_extra_info("peername"))
+        return await handler(request)
 
     async def _close(self, app: web.Application) -> None:
         self.decoder.close()
