@@ -16,7 +16,7 @@ from ._cache import Cache, resolve_cache_path
 from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
-from ._frames import Frame, same_kind, schema_of, to_polars
+from ._frames import Frame, deferred, same_kind, schema_of, to_polars
 from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
     LIMIT_OPTIONS,
@@ -27,6 +27,7 @@ from ._options import (
     ModelOption,
     ResultOptions,
     cache_options,
+    check_embedding,
     check_job,
     connection_of,
     make_job,
@@ -38,10 +39,9 @@ from ._pipeline.embed import embed_frame
 from ._pipeline.estimate import Estimate, estimate_frame
 from ._pipeline.run import run_frame
 from ._progress import resolve_progress
-from ._report import RunReport
+from ._report import RunReport, remember_latest
 from ._signals import graceful_sigterm, stopping_gently
-from ._spec import EmbeddingSpec, Endpoint, Limits, positive_int
-from ._template import render
+from ._spec import EmbeddingSpec, Endpoint, Limits
 from .exceptions import ConfigError
 
 T = TypeVar("T")
@@ -136,8 +136,8 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: Literal[False] = ...,
         **options: Unpack[CallOptions],
@@ -147,8 +147,8 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: Literal[True],
         **options: Unpack[CallOptions],
@@ -157,13 +157,15 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: bool = False,
         **options: Unpack[CallOptions],
     ) -> Frame | tuple[Frame, RunReport]:
         """:func:`llm_ops.llm_complete` on this client (same arguments but the client's)."""
+        if isinstance(df, pl.LazyFrame):
+            return self._complete_later(df, prompt, model, return_report, options)
         result, report = self.run(self._complete(df, prompt, model, options))
         warn_failed_rows(report, options)
         return (result, report) if return_report else result
@@ -173,8 +175,8 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: Literal[False] = ...,
         **options: Unpack[CallOptions],
@@ -184,8 +186,8 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: Literal[True],
         **options: Unpack[CallOptions],
@@ -194,16 +196,44 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         prompt: str,
+        *,
         model: ModelOption,
         return_report: bool = False,
         **options: Unpack[CallOptions],
     ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete` for code already running in an event loop."""
+        if isinstance(df, pl.LazyFrame):
+            return self._complete_later(df, prompt, model, return_report, options)
         result, report = await self.run_async(self._complete(df, prompt, model, options))
         warn_failed_rows(report, options)
         return (result, report) if return_report else result
+
+    def _complete_later(
+        self,
+        df: pl.LazyFrame,
+        prompt: str,
+        model: ModelOption,
+        return_report: bool,
+        options: CallOptions,
+    ) -> pl.LazyFrame:
+        """:meth:`complete` of a LazyFrame: checked against its schema now, sent on this
+        client when it is collected (its report is then :func:`llm_ops.last_report`)."""
+        job = self._job(prompt, model, options, columns=df.collect_schema())
+        if return_report:
+            raise ConfigError(
+                "return_report=True needs an eager frame: a LazyFrame is answered when it is "
+                "collected; then read llm_ops.last_report()"
+            )
+
+        def run(frame: pl.DataFrame) -> pl.DataFrame:
+            result: pl.DataFrame
+            result, report = self.run(self._complete(frame, prompt, model, options))
+            remember_latest(lambda: report)
+            warn_failed_rows(report, options)
+            return result
+
+        return deferred(df, run, job.added)
 
     async def _complete(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
@@ -220,8 +250,8 @@ class Client:
         self,
         df: Frame,
         /,
-        *,
         column: str,
+        *,
         model: str,
         output: str = "embedding",
         dimensions: int | None = None,
@@ -230,20 +260,33 @@ class Client:
     ) -> Frame:
         """:func:`llm_ops.llm_embed` on this client (same arguments but the client's)."""
         on_error = options.get("on_error", "null")
-        if not isinstance(column, str) or not column:
-            raise ConfigError(f"column must name the text column to embed, got {column!r}")
-        if column not in schema_of(df):
-            raise ConfigError(
-                f"column {column!r} is not in the table; available columns: "
-                f"{', '.join(schema_of(df))}"
-            )
-        render(column, schema_of(df)[column], what="llm_embed")  # raises if it cannot be text
-        positive_int("inputs_per_request", inputs_per_request)
-        if on_error not in ("null", "raise"):
-            raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+        columns = check_embedding(
+            schema_of(df),
+            column=column,
+            model=model,
+            output=output,
+            dimensions=dimensions,
+            inputs_per_request=inputs_per_request,
+            on_error=on_error,
+        )
+        if isinstance(df, pl.LazyFrame):
+            vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
+
+            def later(frame: pl.DataFrame) -> pl.DataFrame:
+                embedded: pl.DataFrame = self.embed(
+                    frame,
+                    column,
+                    model=model,
+                    output=output,
+                    dimensions=dimensions,
+                    inputs_per_request=inputs_per_request,
+                    **options,
+                )
+                return embedded.with_columns(pl.col(output).cast(vector))
+
+            lazy: Frame = deferred(df, later, columns.dtypes(vector))
+            return lazy
         spec = EmbeddingSpec(self.endpoint.identity, _model(model), dimensions)
-        columns = Columns(output)
-        columns.check_free(schema_of(df))
         frame = to_polars(df)
 
         async def run() -> pl.DataFrame:
@@ -287,7 +330,7 @@ class Client:
     # -- estimates ----------------------------------------------------------------------------
 
     def estimate(
-        self, df: Any, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
+        self, df: Any, /, prompt: str, *, model: ModelOption, **options: Unpack[CallOptions]
     ) -> Estimate:
         """:func:`llm_ops.estimate` against this client's endpoint and cache; nothing is sent."""
         job = self._job(prompt, model, options, columns=schema_of(df))

@@ -10,6 +10,7 @@ import pytest
 
 from llm_ops import (
     STATUS_DTYPE,
+    Client,
     ConfigError,
     RowsFailedError,
     SemanticCache,
@@ -322,3 +323,17 @@ def test_text_that_is_not_utf8_is_refused_naming_the_column(complete, endpoint):
     ):
         complete(table, prompt="{text}")
     assert endpoint.stats()["requests"] == 0
+
+
+def test_a_clients_lazyframe_is_sent_on_that_client_when_collected(endpoint, cache):
+    with Client(base_url=endpoint.base_url, cache=cache) as client:
+        out = client.complete(pl.LazyFrame({"text": ["x", "y"]}), "{text}", model="sim")
+        assert endpoint.stats()["requests"] == 0
+        assert out.collect()["completion_status"].to_list() == ["ok", "ok"]
+
+
+def test_a_clients_lazy_embedding_is_sent_when_collected(endpoint, cache):
+    with Client(base_url=endpoint.base_url, cache=cache) as client:
+        out = client.embed(pl.LazyFrame({"text": ["x"]}), "text", model="sim-embed")
+        assert endpoint.stats()["embedding_requests"] == 0
+        assert out.collect()["embedding_status"].to_list() == ["ok"]
