@@ -33,8 +33,8 @@ def parse_duration(text: str) -> float | None:
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
-class _Budget:
-    """A per-minute budget paced as a token bucket holding ``burst`` seconds of it."""
+class _TokenBucket:
+    """A per-minute rate paced as a token bucket holding ``burst`` seconds of it."""
 
     def __init__(self, per_minute: float, burst: float):
         self.per_minute = per_minute
@@ -69,7 +69,7 @@ class _Budget:
         self.stamp = moment - (min(ready, 1.0) * 60 / self.per_minute if ready > 0 else 0.0)
 
     def drain(self, left: float) -> None:
-        """The endpoint says less than one unit is left: if this budget would pay one now, it
+        """The endpoint says less than one unit is left: if this bucket would pay one now, it
         is ahead of the endpoint and holds ``left`` from now. Less than one, it agrees (the
         header counts whole units), and keeps its place in the refill: draining it too would
         drop the share of a unit refilled so far at every such answer."""
@@ -78,8 +78,8 @@ class _Budget:
             self.level = min(self.level, left)
 
 
-class LeasedBudget(_Budget):
-    """A budget that time does not refill: what was leased from a budget shared with other
+class _LeasedTokenBucket(_TokenBucket):
+    """A token bucket that time does not refill: what was leased from a budget shared with other
     processes (see :class:`LeasedLimiter`), spent as :class:`RateLimiter` spends
     its own."""
 
@@ -177,8 +177,8 @@ class RateLimiter:
         self.learned_tpm: float | None = None
         self.burst = burst
         self.paused_until = 0.0
-        self.requests: _Budget | None = _Budget(rpm, burst) if rpm else None
-        self.tokens: _Budget | None = _Budget(tpm, burst) if tpm else None
+        self.requests: _TokenBucket | None = _TokenBucket(rpm, burst) if rpm else None
+        self.tokens: _TokenBucket | None = _TokenBucket(tpm, burst) if tpm else None
 
     @property
     def rpm(self) -> float | None:
@@ -266,44 +266,44 @@ class RateLimiter:
             reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
             if remaining is None or remaining.strip() != "0" or not reset:
                 continue
-            budget = self.requests if kind == "requests" else self.tokens
-            if budget is None or value <= 0:
+            bucket = self.requests if kind == "requests" else self.tokens
+            if bucket is None or value <= 0:
                 self.pause(min(reset, 1.0))
             elif kind == "requests":
                 # Less than one request left: the next may go once one has refilled, or at
-                # the reset (the time to a full budget) if sooner. Only this budget is
+                # the reset (the time to a full bucket) if sooner. Only this bucket is
                 # spent, so no sender is paused: pausing and then refilling from empty
                 # waited two requests' time, and kept the pace behind the endpoint's.
-                budget.drain(1.0 - min(reset * budget.per_minute / 60, 1.0))
+                bucket.drain(1.0 - min(reset * bucket.per_minute / 60, 1.0))
             else:
-                budget.drain(0.0)
+                bucket.drain(0.0)
 
     def _learn(self, kind: str, per_minute: float, remaining: float | None) -> None:
-        """A limit the endpoint names; a new budget starts with what it says ``remaining``
+        """A limit the endpoint names; a new bucket starts with what it says ``remaining``
         (the burst it still allows), or empty when it does not say."""
         if kind == "requests":
             if self.learned_rpm == per_minute:
                 return
             self.learned_rpm = per_minute
-            rate, budget = self.rpm, self.requests
+            rate, bucket = self.rpm, self.requests
         else:
             if self.learned_tpm == per_minute:
                 return
             self.learned_tpm = per_minute
-            rate, budget = self.tpm, self.tokens
+            rate, bucket = self.tpm, self.tokens
         assert rate is not None
-        if budget is None:
-            budget = _Budget(rate, self.burst)
+        if bucket is None:
+            bucket = _TokenBucket(rate, self.burst)
             # What the server still allows now, less one for safety (an answer in flight may
             # not be counted yet); without the header, start paced: we cannot know.
             allowed = 0.0 if remaining is None else remaining - 1.0
-            budget.level = min(budget.capacity, max(0.0, allowed))
+            bucket.level = min(bucket.capacity, max(0.0, allowed))
             if kind == "requests":
-                self.requests = budget
+                self.requests = bucket
             else:
-                self.tokens = budget
+                self.tokens = bucket
         else:
-            budget.set_rate(rate)
+            bucket.set_rate(rate)
 
 
 def _count(text: str | None) -> float | None:
@@ -405,8 +405,8 @@ class LeasedLimiter(RateLimiter):
         too under a tokens-per-minute limit."""
         self.user_rpm, self.user_tpm = rpm, tpm
         limited = rpm is not None or tpm is not None
-        self.requests = (self.requests or LeasedBudget()) if limited else None
-        self.tokens = (self.tokens or LeasedBudget()) if tpm is not None else None
+        self.requests = (self.requests or _LeasedTokenBucket()) if limited else None
+        self.tokens = (self.tokens or _LeasedTokenBucket()) if tpm is not None else None
 
     async def admit(self, tokens: int) -> None:
         await self._learn_limits()

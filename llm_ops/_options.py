@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from ._escalate import EscalateOption, check_escalation, escalation_rule
 from ._order import SEND_ORDERS, SendOrder
-from ._pricing import Budget, Price, PricingOption, price_for
+from ._pricing import Price, PricingOption, SpendingCap, price_for
 from ._progress import Progress, ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
@@ -275,11 +275,11 @@ class Spending:
 
     def budget(
         self, price: Price | None, spent: tuple[float, int, int] = (0.0, 0, 0)
-    ) -> Budget | None:
+    ) -> SpendingCap | None:
         """A fresh budget for one dispatch at ``price``, less what was ``spent`` already
         (dollars, requests, tokens), or ``None`` without limits."""
         cost, requests, tokens = spent
-        budget = Budget(
+        budget = SpendingCap(
             price,
             None if self.max_cost is None else max(0.0, self.max_cost - cost),
             None if self.max_requests is None else max(0, self.max_requests - requests),
@@ -374,7 +374,7 @@ class Job:
         cost, requests, tokens = self.spent
         return replace(self, spent=(cost + spent[0], requests + spent[1], tokens + spent[2]))
 
-    def budget(self) -> Budget | None:
+    def budget(self) -> SpendingCap | None:
         """A fresh budget for one dispatch, or ``None`` without limits."""
         return self.spending.budget(self.price, self.spent)
 

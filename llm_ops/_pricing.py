@@ -237,7 +237,7 @@ def subtract_costs(a: float | None, b: float | None) -> float | None:
 
 
 @dataclass
-class Budget:
+class SpendingCap:
     """Spending limits of one job; a request is only sent if its projected cost still fits."""
 
     price: Price | None

@@ -22,7 +22,7 @@ import orjson
 
 from .._outcome import Batch, Counters, Outcome, Pack, Request
 from .._pack import PACK_FORMAT
-from .._pricing import Budget, approx_tokens
+from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
 from ..exceptions import JobAbortedError, JobInterruptedError
 from .answers import (
@@ -80,7 +80,7 @@ class Dispatcher:
         params: Mapping[str, Any],
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
-        budget: Budget | None = None,
+        budget: SpendingCap | None = None,
     ):
         self.engine = engine
         self.settings = engine.limits
@@ -302,7 +302,7 @@ class Dispatcher:
             "shorten the prompt or lower max_tokens",
         )
 
-    def _over_budget(self, request: Request, attempts: int, budget: Budget) -> Outcome:
+    def _over_budget(self, request: Request, attempts: int, budget: SpendingCap) -> Outcome:
         self.counters.over_budget += 1
         return Outcome(
             key=request.key,

@@ -59,7 +59,7 @@ from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
 from .._options import Job
 from .._outcome import Outcome, Request
-from .._pricing import Budget
+from .._pricing import SpendingCap
 from .._schema import output_schema
 from .._signals import stopped_by_signals
 from ..exceptions import JobInterruptedError
@@ -106,7 +106,7 @@ class BatchRunner:
     live :class:`~llm_ops._engine.dispatcher.Dispatcher` would (same ``run``, ``counters``,
     ``stop``)."""
 
-    def __init__(self, job: Job, backend: Backend, *, budget: Budget | None = None):
+    def __init__(self, job: Job, backend: Backend, *, budget: SpendingCap | None = None):
         """``budget``: the job's, shared with its other dispatches (else the job's own)."""
         assert job.batching is not None and backend.cache is not None
         self.job = job

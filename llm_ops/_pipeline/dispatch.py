@@ -24,7 +24,7 @@ from .._key import canonical_json
 from .._options import Job
 from .._order import send_order
 from .._outcome import Counters, Outcome, Request, make_pack
-from .._pricing import CHARS_PER_TOKEN, Budget
+from .._pricing import CHARS_PER_TOKEN, SpendingCap
 from .._progress import Tracker
 from .._status import RESULTS
 from .backend import Backend
@@ -107,7 +107,7 @@ async def dispatch(
     *,
     rows: int,
     rows_settled: int,
-    budget: Budget | None = None,
+    budget: SpendingCap | None = None,
     checked: frozenset[str] = frozenset(),
 ) -> Dispatched:
     """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
@@ -136,7 +136,7 @@ async def _after_others(
     backend: Backend,
     *,
     rows: int,
-    budget: Budget | None,
+    budget: SpendingCap | None,
 ) -> None:
     """Wait for the misses other jobs claimed first: take their answers from the cache as they
     land, and send (into ``done``) those whose claimers went without answering."""
@@ -179,7 +179,7 @@ async def _send(
     sink: AnswerSink,
     rows: int,
     rows_settled: int,
-    budget: Budget | None,
+    budget: SpendingCap | None,
     checked: frozenset[str],
 ) -> Dispatched:
     spec = job.spec

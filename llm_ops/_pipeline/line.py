@@ -22,7 +22,7 @@ import polars as pl
 
 from .._failures import failure_reasons
 from .._options import Job
-from .._pricing import Budget
+from .._pricing import SpendingCap
 from .._report import RunReport
 from .backend import Backend
 from .dispatch import Dispatched, dispatch, rows_of
@@ -33,7 +33,12 @@ from .similar import answer_by_similarity
 
 
 async def answer_misses(
-    misses: pl.DataFrame, job: Job, backend: Backend, *, rows: int, budget: Budget | None = None
+    misses: pl.DataFrame,
+    job: Job,
+    backend: Backend,
+    *,
+    rows: int,
+    budget: SpendingCap | None = None,
 ) -> Dispatched:
     """Answer the cache misses: by similarity where the semantic cache lever is on, which
     hands what it cannot answer back to dispatch, else by sending them; ``rows`` is the job's

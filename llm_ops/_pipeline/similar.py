@@ -28,7 +28,7 @@ import polars as pl
 
 from .._options import Job
 from .._outcome import Counters, Outcome
-from .._pricing import Budget
+from .._pricing import SpendingCap
 from .._semantic import MISS_BLOCK, normalised, scope_of
 from .._spec import EmbeddingSpec
 from .._status import RESULTS
@@ -47,7 +47,7 @@ _FOLLOWERS = pl.DataFrame(
 
 
 async def answer_by_similarity(
-    misses: pl.DataFrame, job: Job, backend: Backend, *, send: Send, budget: Budget | None
+    misses: pl.DataFrame, job: Job, backend: Backend, *, send: Send, budget: SpendingCap | None
 ) -> Dispatched:
     """The misses answered by the semantic cache where a similar answer is found, the rest
     handed to ``send`` (the line's dispatch): ``settled`` holds the similar answers.
