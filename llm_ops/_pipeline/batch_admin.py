@@ -48,17 +48,17 @@ async def collect(parts: list[BatchPart], backend: Backend, *, poll_seconds: flo
     for model in sorted({part.model for part in parts}):
         same = [part for part in parts if part.model == model]
         runner = runner_for(model, same[0].endpoint, backend, poll_seconds=poll_seconds)
-        sink = AnswerSink(runner.job, backend)
+        answers = AnswerSink(runner.job, backend)
 
-        async def keep(request: Request, outcome: Outcome, sink: AnswerSink = sink) -> None:
-            sink.add(request, outcome)
+        async def keep(request: Request, outcome: Outcome, answers: AnswerSink = answers) -> None:
+            answers.add(request, outcome)
 
         try:
             await runner.resume(same, keep)
         finally:
-            if sink.cache is not None:
-                await sink.cache.close()
-        collected += len(sink.outcomes)
+            if answers.cache is not None:
+                await answers.cache.close()
+        collected += len(answers.outcomes)
     return collected
 
 

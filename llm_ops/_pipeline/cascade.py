@@ -21,7 +21,7 @@ from .._report import RunReport, Saving, add_spending, sum_reports
 from .._status import ANSWERED, ESCALATE, STATUSES
 from .backend import Backend
 from .join import status_counts
-from .line import Tier, run_once
+from .line import ModelPass, run_once
 from .savings import Tally, prefix_discount, tally
 
 _ROW = "__llm_ops_row"
@@ -47,7 +47,7 @@ async def run_cascade(
     rows = pl.Series(_ROW, range(frame.height), dtype=pl.UInt32)
     subset = frame
     finals: list[pl.DataFrame] = []
-    tiers: list[tuple[Job, Tier, pl.Series]] = []  # tier job, its pass, its rows kept
+    tiers: list[tuple[Job, ModelPass, pl.Series]] = []  # tier job, its pass, its rows kept
     spent: tuple[float, int, int] = (0.0, 0, 0)
     for number, model in enumerate(job.models):
         tier_job = job.for_model(model).after(spent)
@@ -78,7 +78,7 @@ async def run_cascade(
 
 def _combined_report(
     job: Job,
-    tiers: list[tuple[Job, Tier, pl.Series]],
+    tiers: list[tuple[Job, ModelPass, pl.Series]],
     columns: pl.DataFrame,
     *,
     started_at: datetime,

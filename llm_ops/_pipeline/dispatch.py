@@ -76,7 +76,7 @@ def requests_for(
 
 
 @dataclass
-class Dispatched:
+class DispatchResult:
     """What one dispatch produced: an outcome per request sent, the counters, why it stopped
     early (one of :data:`~llm_ops._outcome.STOPS`), if it did, and in ``settled`` the misses
     answered without sending (:data:`~llm_ops._status.RESULTS`): by another job sharing the
@@ -89,7 +89,7 @@ class Dispatched:
     settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
 
 
-Send = Callable[[pl.DataFrame, int], Awaitable[Dispatched]]
+Send = Callable[[pl.DataFrame, int], Awaitable[DispatchResult]]
 """How a lever hands requests (``REQUESTS``) back to the line's dispatch, with the rows still
 waiting on other requests (for progress): :func:`~llm_ops._pipeline.line.answer_misses` gives
 one to the semantic cache."""
@@ -109,7 +109,7 @@ async def dispatch(
     rows_settled: int,
     budget: SpendingCap | None = None,
     checked: frozenset[str] = frozenset(),
-) -> Dispatched:
+) -> DispatchResult:
     """Send ``misses`` (``REQUESTS``) on the backend's engine, writing answers through to the
     cache, except those another job sharing the cache claimed first: their answers are
     waited for and taken from the cache, or sent here once that job is gone without one (see
@@ -117,19 +117,21 @@ async def dispatch(
     and ``rows_settled`` are only for progress: the job's rows and those already final;
     ``budget``: the job's, which every dispatch of it spends from (else the job's own)."""
     budget = job.budget() if budget is None else budget
-    sink = AnswerSink(job, backend, claim=job.batching is None)
+    answers = AnswerSink(job, backend, claim=job.batching is None)
     try:
-        done = await _send(misses, job, backend, sink, rows, rows_settled, budget, checked)
-        if sink.claims is not None and sink.claims.deferred and done.stopped is None:
-            await _after_others(done, sink.claims, misses, job, backend, rows=rows, budget=budget)
+        done = await _send(misses, job, backend, answers, rows, rows_settled, budget, checked)
+        if answers.claims is not None and answers.claims.deferred and done.stopped is None:
+            await _settle_claimed_by_others(
+                done, answers.claims, misses, job, backend, rows=rows, budget=budget
+            )
     finally:
-        if sink.claims is not None:
-            sink.claims.close()
+        if answers.claims is not None:
+            answers.claims.close()
     return done
 
 
-async def _after_others(
-    done: Dispatched,
+async def _settle_claimed_by_others(
+    done: DispatchResult,
     claims: Claims,
     misses: pl.DataFrame,
     job: Job,
@@ -176,12 +178,12 @@ async def _send(
     misses: pl.DataFrame,
     job: Job,
     backend: Backend,
-    sink: AnswerSink,
+    answers: AnswerSink,
     rows: int,
     rows_settled: int,
     budget: SpendingCap | None,
     checked: frozenset[str],
-) -> Dispatched:
+) -> DispatchResult:
     spec = job.spec
     sender: Dispatcher | BatchRunner
     if job.batching is not None:
@@ -208,14 +210,14 @@ async def _send(
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for member, answer in outcome.items or [(request, outcome)]:
             tracker.settled(member.rows, answer.status, answer.error)
-            sink.add(member, answer)
+            answers.add(member, answer)
 
     def refuse(request: Request) -> bool:
         """Settle, unsent, a request whose answer the cache could not keep."""
-        why = sink.unkeepable(request)
+        why = answers.unkeepable(request)
         if why is not None:
             tracker.settled(request.rows, "skipped", why)
-            sink.add(request, Outcome(key=request.key, status="skipped", error=why))
+            answers.add(request, Outcome(key=request.key, status="skipped", error=why))
         return why is not None
 
     # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
@@ -224,14 +226,14 @@ async def _send(
     ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(ordered, job, sink.claims, checked=checked, refuse=refuse),
+        requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse),
         on_outcome,
-        sink=sink.cache,
+        cache_writer=answers.cache,
         tracker=tracker,
         progress=job.progress,
     )
-    done = Dispatched(
-        outcomes=sink.outcomes,
+    done = DispatchResult(
+        outcomes=answers.outcomes,
         counters=sender.counters,
         stopped=stopped,
         budget_stop=sender.budget.exhausted if sender.budget else None,

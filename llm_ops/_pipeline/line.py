@@ -25,7 +25,7 @@ from .._options import Job
 from .._pricing import SpendingCap
 from .._report import RunReport
 from .backend import Backend
-from .dispatch import Dispatched, dispatch, rows_of
+from .dispatch import DispatchResult, dispatch, rows_of
 from .join import join, results_frame, status_counts
 from .plan import plan
 from .savings import account
@@ -39,7 +39,7 @@ async def answer_misses(
     *,
     rows: int,
     budget: SpendingCap | None = None,
-) -> Dispatched:
+) -> DispatchResult:
     """Answer the cache misses: by similarity where the semantic cache lever is on, which
     hands what it cannot answer back to dispatch, else by sending them; ``rows`` is the job's
     row count, for progress; ``budget`` the job's (else a fresh one)."""
@@ -49,7 +49,7 @@ async def answer_misses(
             misses, job, backend, rows=rows, rows_settled=rows - rows_of(misses), budget=budget
         )
 
-    async def send(requests: pl.DataFrame, waiting: int) -> Dispatched:
+    async def send(requests: pl.DataFrame, waiting: int) -> DispatchResult:
         settled = rows - rows_of(requests) - waiting
         return await dispatch(
             requests, job, backend, rows=rows, rows_settled=settled, budget=budget
@@ -59,7 +59,7 @@ async def answer_misses(
 
 
 @dataclass
-class Tier:
+class ModelPass:
     """One model's pass over (some of) a job's rows: the new columns and what it took."""
 
     columns: pl.DataFrame
@@ -69,7 +69,7 @@ class Tier:
     stopped: BaseException | None
 
 
-async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
+async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass:
     """Plan, look up both cache tiers, send the misses and join back, for ``job.spec.model``."""
     started_at, clock = datetime.now(UTC), time.perf_counter()
     planned = await plan(frame, job.spec, backend.cache)
@@ -95,4 +95,4 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> Tier:
     )
     report = replace(report, errors=failure_reasons(columns, job.columns.status, job.columns.error))
     row_keys = planned.groups.select("key").gather(planned.row_group)
-    return Tier(columns, report, row_keys, results, done.stopped)
+    return ModelPass(columns, report, row_keys, results, done.stopped)

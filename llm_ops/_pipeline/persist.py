@@ -145,15 +145,17 @@ async def dispatch_durably(
     requests: Iterable[Request],
     on_outcome: Callable[[Request, Outcome], Awaitable[None]],
     *,
-    sink: CacheSink | None,
+    cache_writer: CacheSink | None,
     tracker: Tracker,
     progress: ProgressCallback | None,
 ) -> BaseException | None:
-    """Run ``dispatcher`` over ``requests`` while ``sink`` merges answers into the cache and
-    ``progress`` gets snapshots; returns why it stopped early (one of
+    """Run ``dispatcher`` over ``requests`` while ``cache_writer`` merges answers into the cache
+    and ``progress`` gets snapshots; returns why it stopped early (one of
     :data:`~llm_ops._outcome.STOPS`: refused, SIGTERM, Ctrl-C), if it did. Whatever happens,
     every answer received is made durable before this returns."""
-    helpers = [] if sink is None else [asyncio.create_task(sink.merge_periodically())]
+    helpers = (
+        [] if cache_writer is None else [asyncio.create_task(cache_writer.merge_periodically())]
+    )
     if progress is not None:
         helpers.append(asyncio.create_task(tracker.publish(progress)))
     stopped: BaseException | None = None
@@ -167,6 +169,6 @@ async def dispatch_durably(
         await asyncio.gather(*helpers, return_exceptions=True)
         if isinstance(progress, TerminalDisplay):
             progress.close()
-        if sink is not None:
-            await sink.close()
+        if cache_writer is not None:
+            await cache_writer.close()
     return stopped

@@ -33,7 +33,7 @@ from .._semantic import MISS_BLOCK, normalised, scope_of
 from .._spec import EmbeddingSpec
 from .._status import RESULTS
 from .backend import Backend
-from .dispatch import Dispatched, Send, rows_of
+from .dispatch import DispatchResult, Send, rows_of
 from .plan import lookup_answers
 from .savings import embedding_cost
 from .vectors import distinct_texts, embed_distinct
@@ -48,7 +48,7 @@ _FOLLOWERS = pl.DataFrame(
 
 async def answer_by_similarity(
     misses: pl.DataFrame, job: Job, backend: Backend, *, send: Send, budget: SpendingCap | None
-) -> Dispatched:
+) -> DispatchResult:
     """The misses answered by the semantic cache where a similar answer is found, the rest
     handed to ``send`` (the line's dispatch): ``settled`` holds the similar answers.
 
@@ -59,7 +59,7 @@ async def answer_by_similarity(
     similar = await find_similar(misses, job, backend)
     counters = similar.counters
     if similar.stopped is not None:  # the embeddings were refused: completions would be too
-        return Dispatched([], counters, similar.stopped, settled=similar.results)
+        return DispatchResult([], counters, similar.stopped, settled=similar.results)
     if budget is not None:
         spent = embedding_cost(job, counters) or 0.0
         budget.charge(spent, counters.embedding_requests, counters.embedding_tokens)
@@ -74,7 +74,7 @@ async def answer_by_similarity(
         outcomes, stopped = outcomes + again.outcomes, again.stopped
         budget_stop = budget_stop or again.budget_stop
         settled.append(again.settled)
-    return Dispatched(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
+    return DispatchResult(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
 
 
 @dataclass

@@ -97,7 +97,7 @@ async def embed_distinct(
         phase="embedding",
     )
     answered: list[tuple[str, list[float] | None, str, str | None]] = []
-    sink = (
+    cache_writer = (
         None
         if backend.cache is None
         else CacheSink(backend.cache, merge_at_close=not backend.settles)
@@ -113,8 +113,8 @@ async def embed_distinct(
                 batch.keys, vectors, batch.requests_json, strict=True
             ):
                 answered.append((key, vector, result.status, result.error))
-                if vector is not None and sink is not None:
-                    sink.vector(
+                if vector is not None and cache_writer is not None:
+                    cache_writer.vector(
                         {
                             "key": key,
                             "model": spec.model,
@@ -131,7 +131,7 @@ async def embed_distinct(
         dispatcher,
         _batches(misses, spec, inputs_per_request),
         on_outcome,
-        sink=sink,
+        cache_writer=cache_writer,
         tracker=tracker,
         progress=progress if rows is not None else None,
     )
