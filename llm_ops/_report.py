@@ -289,59 +289,74 @@ def sum_reports(
     )
 
 
-def make_report(
-    *,
-    model: str,
-    endpoint: str,
-    started_at: datetime,
-    wall_seconds: float,
-    rows: int,
-    distinct: int,
-    cache_hits: int,
-    counters: Counters,
-    statuses: dict[str, int],
-    stopped: BaseException | None,
-    cost: float | None = None,
-    cost_saved: float | None = None,
-    savings: dict[str, Saving] | None = None,
-    models: dict[str, ModelUsage] | None = None,
-    mode: str = "live",
-    budget_stop: str | None = None,
-    cache: Path | None = None,
-) -> RunReport:
-    """The report of a finished (or stopped) run."""
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run measured, known once it ends: its model, when and how long, the rows and
+    distinct requests, cache hits, what its requests took (``counters``), the rows per
+    status, and why it stopped early, if it did. :func:`make_report` makes its report."""
+
+    model: str
+    endpoint: str
+    started_at: datetime
+    wall_seconds: float
+    rows: int
+    distinct: int
+    cache_hits: int
+    counters: Counters
+    statuses: dict[str, int]
+    stopped: BaseException | None = None
+    budget_stop: str | None = None
+    cache: Path | None = None
+    mode: str = "live"
+
+
+@dataclass(frozen=True)
+class RunCosts:
+    """What a run cost and saved, priced from its :class:`RunFacts`: in all, per lever and
+    per model."""
+
+    cost: float | None = None
+    cost_saved: float | None = None
+    savings: dict[str, Saving] = field(default_factory=dict)
+    models: dict[str, ModelUsage] = field(default_factory=dict)
+
+
+def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
+    """The report of a finished (or stopped) run; unpriced without ``costs``."""
+    costs = RunCosts() if costs is None else costs
+    counters, stopped = facts.counters, facts.stopped
     if stopped is None:
         outcome = "completed"
     else:
         outcome = "aborted" if isinstance(stopped, JobAbortedError) else "interrupted"
     return RunReport(
         run_id=uuid.uuid4().hex[:12],
-        started_at=started_at,
+        started_at=facts.started_at,
         finished_at=datetime.now(UTC),
-        model=model,
-        endpoint=endpoint,
-        rows=rows,
-        distinct_requests=distinct,
-        cache_hits=cache_hits,
+        model=facts.model,
+        endpoint=facts.endpoint,
+        rows=facts.rows,
+        distinct_requests=facts.distinct,
+        cache_hits=facts.cache_hits,
         requests_sent=counters.sent,
         retries=counters.retries,
-        statuses={s: statuses.get(s, 0) for s in STATUSES},
+        statuses={s: facts.statuses.get(s, 0) for s in STATUSES},
         prompt_tokens=counters.prompt_tokens,
         completion_tokens=counters.completion_tokens,
         cached_tokens=counters.cached_tokens,
         usage_unknown=counters.usage_unknown,
-        wall_seconds=wall_seconds,
+        wall_seconds=facts.wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
-        cost=cost,
-        cost_saved=cost_saved,
-        savings={} if savings is None else savings,
-        models={} if models is None else models,
-        mode=mode,
-        budget_stop=budget_stop,
+        cost=costs.cost,
+        cost_saved=costs.cost_saved,
+        savings=dict(costs.savings),
+        models=dict(costs.models),
+        mode=facts.mode,
+        budget_stop=facts.budget_stop,
         concurrency=counters.concurrency or None,
         concurrency_why=counters.concurrency_why or None,
-        cache=None if cache is None else str(cache),
+        cache=None if facts.cache is None else str(facts.cache),
     )
 
 

@@ -15,7 +15,15 @@ from datetime import UTC, datetime
 from .._cache import Cache
 from .._options import Job
 from .._outcome import Counters
-from .._report import RunReport, latest, make_report, remember_latest, sum_reports
+from .._report import (
+    RunCosts,
+    RunFacts,
+    RunReport,
+    latest,
+    make_report,
+    remember_latest,
+    sum_reports,
+)
 from .._status import STATUSES
 
 _unrecorded: weakref.WeakSet[Reports] = weakref.WeakSet()
@@ -131,7 +139,7 @@ def nothing_done(
     job: Job, started_at: datetime | None = None, wall_seconds: float = 0.0
 ) -> RunReport:
     """The report of rows answered without sending or looking up anything."""
-    return make_report(
+    facts = RunFacts(
         model=job.spec.model,
         endpoint=job.spec.endpoint,
         started_at=started_at or datetime.now(UTC),
@@ -141,9 +149,8 @@ def nothing_done(
         cache_hits=0,
         counters=Counters(),
         statuses={},
-        stopped=None,
-        cost=None if job.live_price is None else 0.0,
     )
+    return make_report(facts, RunCosts(cost=None if job.live_price is None else 0.0))
 
 
 def in_order(statuses: Mapping[str, int]) -> dict[str, int]:

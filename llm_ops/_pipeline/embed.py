@@ -13,7 +13,7 @@ import polars as pl
 from .._failures import failure_reasons
 from .._options import Columns
 from .._progress import ProgressCallback
-from .._report import RunReport, make_report
+from .._report import RunFacts, RunReport, make_report
 from .._spec import EmbeddingSpec
 from ..exceptions import ConfigError
 from .backend import Backend
@@ -48,7 +48,7 @@ async def embed_frame(
     added = _join_back(
         row_keys, done.vectors, frame[column].is_null(), column, columns, dimensions=spec.dimensions
     )
-    report = make_report(
+    facts = RunFacts(
         model=spec.model,
         endpoint=spec.endpoint,
         started_at=started_at,
@@ -61,7 +61,9 @@ async def embed_frame(
         stopped=done.stopped,
         cache=backend.cache.path if backend.cache else None,
     )
-    report = replace(report, errors=failure_reasons(added, columns.status, columns.error))
+    report = replace(
+        make_report(facts), errors=failure_reasons(added, columns.status, columns.error)
+    )
     if on_report is not None:
         on_report(report)
     elif backend.cache is not None:

@@ -23,7 +23,7 @@ import polars as pl
 from .._failures import failure_reasons
 from .._options import Job
 from .._pricing import SpendingCap
-from .._report import RunReport
+from .._report import RunFacts, RunReport
 from .backend import Backend
 from .dispatch import DispatchResult, dispatch, rows_of
 from .join import join, results_frame, status_counts
@@ -78,21 +78,24 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass
     columns = await join(
         planned.groups, results, job.columns, job.spec.schema, row_group=planned.row_group
     )
-    report = account(
-        job,
+    # answers another job sharing the cache sent while this one waited are hits too
+    hits = pl.concat([planned.hits, done.settled.filter(pl.col("status") != "similar")])
+    facts = RunFacts(
+        model=job.spec.model,
+        endpoint=job.spec.endpoint,
         started_at=started_at,
         wall_seconds=time.perf_counter() - clock,
         rows=frame.height,
-        distinct=planned.distinct,
-        # answers another job sharing the cache sent while this one waited are hits too
-        hits=pl.concat([planned.hits, done.settled.filter(pl.col("status") != "similar")]),
-        results=results,
-        statuses=status_counts(columns, job.columns),
+        distinct=planned.distinct.height,
+        cache_hits=hits.height,
         counters=done.counters,
+        statuses=status_counts(columns, job.columns),
         stopped=done.stopped,
         budget_stop=done.budget_stop,
         cache=backend.cache.path if backend.cache else None,
+        mode="live" if job.batching is None else "batch",
     )
+    report = account(job, facts, distinct=planned.distinct, hits=hits, results=results)
     report = replace(report, errors=failure_reasons(columns, job.columns.status, job.columns.error))
     row_keys = planned.groups.select("key").gather(planned.row_group)
     return ModelPass(columns, report, row_keys, results, done.stopped)

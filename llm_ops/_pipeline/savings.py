@@ -12,104 +12,57 @@ job spent when a saving is worked out (see :func:`prefix_discount`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 
 import polars as pl
 
 from .._options import Job
 from .._outcome import Counters
 from .._pricing import Price, add_costs, cost_or_none, subtract_costs
-from .._report import ModelUsage, RunReport, Saving, make_report
+from .._report import ModelUsage, RunCosts, RunFacts, RunReport, Saving, make_report
 from .._status import ANSWERED
 
 
 def account(
     job: Job,
+    facts: RunFacts,
     *,
-    started_at: datetime,
-    wall_seconds: float,
-    rows: int,
     distinct: pl.DataFrame,
     hits: pl.DataFrame,
     results: pl.DataFrame,
-    statuses: dict[str, int],
-    counters: Counters,
-    stopped: BaseException | None,
-    budget_stop: str | None,
-    cache: Path | None,
 ) -> RunReport:
     """The report of one model's pass: counts, tokens and cost, per model and per lever.
 
     ``distinct`` holds the pass's distinct requests, ``hits`` the cache's answers to them (the
     exact cache's, and those another job sharing it sent meanwhile), ``results`` every settled
     request (:data:`~llm_ops._status.RESULTS`)."""
-    return usage_report(
-        job,
-        tallies=tally(distinct, results, cache_hits=hits["key"]),
-        started_at=started_at,
-        wall_seconds=wall_seconds,
-        rows=rows,
-        distinct=distinct.height,
-        cache_hits=hits.height,
-        statuses=statuses,
-        counters=counters,
-        stopped=stopped,
-        budget_stop=budget_stop,
-        cache=cache,
-    )
+    return usage_report(job, facts, tally(distinct, results, cache_hits=hits["key"]))
 
 
-def usage_report(
-    job: Job,
-    *,
-    tallies: dict[str, Tally],
-    started_at: datetime,
-    wall_seconds: float,
-    rows: int,
-    distinct: int,
-    cache_hits: int,
-    statuses: dict[str, int],
-    counters: Counters,
-    stopped: BaseException | None,
-    budget_stop: str | None,
-    cache: Path | None,
-) -> RunReport:
-    """The report of a run (one model's pass, or a table's chunks) from its counts and the
-    :func:`tally` of its requests: counts, tokens and cost, per model and per lever.
+def usage_report(job: Job, facts: RunFacts, tallies: dict[str, Tally]) -> RunReport:
+    """The report of a run (one model's pass, or a table's chunks) from what it measured and
+    the :func:`tally` of its requests: counts, tokens and cost, per model and per lever.
 
     Everything is priced first, so the report is made once, complete."""
+    counters = facts.counters
     completions = completion_cost(job, counters)
     embeddings = embedding_cost(job, counters)
     cost = add_costs(completions, embeddings)
     at_full_input_price = add_costs(cost, prefix_discount(job.price, counters.cached_tokens))
-    answered_rows = sum(n for status, n in statuses.items() if status in ANSWERED)
-    return make_report(
-        model=job.spec.model,
-        endpoint=job.spec.endpoint,
-        started_at=started_at,
-        wall_seconds=wall_seconds,
-        rows=rows,
-        distinct=distinct,
-        cache_hits=cache_hits,
-        counters=counters,
-        statuses=statuses,
-        stopped=stopped,
+    answered_rows = sum(n for status, n in facts.statuses.items() if status in ANSWERED)
+    costs = RunCosts(
         cost=cost,
         cost_saved=subtract_costs(tallies["every_row"].cost(job.live_price), at_full_input_price),
         savings=lever_savings(
             job,
             tallies,
-            cached=cache is not None,
+            cached=facts.cache is not None,
             counters=counters,
             on_completions=completions,
             on_embeddings=embeddings,
         ),
         models=model_usage(job, counters, answered_rows, completions, embeddings),
-        mode="live" if job.batching is None else "batch",
-        budget_stop=budget_stop,
-        cache=cache,
     )
+    return make_report(facts, costs)
 
 
 def completion_cost(job: Job, counters: Counters) -> float | None:

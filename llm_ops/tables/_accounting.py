@@ -14,7 +14,7 @@ from .._outcome import Counters
 from .._pipeline.estimate import Estimate, price_plan
 from .._pipeline.plan import key_rows, lookup_answers
 from .._pipeline.savings import Tally, usage_report
-from .._report import RunReport
+from .._report import RunFacts, RunReport
 from ._files import read_batches
 from ._plan import TablePlan, open_plan_db
 
@@ -87,9 +87,9 @@ def table_report(
 ) -> RunReport:
     """The report of the job since ``started_at`` (not yet recorded): ``plan``'s counts, what
     its chunks took (``counters``) and the rows written per status, with their ``tallies``."""
-    return usage_report(
-        job,
-        tallies=tallies,
+    facts = RunFacts(
+        model=job.spec.model,
+        endpoint=job.spec.endpoint,
         started_at=started_at,
         wall_seconds=(datetime.now(UTC) - started_at).total_seconds(),
         rows=plan.rows,
@@ -100,7 +100,9 @@ def table_report(
         stopped=None,
         budget_stop=_budget_stop(job, counters),
         cache=cache.path,
+        mode="live" if job.batching is None else "batch",
     )
+    return usage_report(job, facts, tallies)
 
 
 def _budget_stop(job: Job, spent: Counters) -> str | None:
