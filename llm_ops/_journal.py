@@ -175,13 +175,14 @@ class JournalWriter:
 
     def answer(self, row: Mapping[str, Any]) -> None:
         """An ``llm_cache`` row: an answer to keep."""
-        self.add("llm_cache", row)
+        self.append_row("llm_cache", row)
 
     def vector(self, row: Mapping[str, Any]) -> None:
         """An ``llm_embeddings`` row."""
-        self.add("llm_embeddings", row)
+        self.append_row("llm_embeddings", row)
 
-    def add(self, table: str, row: Mapping[str, Any]) -> None:
+    def append_row(self, table: str, row: Mapping[str, Any]) -> None:
+        """Buffer ``row`` as a journal line of ``table``, written once the buffer is full."""
         line = orjson.dumps(row, default=_json_default)  # datetimes as ISO 8601
         if len(line) > LINE_MOST:
             # No merge could read it back, and every merge and lookup would fail on it.

@@ -73,7 +73,7 @@ def write_rows(
     if not rows:
         return
     for row in rows:
-        writer.add(table, row)
+        writer.append_row(table, row)
     writer.close(wait=wait)
 
 
@@ -87,9 +87,9 @@ def write_batch(writer: JournalWriter, part: Mapping[str, Any], keys: Sequence[s
     which request ``keys`` it carries."""
     row = {name: part.get(name) for name in COLUMNS["llm_batches"] if name != "key"}
     row["key"] = f"{part['job_id']}:{part['part']}:{part['state']}"
-    writer.add("llm_batches", row)
+    writer.append_row("llm_batches", row)
     for key in keys:
-        writer.add(
+        writer.append_row(
             "llm_batch_requests",
             {
                 "key": f"{part['job_id']}:{part['part']}:{key}",

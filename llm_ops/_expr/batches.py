@@ -227,14 +227,14 @@ class Batches:
             return self.runtime.run(on_loop()), reports
         except BaseException:
             for report in reports:
-                self.reports.add(report)
+                self.reports.include_batch(report)
             raise
 
     def answer(self, frame: pl.DataFrame, job: Job) -> pl.DataFrame:
         if self.client.cache is not None:  # the cache answers what earlier batches got
             columns, ran = self.run(frame, job)
             if ran is not None:
-                self.reports.add(ran)
+                self.reports.include_batch(ran)
             return columns
         # No cache: each distinct row is sent once per expression, whichever batch it is in.
         started_at, clock = datetime.now(UTC), time.perf_counter()
@@ -254,7 +254,7 @@ class Batches:
         ).drop(keys)
         if report is None:
             report = nothing_done(job, started_at, time.perf_counter() - clock)
-        self.reports.add(
+        self.reports.include_batch(
             dataclasses.replace(
                 report,
                 rows=frame.height,

@@ -79,7 +79,8 @@ class Reports:
             return self.total
         return dataclasses.replace(nothing_done(job), run_id=self.run_id)
 
-    def add(self, report: RunReport) -> None:
+    def include_batch(self, report: RunReport) -> None:
+        """Add one batch's report to the total, and to what is still to be recorded."""
         with self._lock:
             both = [report] if self.total is None else [self.total, report]
             self.total = dataclasses.replace(added_up(both), run_id=self.run_id)

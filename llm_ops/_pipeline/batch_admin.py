@@ -51,7 +51,7 @@ async def collect(parts: list[BatchPart], backend: Backend, *, poll_seconds: flo
         answers = AnswerSink(runner.job, backend)
 
         async def keep(request: Request, outcome: Outcome, answers: AnswerSink = answers) -> None:
-            answers.add(request, outcome)
+            answers.keep(request, outcome)
 
         try:
             await runner.resume(same, keep)

@@ -210,14 +210,14 @@ async def _send(
     async def on_outcome(request: Request, outcome: Outcome) -> None:
         for member, answer in outcome.items or [(request, outcome)]:
             tracker.settled(member.rows, answer.status, answer.error)
-            answers.add(member, answer)
+            answers.keep(member, answer)
 
     def refuse(request: Request) -> bool:
         """Settle, unsent, a request whose answer the cache could not keep."""
         why = answers.unkeepable(request)
         if why is not None:
             tracker.settled(request.rows, "skipped", why)
-            answers.add(request, Outcome(key=request.key, status="skipped", error=why))
+            answers.keep(request, Outcome(key=request.key, status="skipped", error=why))
         return why is not None
 
     # Sorting a million misses takes seconds: not on the event loop. Packs take one run,

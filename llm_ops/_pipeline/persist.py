@@ -106,7 +106,8 @@ class AnswerSink:
             return None
         return unkeepable(request.request_json, self.answer_bytes)
 
-    def add(self, request: Request, outcome: Outcome) -> None:
+    def keep(self, request: Request, outcome: Outcome) -> None:
+        """Keep ``outcome`` for the dispatch's result, and a cacheable answer in the cache."""
         self.outcomes.append(outcome)
         if self.cache is None or outcome.status not in CACHEABLE:
             return

@@ -46,7 +46,7 @@ class Durations:
         self.total = 0.0
         self.longest = 0.0
 
-    def add(self, seconds: float) -> None:
+    def record(self, seconds: float) -> None:
         """Count one duration."""
         self._bins[int(math.log(max(seconds, self.FLOOR) / self.FLOOR) / self._LOG_WIDTH)] += 1
         self.count += 1
@@ -174,8 +174,8 @@ class DecodeBatch:
         finally:
             self._active -= 1
             slots.release()
-        self.queue_seconds.add(admitted - arrived)
-        self.decode_seconds.add(loop.time() - admitted)
+        self.queue_seconds.record(admitted - arrived)
+        self.decode_seconds.record(loop.time() - admitted)
 
     def close(self) -> None:
         """Stop the scheduler (the server is shutting down)."""
@@ -199,7 +199,7 @@ class DecodeBatch:
             self._queued -= 1
             self._active += 1
             self._finishing.setdefault(self._step + sequence.tokens, []).append(sequence)
-            self.queue_seconds.add(now - sequence.arrived)
+            self.queue_seconds.record(now - sequence.arrived)
         self.max_active = max(self.max_active, self._active)
 
     async def _run(self) -> None:
@@ -236,6 +236,6 @@ class DecodeBatch:
                     continue
                 sequence.state = _DONE
                 self._active -= 1
-                self.decode_seconds.add(finished - sequence.admitted)
+                self.decode_seconds.record(finished - sequence.admitted)
                 if not sequence.done.done():
                     sequence.done.set_result(None)

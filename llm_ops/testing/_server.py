@@ -854,7 +854,7 @@ class Simulator:
             await asyncio.sleep(reply.latency)
         self._settle(reply)
         if reply.status == 200:
-            self.answer_seconds.add(time.perf_counter() - started)
+            self.answer_seconds.record(time.perf_counter() - started)
         if reply.chunked:
             return await _send_chunked(request, json.dumps(reply.body).encode())
         if reply.raw is not None:
