@@ -65,7 +65,7 @@ def make_pack(members: tuple[Request, ...], system: str | None) -> Request:
 
 
 @dataclass(frozen=True)
-class Batch(Request):
+class EmbeddingsRequest(Request):
     """Several distinct inputs sent as one embeddings request."""
 
     keys: tuple[str, ...] = ()
@@ -73,12 +73,12 @@ class Batch(Request):
     requests_json: tuple[str, ...] = ()
     input_rows: tuple[int, ...] = ()  # input rows waiting for each input
 
-    def split(self) -> tuple[Batch, Batch]:
+    def split(self) -> tuple[EmbeddingsRequest, EmbeddingsRequest]:
         """Two halves, each its own request."""
         middle = len(self.inputs) // 2
         halves = (slice(None, middle), slice(middle, None))
         return tuple(  # type: ignore[return-value]
-            Batch(
+            EmbeddingsRequest(
                 key=f"{self.key}.{n}",
                 messages=[],
                 request_json="",
@@ -100,7 +100,7 @@ class Outcome:
     status: Sent
     text: str | None = None
     json: str | None = None  # normalised structured answer, when a schema was asked for
-    vectors: list[list[float]] | None = None  # embeddings, one per input of a Batch
+    vectors: list[list[float]] | None = None  # embeddings, one per input of an EmbeddingsRequest
     items: list[tuple[Request, Outcome]] | None = None  # a pack's members and their outcomes
     error: str | None = None
     finish_reason: str | None = None

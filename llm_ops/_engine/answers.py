@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 from yarl import URL
 
-from .._outcome import TRUNCATED_MESSAGE, Batch, Counters, Outcome, Pack, Request, Sent
+from .._outcome import TRUNCATED_MESSAGE, Counters, EmbeddingsRequest, Outcome, Pack, Request, Sent
 from .._pack import unpack
 from .._schema import InvalidOutput
 from .boundary import one_line, redact
@@ -278,8 +278,8 @@ def _validated(outcome: Outcome, text: str, validate: Callable[[str], str]) -> N
 
 
 class EmbeddingReader(Reader):
-    """Reads ``/embeddings`` answers: one finite vector per input of a :class:`Batch`, of
-    ``dimensions`` numbers when that was asked for."""
+    """Reads ``/embeddings`` answers: one finite vector per input of an
+    :class:`EmbeddingsRequest`, of ``dimensions`` numbers when that was asked for."""
 
     def __init__(
         self, counters: Counters, secrets: Sequence[str | None], dimensions: int | None = None
@@ -288,7 +288,7 @@ class EmbeddingReader(Reader):
         self.dimensions = dimensions
 
     def read(self, request: Request, payload: bytes) -> Outcome:
-        expected = len(request.inputs) if isinstance(request, Batch) else 0
+        expected = len(request.inputs) if isinstance(request, EmbeddingsRequest) else 0
         try:
             body = load(payload)
             items = sorted(body["data"], key=lambda item: item["index"])

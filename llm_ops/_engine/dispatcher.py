@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .._outcome import Batch, Counters, Outcome, Pack, Request
+from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
@@ -524,7 +524,8 @@ async def _nothing(request: Request, outcome: Outcome) -> None:
 
 
 class EmbeddingDispatcher(Dispatcher):
-    """Sends :class:`Batch` requests to ``/embeddings``; an outcome carries one vector per input."""
+    """Sends :class:`EmbeddingsRequest` requests to ``/embeddings``; an outcome carries one
+    vector per input."""
 
     path = "embeddings"
 
@@ -532,21 +533,21 @@ class EmbeddingDispatcher(Dispatcher):
         return EmbeddingReader(self.counters, self.engine.secrets, self.params.get("dimensions"))
 
     def estimate_tokens(self, request: Request) -> int:
-        inputs = request.inputs if isinstance(request, Batch) else ()
+        inputs = request.inputs if isinstance(request, EmbeddingsRequest) else ()
         return approx_tokens(sum(len(text) for text in inputs)) + len(inputs)
 
     def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
-        inputs = list(request.inputs) if isinstance(request, Batch) else []
+        inputs = list(request.inputs) if isinstance(request, EmbeddingsRequest) else []
         return {"model": self.model, "input": inputs, **self.params}
 
     def max_bytes(self, request: Request) -> int:
-        inputs = len(request.inputs) if isinstance(request, Batch) else 1
+        inputs = len(request.inputs) if isinstance(request, EmbeddingsRequest) else 1
         return self.settings.max_response_bytes + EMBEDDING_BYTES_PER_INPUT * inputs
 
     async def _attempt_loop(self, request: Request) -> Outcome:
         """Send a batch; when the endpoint refuses it (say, one input is too long for it),
         split it in halves and send each, down to single inputs, so only a bad input fails."""
-        if not isinstance(request, Batch) or len(request.inputs) < 2:
+        if not isinstance(request, EmbeddingsRequest) or len(request.inputs) < 2:
             return await self._request_loop(request)
         outcome = await self._request_loop(request, split_on_status=True)
         if outcome.status not in ("failed", "rejected") or outcome.http_status in (None, 429):

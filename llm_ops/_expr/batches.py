@@ -150,7 +150,7 @@ class BatchRowsFailedError(RowsFailedError):
         self.rows, self.errors, self.statuses = rows, errors, statuses
 
 
-class Batches:
+class ExprBatchFunction:
     """The batch function of one expression: every batch Polars hands it goes through its
     client, one batch at a time."""
 
@@ -265,7 +265,7 @@ class Batches:
         return columns
 
 
-class Completions(Batches):
+class Completions(ExprBatchFunction):
     """``.llm.complete`` and the expressions made of it (classify, extract, filter)."""
 
     def __init__(
@@ -341,7 +341,7 @@ class Completions(Batches):
         return columns, report
 
 
-class Embeddings(Batches):
+class Embeddings(ExprBatchFunction):
     """``.llm.embed``."""
 
     def __init__(

@@ -12,7 +12,7 @@ import polars as pl
 
 from .._engine.dispatcher import EmbeddingDispatcher
 from .._key import canonical_json
-from .._outcome import Batch, Counters, Outcome, Request
+from .._outcome import Counters, EmbeddingsRequest, Outcome, Request
 from .._progress import ProgressCallback, Tracker
 from .._spec import EmbeddingSpec
 from .._template import render
@@ -38,10 +38,10 @@ def distinct_texts(
     return row_keys, grouped.select("key", "prompt", "rows")
 
 
-def _batches(misses: pl.DataFrame, spec: EmbeddingSpec, size: int) -> Iterator[Request]:
+def _embedding_requests(misses: pl.DataFrame, spec: EmbeddingSpec, size: int) -> Iterator[Request]:
     for number, chunk in enumerate(misses.iter_slices(size)):
         texts = chunk["prompt"].to_list()
-        yield Batch(
+        yield EmbeddingsRequest(
             key=f"batch-{number}",
             messages=[],
             request_json="",
@@ -104,13 +104,13 @@ async def embed_distinct(
     )
 
     async def on_outcome(request: Request, outcome: Outcome) -> None:
-        for batch, result in outcome.items or [(request, outcome)]:  # split batches: halves
-            assert isinstance(batch, Batch)
-            tracker.rows_done += batch.rows
-            vectors = result.vectors or [None] * len(batch.keys)  # type: ignore[list-item]
-            share = result.prompt_tokens // max(1, len(batch.keys)) if result.usage_known else None
+        for sent, result in outcome.items or [(request, outcome)]:  # a split request: its halves
+            assert isinstance(sent, EmbeddingsRequest)
+            tracker.rows_done += sent.rows
+            vectors = result.vectors or [None] * len(sent.keys)  # type: ignore[list-item]
+            share = result.prompt_tokens // max(1, len(sent.keys)) if result.usage_known else None
             for key, vector, request_json in zip(
-                batch.keys, vectors, batch.requests_json, strict=True
+                sent.keys, vectors, sent.requests_json, strict=True
             ):
                 answered.append((key, vector, result.status, result.error))
                 if vector is not None and cache_writer is not None:
@@ -129,7 +129,7 @@ async def embed_distinct(
 
     stopped = await dispatch_durably(
         dispatcher,
-        _batches(misses, spec, inputs_per_request),
+        _embedding_requests(misses, spec, inputs_per_request),
         on_outcome,
         cache_writer=cache_writer,
         tracker=tracker,
