@@ -412,9 +412,9 @@ def make_job(
         )
     models = models_of(model)
     output = options.get("output", "completion")
-    prompt_template = parse_template(prompt, what="prompt")
+    prompt_template = parse_template(prompt, argument="prompt")
     system = options.get("system")
-    system_template = None if system is None else parse_template(system, what="system")
+    system_template = None if system is None else parse_template(system, argument="system")
     schema = options.get("schema")
     structured = output_schema(schema) if schema is not None else None
     semantic = options.get("semantic_cache")
@@ -520,9 +520,9 @@ def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
     job.columns.check_free(columns)
     if job.cascade is not None and job.cascade.escalate is not None:
         check_escalation(job.cascade.escalate, columns, job.columns.output, job.spec.schema)
-    check_columns(job.spec.prompt, columns, what="prompt")
+    check_columns(job.spec.prompt, columns, argument="prompt")
     if job.spec.system is not None:
-        check_columns(job.spec.system, columns, what="system")
+        check_columns(job.spec.system, columns, argument="system")
 
 
 def check_embedding(
@@ -543,7 +543,7 @@ def check_embedding(
         raise ConfigError(
             f"column {column!r} is not in the table; available columns: {', '.join(columns)}"
         )
-    render(column, columns[column], what="llm_embed")  # raises if it cannot be text
+    render(column, columns[column], used_by="llm_embed")  # raises if it cannot be text
     positive_int("inputs_per_request", inputs_per_request)
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")

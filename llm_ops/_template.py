@@ -47,7 +47,7 @@ from .exceptions import TemplateError
 _AS_CAST = (pl.String, pl.Categorical, pl.Enum, pl.Boolean, pl.Date, pl.Null)
 
 
-def render(column: str, dtype: pl.DataType, *, what: str = "prompt") -> pl.Expr:
+def render(column: str, dtype: pl.DataType, *, used_by: str = "prompt") -> pl.Expr:
     """The values of ``column`` (of type ``dtype``) as prompt text, as the module's docstring
     defines it; null where the value is null.
 
@@ -76,7 +76,7 @@ def render(column: str, dtype: pl.DataType, *, what: str = "prompt") -> pl.Expr:
         return _decimal(value, dtype)
     if dtype.is_numeric() or isinstance(dtype, _AS_CAST):
         return value.cast(pl.String)
-    raise TemplateError(unrenderable(column, dtype, what=what))
+    raise TemplateError(unrenderable(column, dtype, used_by=used_by))
 
 
 def _datetime(value: pl.Expr, dtype: pl.Datetime) -> pl.Expr:
@@ -112,7 +112,7 @@ def _decimal(value: pl.Expr, dtype: pl.Decimal) -> pl.Expr:
     return text.str.strip_chars_end("0").str.strip_suffix(".")
 
 
-def unrenderable(column: str, dtype: pl.DataType, *, what: str) -> str:
+def unrenderable(column: str, dtype: pl.DataType, *, used_by: str) -> str:
     """Why ``column`` of type ``dtype`` cannot be rendered, and how to make it text."""
     ref = f"pl.col({column!r})"
     if isinstance(dtype, pl.List | pl.Array):
@@ -127,7 +127,7 @@ def unrenderable(column: str, dtype: pl.DataType, *, what: str) -> str:
     else:
         fix = f"convert it to text first, e.g. df.with_columns({ref}.map_elements(str))"
     return (
-        f"{what} references column {column!r} of type {dtype}, which cannot be rendered as "
+        f"{used_by} references column {column!r} of type {dtype}, which cannot be rendered as "
         f"text; {fix}"
     )
 
@@ -144,7 +144,7 @@ class Template:
         """The referenced columns, each once, in order of first use."""
         return tuple(dict.fromkeys(col for _, col in self.parts if col is not None))
 
-    def expr(self, schema: Mapping[str, pl.DataType], *, what: str = "prompt") -> pl.Expr:
+    def expr(self, schema: Mapping[str, pl.DataType], *, argument: str = "prompt") -> pl.Expr:
         """A Polars expression rendering the template over columns of ``schema``'s types (see
         :func:`render`); null when any referenced column is null.
 
@@ -158,7 +158,7 @@ class Template:
             if literal:
                 pieces.append(pl.lit(literal, dtype=pl.String))
             if column is not None:
-                pieces.append(render(column, schema[column], what=f"{what} template"))
+                pieces.append(render(column, schema[column], used_by=f"{argument} template"))
         if not pieces:
             return pl.lit("", dtype=pl.String)
         return pl.concat_str(pieces, ignore_nulls=False)
@@ -184,33 +184,33 @@ class Template:
         return pl.concat_str([groups.struct[i] for i in range(count)], separator="\n")
 
 
-def parse_template(source: str, *, what: str = "prompt") -> Template:
+def parse_template(source: str, *, argument: str = "prompt") -> Template:
     """Parse ``source``, raising :class:`TemplateError` if it is not a plain-column template."""
     if not isinstance(source, str):
         raise TemplateError(
-            f"{what} must be a string template like 'Summarize: {{text}}', "
+            f"{argument} must be a string template like 'Summarize: {{text}}', "
             f"got {type(source).__name__}"
         )
     if not source.strip():
         raise TemplateError(
-            f"{what} template is empty; write what to ask, e.g. "
+            f"{argument} template is empty; write what to ask, e.g. "
             "'Summarize: {text}' (a template without {column} references is "
             "fine: every row then gets the one answer)"
         )
     parts: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in fields_of(source, what=what):
+    for literal, field, spec, conversion in fields_of(source, argument=argument):
         if field is None:
             parts.append((literal, None))
             continue
         if field == "" or field.isdigit():
             raise TemplateError(
-                f"{what} template {source!r} has a positional field {{{field}}}; "
+                f"{argument} template {source!r} has a positional field {{{field}}}; "
                 "name a column instead, e.g. {text}"
             )
         if "." in field or "[" in field or conversion is not None or spec:
             shown = field_text(field, spec, conversion)
             raise TemplateError(
-                f"{what} template {source!r} uses {{{shown}}}; only plain column names are "
+                f"{argument} template {source!r} uses {{{shown}}}; only plain column names are "
                 "allowed. Compute the value into its own column first (e.g. with "
                 "df.with_columns(...)) and reference that column."
             )
@@ -223,13 +223,13 @@ Field = tuple[str, str | None, str | None, str | None]
 field's name, format spec and conversion (``None`` after the last field)."""
 
 
-def fields_of(source: str, *, what: str) -> list[Field]:
+def fields_of(source: str, *, argument: str) -> list[Field]:
     """``source``'s pieces, raising :class:`TemplateError` where its braces do not match."""
     try:
         return list(string.Formatter().parse(source))
     except ValueError as exc:
         raise TemplateError(
-            f"{what} template {source!r} is malformed ({exc}); "
+            f"{argument} template {source!r} is malformed ({exc}); "
             "write literal braces as {{ and }}"
         ) from exc
 
@@ -239,13 +239,13 @@ def field_text(field: str, spec: str | None, conversion: str | None) -> str:
     return field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
 
 
-def check_columns(template: Template, schema: Mapping[str, pl.DataType], *, what: str) -> None:
+def check_columns(template: Template, schema: Mapping[str, pl.DataType], *, argument: str) -> None:
     """Raise :class:`TemplateError` for unknown columns or values that cannot become text."""
     for column in template.columns:
         if column not in schema:
             available = ", ".join(schema) or "(none)"
             raise TemplateError(
-                f"{what} template references column {column!r}, which is not in the table; "
+                f"{argument} template references column {column!r}, which is not in the table; "
                 f"available columns: {available}"
             )
-        render(column, schema[column], what=f"{what} template")
+        render(column, schema[column], used_by=f"{argument} template")

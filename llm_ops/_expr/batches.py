@@ -49,7 +49,7 @@ def completion(
     expr: pl.Expr,
     ask: Ask,
     prompt: str | None,
-    what: str,
+    caller: str,
     model: ModelOption,
     output: Output,
     client: Client | None,
@@ -71,7 +71,7 @@ def completion(
         ask=ask,
         output=output,
         answer=answer,
-        what=what,
+        caller=caller,
     )
     return batches.over(expr), batches
 
@@ -278,17 +278,17 @@ class Completions(ExprBatchFunction):
         ask: Ask,
         output: Output,
         answer: str = "answer",
-        what: str,
+        caller: str,
     ):
         super().__init__(client, output=output, options=options)
         self.ask = ask
         self.model = model
-        self.what = what
+        self.caller = caller
         self.prompt = prompt if prompt is not None else (ask.prompt or "{}")
         self.system = options.get("system")
         schema = options.get("schema")
         if ask.schema is not None and schema is not None:
-            raise ConfigError(f"{what} asks for its own schema; drop schema=")
+            raise ConfigError(f"{caller} asks for its own schema; drop schema=")
         self.options: CallOptions = {
             **options,
             "output": answer,
@@ -302,7 +302,9 @@ class Completions(ExprBatchFunction):
     def job_for(self, name: str, *, value: bool | None) -> Job:
         """The job for a batch whose value is the column ``name`` (``value=True``), or whose
         struct's fields are the columns (``value=False``); ``None``: not known yet."""
-        prompt, system = templates_for(self.prompt, self.system, name, value=value, what=self.what)
+        prompt, system = templates_for(
+            self.prompt, self.system, name, value=value, caller=self.caller
+        )
         return make_job(
             prompt=prompt,
             model=self.model,
@@ -318,7 +320,7 @@ class Completions(ExprBatchFunction):
             taken = [field for field in frame.columns if field in reserved]
             if taken:
                 raise ConfigError(
-                    f"{self.what}: the struct's field {taken[0]!r} is a name the answer's "
+                    f"{self.caller}: the struct's field {taken[0]!r} is a name the answer's "
                     f"columns use ({', '.join(reserved)}); rename it inside the struct, e.g. "
                     f"pl.struct(pl.col({taken[0]!r}).alias('{taken[0]}_'), ...)"
                 )

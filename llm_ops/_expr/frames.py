@@ -389,7 +389,7 @@ def _add_columns(
     client: Client | None,
     options: Mapping[str, Any],
     ask: Ask,
-    what: str,
+    caller: str,
 ) -> Frame | tuple[Frame, RunReport]:
     schema = schema_of(df)
     if not isinstance(column, str) or column not in schema:
@@ -401,7 +401,7 @@ def _add_columns(
     template = prompt if prompt is not None else cast(str, ask.prompt)
     values = _values(df, template, options)
     expr, batches = completion(
-        values, ask, template, what, model, "struct", client, options, output
+        values, ask, template, caller, model, "struct", client, options, output
     )
     fields = [field.name for field in cast(pl.Struct, batches.dtype).fields]
     names = {field: output if field == "answer" else f"{output}_{field}" for field in fields}
@@ -436,12 +436,12 @@ def _values(df: Frame, prompt: object, options: Mapping[str, Any]) -> pl.Expr:
             f"prompt must be a template string like 'Is {{text}} late?', got {prompt!r}"
         )
     schema = schema_of(df)
-    templates = [parse_template(prompt, what="prompt")]
+    templates = [parse_template(prompt, argument="prompt")]
     system = options.get("system")
     if system is not None:
-        templates.append(parse_template(system, what="system"))
-    for template, what in zip(templates, ("prompt", "system"), strict=False):
-        check_columns(template, schema, what=what)
+        templates.append(parse_template(system, argument="system"))
+    for template, argument in zip(templates, ("prompt", "system"), strict=False):
+        check_columns(template, schema, argument=argument)
     columns = [c for template in templates for c in template.columns]
     if not templates[0].columns:
         raise ConfigError(

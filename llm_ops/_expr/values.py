@@ -33,50 +33,51 @@ def value_name(name: str, reserved: Sequence[str]) -> str:
 
 
 def templates_for(
-    prompt: str, system: str | None, name: str, *, value: bool | None, what: str
+    prompt: str, system: str | None, name: str, *, value: bool | None, caller: str
 ) -> tuple[str, str | None]:
     """``prompt`` and ``system`` as templates over a batch whose value is the column ``name``
     (``value=True``), or whose struct's fields are the columns (``value=False``; ``None``: not
     known yet, as when the expression is made), raising :class:`TemplateError` where they do
     not fit that batch."""
-    rendered, in_prompt = with_value(prompt, name, what="prompt")
+    rendered, in_prompt = with_value(prompt, name, argument="prompt")
     system_rendered, in_system = (
-        (None, False) if system is None else with_value(system, name, what="system")
+        (None, False) if system is None else with_value(system, name, argument="system")
     )
     named = named_fields(prompt) + named_fields(system or "")
     if value is True and named:
         raise TemplateError(
-            f"{what}: the prompt names {{{named[0]}}}, but the expression's value is "
+            f"{caller}: the prompt names {{{named[0]}}}, but the expression's value is "
             "one column: write {} for it (e.g. 'Summarize: {}'), or ask of a struct of "
-            f"the columns, e.g. pl.struct({named[0]!r}, ...).llm.{what}(...)"
+            f"the columns, e.g. pl.struct({named[0]!r}, ...).llm.{caller}(...)"
         )
     if value is True and not in_prompt:
         raise TemplateError(
-            f"{what}: the prompt {prompt!r} does not use the value: write {{}} "
+            f"{caller}: the prompt {prompt!r} does not use the value: write {{}} "
             "where it goes, e.g. 'Summarize: {}'"
         )
     if value is False and (in_prompt or in_system):
         raise TemplateError(
-            f"{what}: the expression is a struct, so the prompt names its fields, "
+            f"{caller}: the expression is a struct, so the prompt names its fields, "
             "e.g. '{title}: {text}'; {} stands for a single column's value"
         )
     if value is None and named and (in_prompt or in_system):
         raise TemplateError(
-            f"{what}: the prompt uses both {{}} and {{{named[0]}}}: use {{}} for a "
+            f"{caller}: the prompt uses both {{}} and {{{named[0]}}}: use {{}} for a "
             "single column's value, or field names for a struct's fields"
         )
     return rendered, system_rendered
 
 
-def with_value(source: str, name: str, *, what: str) -> tuple[str, bool]:
+def with_value(source: str, name: str, *, argument: str) -> tuple[str, bool]:
     """``source`` with every ``{}`` standing for the column ``name``, and whether it has one."""
     if not isinstance(source, str):
         raise TemplateError(
-            f"{what} must be a string template like 'Summarize: {{}}', got {type(source).__name__}"
+            f"{argument} must be a string template like 'Summarize: {{}}', "
+            f"got {type(source).__name__}"
         )
     pieces: list[str] = []
     used = False
-    for literal, field, spec, conversion in fields_of(source, what=what):
+    for literal, field, spec, conversion in fields_of(source, argument=argument):
         pieces.append(escaped(literal))
         if field is None:
             continue
@@ -89,4 +90,4 @@ def with_value(source: str, name: str, *, what: str) -> tuple[str, bool]:
 
 
 def named_fields(source: str) -> list[str]:
-    return [field for _, field, _, _ in fields_of(source, what="prompt") if field]
+    return [field for _, field, _, _ in fields_of(source, argument="prompt") if field]

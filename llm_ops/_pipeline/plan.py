@@ -67,7 +67,7 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
     )
     row_group, values, counts = group_rows(frame, referenced)
     system = (
-        spec.system.expr(values.schema, what="system")
+        spec.system.expr(values.schema, argument="system")
         if spec.system
         else pl.lit(None, dtype=pl.String)
     )

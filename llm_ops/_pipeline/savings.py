@@ -243,5 +243,5 @@ def lever_savings(
     return savings
 
 
-def _saving(what: Tally, price: Price | None) -> Saving:
-    return Saving(what.requests, what.cost(price))
+def _saving(counted: Tally, price: Price | None) -> Saving:
+    return Saving(counted.requests, counted.cost(price))

@@ -30,7 +30,7 @@ def distinct_texts(
     keys do not depend on its time unit either.
     """
     texts = frame.select(
-        render(column, frame.schema[column], what="llm_embed").alias("prompt"),
+        render(column, frame.schema[column], used_by="llm_embed").alias("prompt"),
         pl.lit(None, dtype=pl.String).alias("system"),
     )
     expression, parameters = spec.key_sql()

@@ -124,10 +124,10 @@ class LocalEndpoint:
         self.config = SimulatorConfig(**config)
         self._call("POST", "config", asdict(self.config))
 
-    def _call(self, method: str, what: str, payload: Any = None) -> dict[str, Any]:
+    def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
         root = self.base_url.removesuffix("/v1")
         data = json.dumps(payload).encode() if method == "POST" else None
-        request = urllib.request.Request(f"{root}/_sim/{what}", method=method, data=data)
+        request = urllib.request.Request(f"{root}/_sim/{control}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:
             result: dict[str, Any] = json.load(response)
         return result
