@@ -88,6 +88,15 @@ class DispatchResult:
     budget_stop: str | None = None
     settled: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=RESULTS))
 
+    def absorb(self, later: DispatchResult) -> None:
+        """Take in what a later dispatch of the same job produced: its outcomes, counters and
+        settled misses are added, and it says whether and why sending stopped."""
+        self.outcomes += later.outcomes
+        self.counters.add(later.counters)
+        self.settled = pl.concat([self.settled, later.settled])
+        self.stopped = later.stopped
+        self.budget_stop = self.budget_stop or later.budget_stop
+
 
 Send = Callable[[pl.DataFrame, int], Awaitable[DispatchResult]]
 """How a lever hands requests (``REQUESTS``) back to the line's dispatch, with the rows still
@@ -164,11 +173,7 @@ async def _settle_claimed_by_others(
                 budget=budget,
                 checked=free,
             )
-            done.outcomes += again.outcomes
-            done.counters.add(again.counters)
-            done.settled = pl.concat([done.settled, again.settled])
-            done.stopped = again.stopped
-            done.budget_stop = done.budget_stop or again.budget_stop
+            done.absorb(again)
         elif pending:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -249,7 +254,5 @@ async def _send(
             rows_settled=rows - int(misses["rows"].sum()),
             budget=None if budget is None else replace(budget, price=job.live_price),
         )
-        done.outcomes += live.outcomes
-        done.counters.add(live.counters)
-        done.stopped = live.stopped
+        done.absorb(live)
     return done

@@ -63,18 +63,14 @@ async def answer_by_similarity(
     if budget is not None:
         spent = embedding_cost(job, counters) or 0.0
         budget.charge(spent, counters.embedding_requests, counters.embedding_tokens)
+    result = DispatchResult([], counters, None, settled=similar.results)
     done = await send(similar.misses, rows_of(similar.followers))
-    counters.add(done.counters)
+    result.absorb(done)
     followed, resend = follow_leaders(similar.followers, done.outcomes)
-    outcomes, stopped, budget_stop = done.outcomes, done.stopped, done.budget_stop
-    settled = [similar.results, followed, done.settled]
-    if not resend.is_empty() and stopped is None:  # their leaders got no answer
-        again = await send(resend, 0)
-        counters.add(again.counters)
-        outcomes, stopped = outcomes + again.outcomes, again.stopped
-        budget_stop = budget_stop or again.budget_stop
-        settled.append(again.settled)
-    return DispatchResult(outcomes, counters, stopped, budget_stop, settled=pl.concat(settled))
+    result.settled = pl.concat([result.settled, followed])
+    if not resend.is_empty() and result.stopped is None:  # their leaders got no answer
+        result.absorb(await send(resend, 0))
+    return result
 
 
 @dataclass
