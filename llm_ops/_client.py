@@ -220,20 +220,13 @@ class Client:
         """:meth:`complete` of a LazyFrame: checked against its schema now, sent on this
         client when it is collected (its report is then :func:`llm_ops.last_report`)."""
         job = self._job(prompt, model, options, columns=df.collect_schema())
-        if return_report:
-            raise ConfigError(
-                "return_report=True needs an eager frame: a LazyFrame is answered when it is "
-                "collected; then read llm_ops.last_report()"
-            )
-
-        def run(frame: pl.DataFrame) -> pl.DataFrame:
-            result: pl.DataFrame
-            result, report = self.run(self._complete(frame, prompt, model, options))
-            remember_latest(lambda: report)
-            warn_failed_rows(report, options)
-            return result
-
-        return deferred(df, run, job.added)
+        return complete_later(
+            df,
+            job,
+            return_report,
+            options,
+            send=lambda frame: self.run(self._complete(frame, prompt, model, options)),
+        )
 
     async def _complete(
         self, df: Frame, prompt: str, model: ModelOption, options: CallOptions
@@ -270,9 +263,8 @@ class Client:
             on_error=on_error,
         )
         if isinstance(df, pl.LazyFrame):
-            vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
 
-            def later(frame: pl.DataFrame) -> pl.DataFrame:
+            def send(frame: pl.DataFrame) -> pl.DataFrame:
                 embedded: pl.DataFrame = self.embed(
                     frame,
                     column,
@@ -282,9 +274,9 @@ class Client:
                     inputs_per_request=inputs_per_request,
                     **options,
                 )
-                return embedded.with_columns(pl.col(output).cast(vector))
+                return embedded
 
-            lazy: Frame = deferred(df, later, columns.dtypes(vector))
+            lazy: Frame = embed_later(df, columns, dimensions, send)
             return lazy
         spec = EmbeddingSpec(self.endpoint.identity, _model(model), dimensions)
         frame = to_polars(df)
@@ -570,6 +562,48 @@ def _model(model: object) -> str:
             f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
         )
     return model
+
+
+def complete_later(
+    df: pl.LazyFrame,
+    job: Job,
+    return_report: bool,
+    options: CallOptions,
+    *,
+    send: Callable[[pl.DataFrame], tuple[pl.DataFrame, RunReport]],
+) -> pl.LazyFrame:
+    """A completion of a LazyFrame, ``job`` already checked against its schema: ``send``
+    answers the collected frame (its report is then :func:`llm_ops.last_report`)."""
+    if return_report:
+        raise ConfigError(
+            "return_report=True needs an eager frame: a LazyFrame is answered when it is "
+            "collected; then read llm_ops.last_report()"
+        )
+
+    def run(frame: pl.DataFrame) -> pl.DataFrame:
+        result, report = send(frame)
+        remember_latest(lambda: report)
+        warn_failed_rows(report, options)
+        return result
+
+    return deferred(df, run, job.added)
+
+
+def embed_later(
+    df: pl.LazyFrame,
+    columns: Columns,
+    dimensions: int | None,
+    send: Callable[[pl.DataFrame], pl.DataFrame],
+) -> pl.LazyFrame:
+    """An embedding of a LazyFrame, already checked (``columns`` it adds): ``send`` embeds
+    the collected frame. Without ``dimensions`` the vectors' size is unknown until then, so
+    they are a ``List``."""
+    vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
+
+    def run(frame: pl.DataFrame) -> pl.DataFrame:
+        return send(frame).with_columns(pl.col(columns.output).cast(vector))
+
+    return deferred(df, run, columns.dtypes(vector))
 
 
 def warn_failed_rows(report: RunReport, options: CallOptions) -> None:

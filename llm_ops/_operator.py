@@ -12,8 +12,8 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from ._client import Client, warn_failed_rows
-from ._frames import Frame, PolarsFrame, deferred
+from ._client import Client, complete_later, embed_later, warn_failed_rows
+from ._frames import Frame, PolarsFrame
 from ._options import (
     EmbedOptions,
     ModelOption,
@@ -23,8 +23,7 @@ from ._options import (
     split_options,
 )
 from ._pipeline.estimate import Estimate
-from ._report import RunReport, remember_latest
-from .exceptions import ConfigError
+from ._report import RunReport
 
 
 @overload
@@ -415,24 +414,16 @@ def _complete_later(
     return_report: bool,
     options: Options,
 ) -> pl.LazyFrame:
-    """``llm_complete`` of a LazyFrame: checked now, run when it is collected."""
+    """``llm_complete`` of a LazyFrame: checked now, sent on a client of its own when it is
+    collected."""
     made, call = split_options(options)
-    # the job as llm_complete makes it, checked against the schema before anything is sent
     job = Client(**made)._job(prompt, model, call, columns=df.collect_schema())
-    if return_report:
-        raise ConfigError(
-            "return_report=True needs an eager frame: a LazyFrame is answered when it is "
-            "collected; then read llm_ops.last_report()"
-        )
 
-    def run(frame: pl.DataFrame) -> pl.DataFrame:
-        result, report = llm_complete(
-            frame, prompt=prompt, model=model, return_report=True, **options
-        )
-        remember_latest(lambda: report)
-        return result
+    def send(frame: pl.DataFrame) -> tuple[pl.DataFrame, RunReport]:
+        with Client(**made) as client:
+            return client.run(client._complete(frame, prompt, model, call))
 
-    return deferred(df, run, job.added)
+    return complete_later(df, job, return_report, call, send=send)
 
 
 def _embed_later(
@@ -444,10 +435,11 @@ def _embed_later(
     inputs_per_request: int,
     options: EmbedOptions,
 ) -> pl.LazyFrame:
-    """``llm_embed`` of a LazyFrame: checked now, run when it is collected."""
-    made, _ = split_options(options)
+    """``llm_embed`` of a LazyFrame: checked now, sent on a client of its own when it is
+    collected."""
+    made, call = split_options(options)
     Client(**made)  # its options checked
-    added = check_embedding(
+    columns = check_embedding(
         df.collect_schema(),
         column=column,
         model=model,
@@ -456,21 +448,21 @@ def _embed_later(
         inputs_per_request=inputs_per_request,
         on_error=options.get("on_error", "null"),
     )
-    vector = pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
 
-    def run(frame: pl.DataFrame) -> pl.DataFrame:
-        embedded = llm_embed(
-            frame,
-            column=column,
-            model=model,
-            output=output,
-            dimensions=dimensions,
-            inputs_per_request=inputs_per_request,
-            **options,
-        )
-        return embedded.with_columns(pl.col(output).cast(vector))
+    def send(frame: pl.DataFrame) -> pl.DataFrame:
+        with Client(**made) as client:
+            embedded: pl.DataFrame = client.embed(
+                frame,
+                column,
+                model=model,
+                output=output,
+                dimensions=dimensions,
+                inputs_per_request=inputs_per_request,
+                **cast(ResultOptions, call),
+            )
+        return embedded
 
-    return deferred(df, run, added.dtypes(vector))
+    return embed_later(df, columns, dimensions, send)
 
 
 def estimate(
