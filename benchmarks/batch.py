@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 from baseline import baseline_complete
 
-from llm_ops import PRICES, llm_complete
+from llm_ops import PRICES, BatchMode, llm_complete
 from llm_ops.testing import LocalEndpoint, expected_reply
 
 PROMPT = "Summarize: {text}"
@@ -67,14 +67,13 @@ def main() -> None:
                 llm_complete,
                 prompt=PROMPT,
                 model="sim",
-                base_url=endpoint.base_url,
+                endpoint=endpoint.base_url,
                 cache=Path(work) / f"{mode}.duckdb",
                 concurrency=64,
-                mode=mode,
+                batch=BatchMode(poll_seconds=1.0) if mode == "batch" else False,
                 pricing={"sim": price},
                 progress=False,
                 return_report=True,
-                **({"batch_poll_seconds": 1.0} if mode == "batch" else {}),
             )
             wall = time.perf_counter() - started
             stats = endpoint.stats()

@@ -48,7 +48,7 @@ def worker(kind: str, source: str, base_url: str, work: str) -> None:
         from llm_ops import Client
         from llm_ops.tables import Table
 
-        with Client(base_url=base_url, cache=Path(work) / "cache.duckdb", concurrency=64) as client:
+        with Client(endpoint=base_url, cache=Path(work) / "cache.duckdb", concurrency=64) as client:
             report = Table(
                 client, source, out, prompt="Summarize: {text}", model="sim", output="summary"
             ).run()

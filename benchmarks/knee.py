@@ -68,7 +68,7 @@ from run import (
     versions,
 )
 
-from llm_ops import llm_complete
+from llm_ops import Endpoint, Sampling, llm_complete
 from llm_ops.testing import PRESETS, LocalEndpoint, SimulatorConfig
 
 HERE = Path(__file__).resolve().parent
@@ -124,10 +124,9 @@ def run_worker(params: dict[str, Any]) -> Result:
             data,
             prompt="{text}",
             model=params["model"],
-            base_url=params["base_url"],
-            api_key="x",
+            endpoint=Endpoint(params["base_url"], api_key="x"),
+            sampling=Sampling(max_tokens=MAX_TOKENS),
             cache=False,
-            max_tokens=MAX_TOKENS,
             progress=progress,
             return_report=True,
             **fixed,

@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 from baseline import complete_all
 
-from llm_ops import PRICES, Cache, Price, RunReport, SemanticCache, llm_complete
+from llm_ops import PRICES, Cache, Cascade, Price, RunReport, SemanticCache, llm_complete
 from llm_ops.testing import LocalEndpoint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "womens_clothing_reviews.parquet"
@@ -134,7 +134,7 @@ def semantic(endpoint: LocalEndpoint, rows: int, threshold: float, work: Path) -
         for day in days:
             endpoint.reset()
             out, report, seconds = _timed(
-                day, prompt=prompt, model=LARGE, base_url=endpoint.base_url, cache=cache, **options
+                day, prompt=prompt, model=LARGE, endpoint=endpoint.base_url, cache=cache, **options
             )
             stats = endpoint.stats()
             requests.append(stats["requests"])
@@ -243,7 +243,11 @@ def cascade(endpoint: LocalEndpoint, rows: int, hard_share: float, work: Path) -
         (f"llm_ops, {LARGE} only", {"model": LARGE}),
         (
             f"llm_ops, cascade [{SMALL}, {LARGE}]",
-            {"model": [SMALL, LARGE], "escalate": pl.col("completion").str.starts_with("unsure:")},
+            {
+                "model": Cascade(
+                    [SMALL, LARGE], escalate=pl.col("completion").str.starts_with("unsure:")
+                )
+            },
         ),
     ]
     for name, options in runs:
@@ -251,7 +255,7 @@ def cascade(endpoint: LocalEndpoint, rows: int, hard_share: float, work: Path) -
         _, report, wall = _timed(
             frame,
             prompt=prompt,
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
             cache=work / f"{name}.duckdb",
             **options,
         )

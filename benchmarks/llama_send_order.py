@@ -28,6 +28,8 @@ from pathlib import Path
 
 import polars as pl
 
+from llm_ops import Endpoint, Sampling
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -108,11 +110,10 @@ def main() -> None:
                         frame,
                         prompt=template,
                         model="tiny",
-                        base_url=root + "/v1",
-                        api_key="x",
+                        endpoint=Endpoint(root + "/v1", api_key="x"),
+                        sampling=Sampling(max_tokens=4),
                         cache=False,
                         concurrency=args.parallel,
-                        max_tokens=4,
                         send_order=order,  # type: ignore[arg-type]
                         progress=False,
                         return_report=True,

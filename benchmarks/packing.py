@@ -11,7 +11,7 @@ import time
 
 import polars as pl
 
-from llm_ops import llm_complete
+from llm_ops import Packing, llm_complete
 from llm_ops.testing import LocalEndpoint, expected_reply
 
 
@@ -36,10 +36,10 @@ def main() -> None:
                 llm_complete,
                 prompt="Summarize: {text}",
                 model="sim",
-                base_url=endpoint.base_url,
+                endpoint=endpoint.base_url,
+                packing=Packing(rows_per_request=k),
                 cache=False,
                 concurrency=32,
-                rows_per_request=k,
                 progress=False,
             )
             wall = time.perf_counter() - started

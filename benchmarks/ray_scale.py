@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-from llm_ops import Client
+from llm_ops import Client, RateLimit
 from llm_ops.tables import Table
 from llm_ops.testing import LocalEndpoint, expected_reply
 
@@ -47,7 +47,10 @@ def _side(
     out = work / f"{name}.parquet"
     started = time.perf_counter()
     with Client(
-        base_url=endpoint.base_url, cache=work / f"{name}.duckdb", concurrency=concurrency, rpm=rpm
+        endpoint=endpoint.base_url,
+        rate_limit=RateLimit(rpm=rpm),
+        cache=work / f"{name}.duckdb",
+        concurrency=concurrency,
     ) as client:
         table = Table(
             client, source, out, prompt="{text}", model="sim", chunk_size=chunk_size, progress=False

@@ -50,7 +50,7 @@ from typing import Any
 import polars as pl
 from baseline import baseline_complete
 
-from llm_ops import Price, llm_complete
+from llm_ops import Price, Retries, llm_complete
 from llm_ops.testing import LocalEndpoint, expected_reply
 
 HERE = Path(__file__).resolve().parent
@@ -335,10 +335,10 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
                 frame,
                 prompt="{text}",
                 model=MODEL,
-                base_url=params["base_url"],
+                endpoint=params["base_url"],
+                retries=Retries(timeout=params.get("timeout") or 60.0),
                 cache=params.get("cache") or False,
                 concurrency=params["concurrency"],
-                timeout=params.get("timeout") or 60.0,
                 progress=False,
                 return_report=True,
             )
@@ -421,7 +421,7 @@ def send_order_worker(side: str, params: dict[str, Any]) -> Result:
         frame,
         prompt=template,
         model=MODEL,
-        base_url=params["base_url"],
+        endpoint=params["base_url"],
         cache=False,
         concurrency=CONCURRENCY,
         send_order="prefix" if side == "prefix" else "input",

@@ -66,7 +66,7 @@ def worker(kind: str, source: str, base_url: str, work: str) -> None:
         answer = pl.col("text").llm.complete(
             "Summarize: {}",
             model="sim",
-            base_url=base_url,
+            endpoint=base_url,
             cache=Path(work) / "cache.duckdb",
             concurrency=64,
             progress=False,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import functools
 import json
 import os
 import re
@@ -49,14 +48,14 @@ from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, t
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llm_ops import (
+    SETTINGS,
     Client,
     ClientOptions,
     JobAbortedError,
     LlmOpsError,
     Options,
     RunReport,
-    SemanticCache,
-    parse_pricing,
+    options_from_settings,
 )
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 
@@ -199,8 +198,8 @@ class EnrichConfig(BaseModel):
     semantic_cache_threshold: float = Field(
         0.95, gt=0, le=1, description="cosine similarity from which a similar answer is reused"
     )
-    mode: Literal["live", "batch"] = Field(
-        "live", description="'batch': through the provider's Batch API, at half the price"
+    batch: bool = Field(
+        False, description="through the provider's Batch API, at half the price, within 24 h"
     )
     on_expired: Literal["resubmit", "live"] | None = Field(
         None, description="with batch mode: what an expired batch's unanswered part does"
@@ -251,31 +250,26 @@ class EnrichConfig(BaseModel):
             )
         return proxy
 
-    def options(self) -> dict[str, Any]:
-        """The job's options (see :class:`llm_ops.Options`): fields named like an option pass
-        on as they are; the column name, prices and the semantic cache are put together."""
-        options = {
+    def settings(self) -> dict[str, Any]:
+        """The job's settings by their names (see :data:`llm_ops.SETTINGS`), for
+        :func:`llm_ops.options_from_settings`: fields named like a setting pass on as they
+        are; the column name, the key and the secret headers are put in."""
+        names = {*Options.__optional_keys__, *SETTINGS, "model", "semantic_cache_threshold"}
+        settings = {
             name: value
             for name, value in self.model_dump().items()
-            if name in Options.__optional_keys__ and value is not None
+            if name in names and value is not None
         }
-        options["output"] = self.output_column
-        options["progress"] = False  # the flow reports through its artifacts and logs
-        pricing = parse_pricing(self.pricing or [])
-        if pricing is not None:
-            options["pricing"] = pricing
-        if self.semantic_cache:
-            options["semantic_cache"] = SemanticCache(
-                self.semantic_cache, threshold=self.semantic_cache_threshold
-            )
+        settings["output"] = self.output_column
+        settings["progress"] = False  # the flow reports through its artifacts and logs
         if self.api_key_secret:
-            options["api_key"] = _secret(self.api_key_secret)
+            settings["api_key"] = _secret(self.api_key_secret)
         if self.header_secrets:
             secrets = {name: _secret(block) for name, block in self.header_secrets.items()}
-            options["headers"] = {**(self.headers or {}), **secrets}
+            settings["headers"] = {**(self.headers or {}), **secrets}
         if self.cert is not None and self.cert_key is not None:
-            options["cert"] = (self.cert, self.cert_key)
-        return options
+            settings["cert"] = (self.cert, self.cert_key)
+        return settings
 
 
 def _secret(block: str) -> str:
@@ -283,27 +277,37 @@ def _secret(block: str) -> str:
     return cast("Secret[str]", Secret.load(block)).get()  # sync in a sync flow
 
 
-@functools.cache
-def _client(settings: str) -> Client:
+_clients: dict[str, Client] = {}
+
+
+def _client(settings: dict[str, Any]) -> Client:
     """One client per process and settings, so the endpoint's limits learned in one chunk
     task hold in the next."""
-    client = Client(**json.loads(settings))
-    atexit.register(client.close)
-    return client
+    key = json.dumps(settings, sort_keys=True, default=str)
+    if key not in _clients:
+        client = _clients[key] = Client(**options_from_settings(settings))
+        atexit.register(client.close)
+    return _clients[key]
+
+
+def _of_client(setting: str) -> bool:
+    """Whether a setting is the client's (the endpoint, the cache, the limits)."""
+    option = SETTINGS[setting][0] if setting in SETTINGS else setting
+    return option in ClientOptions.__optional_keys__
 
 
 def open_table(config: EnrichConfig) -> Table:
     """The job the config describes; raises ``ConfigError`` for what can be checked before
     sending."""
-    options = config.options()
-    made = {k: options.pop(k) for k in list(options) if k in ClientOptions.__optional_keys__}
-    client = _client(json.dumps(made, sort_keys=True))
+    settings = config.settings()
+    made = {name: settings.pop(name) for name in list(settings) if _of_client(name)}
+    options = options_from_settings(settings)
     return Table(
-        client,
+        _client(made),
         config.input,
         config.output,
         prompt=config.prompt,
-        model=config.model,
+        model=options.pop("model"),
         rows_per_read=config.rows_per_read,
         chunk_size=config.chunk_size,
         **options,
@@ -567,6 +571,8 @@ def command_line() -> argparse.ArgumentParser:
         how: dict[str, Any]
         if name in ("model", "pricing"):
             how = {"action": "append"}
+        elif kinds == [bool]:
+            how = {"action": "store_true", "default": None}
         elif len(kinds) == 1 and get_origin(kinds[0]) is Literal:
             how = {"choices": list(get_args(kinds[0]))}
         elif len(kinds) == 1 and kinds[0] in (str, int, float):
@@ -574,13 +580,11 @@ def command_line() -> argparse.ArgumentParser:
         else:
             raise TypeError(f"EnrichConfig.{name}: no flag for {field.annotation}")
         text = _CLI_HELP.get(name) or field.description or ""
-        if field.default is not None and "default" not in text:
+        if field.default not in (None, False) and "default" not in text:
             text += f" (default: {field.default})".replace("\n", "\\n")
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            **{"metavar": _CLI_METAVARS.get(name), **how},
-            help=text.replace("%", "%%"),
-        )
+        if how.get("action") != "store_true":
+            how = {"metavar": _CLI_METAVARS.get(name), **how}
+        parser.add_argument("--" + name.replace("_", "-"), **how, help=text.replace("%", "%%"))
     return parser
 
 

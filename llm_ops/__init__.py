@@ -17,12 +17,18 @@ from ._expr.frames import llm_classify, llm_extract, llm_filter
 from ._key import canonical_json, request_key
 from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
 from ._options import (
+    SETTINGS,
     AskOptions,
+    BatchMode,
+    Budget,
     CallOptions,
+    Cascade,
     ClientOptions,
     EmbedOptions,
     Options,
+    Packing,
     RequestOptions,
+    options_from_settings,
 )
 from ._pipeline.batch import BatchPart
 from ._pipeline.estimate import Estimate
@@ -30,6 +36,7 @@ from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._semantic import SemanticCache
+from ._spec import Endpoint, RateLimit, Retries, Sampling
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from .exceptions import (
@@ -51,19 +58,24 @@ __all__ = [
     "ESCALATE_STATUSES",
     "LEVERS",
     "PRICES",
+    "SETTINGS",
     "STATUSES",
     "STATUS_DTYPE",
     "AskOptions",
+    "BatchMode",
     "BatchPart",
+    "Budget",
     "Cache",
     "CacheError",
     "CacheLockedError",
     "CallOptions",
+    "Cascade",
     "Client",
     "ClientOptions",
     "ConfidenceBelow",
     "ConfigError",
     "EmbedOptions",
+    "Endpoint",
     "Estimate",
     "ExprOptions",
     "ExtractOptions",
@@ -75,12 +87,16 @@ __all__ = [
     "MissingApiKeyError",
     "ModelUsage",
     "Options",
+    "Packing",
     "Price",
     "Progress",
+    "RateLimit",
     "RequestOptions",
+    "Retries",
     "RowsFailedError",
     "RowsFailedWarning",
     "RunReport",
+    "Sampling",
     "Saving",
     "SemanticCache",
     "Status",
@@ -97,6 +113,7 @@ __all__ = [
     "llm_extract",
     "llm_filter",
     "open_cache",
+    "options_from_settings",
     "parse_pricing",
     "request_key",
 ]

@@ -7,30 +7,30 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, overload
 
 import polars as pl
 
-from ._cache import Cache, resolve_cache_path
+from ._cache import cache_of
 from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
-from ._frames import Frame, deferred, same_kind, schema_of, to_polars
+from ._frames import Frame, same_kind, schema_of, to_polars
 from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
-    LIMIT_OPTIONS,
     CallOptions,
     ClientOptions,
     Columns,
     Job,
     ModelOption,
     ResultOptions,
-    cache_options,
     check_embedding,
     check_job,
-    connection_of,
     make_job,
+    typed,
+    unknown_options,
 )
 from ._pipeline import batch_admin
 from ._pipeline.backend import Backend
@@ -41,7 +41,7 @@ from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport, remember_latest
 from ._signals import graceful_sigterm, stopping_gently
-from ._spec import EmbeddingSpec, Endpoint, Limits
+from ._spec import EmbeddingSpec, Limits, RateLimit, Retries, endpoint_of
 from .exceptions import ConfigError
 
 T = TypeVar("T")
@@ -62,13 +62,11 @@ class Client:
     Parameters
     ----------
     **options
-        ``base_url``, ``api_key``, ``headers``, ``verify``, ``cert``, ``proxy``, ``cache``,
-        ``concurrency``, ``max_attempts``, ``timeout``, ``rpm``, ``tpm``, ``flush_every``,
-        ``flush_seconds``, ``merge_wait``: as for :func:`llm_ops.llm_complete` (see
-        :class:`llm_ops.ClientOptions`).
+        ``endpoint``, ``cache``, ``concurrency``, ``retries``, ``rate_limit``: as for
+        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
     quota
         A rate budget shared beyond this process, which the client's rate limiter leases
-        from instead of keeping ``rpm``/``tpm`` of its own: what a Ray worker's client is
+        from instead of keeping a ``rate_limit`` of its own: what a Ray worker's client is
         made with (see :mod:`llm_ops.ray`); ``None``, the default: the client's own.
 
     Examples
@@ -77,7 +75,7 @@ class Client:
     >>> from llm_ops import Client
     >>> from llm_ops.testing import LocalEndpoint
     >>> df = pl.DataFrame({"text": ["Lovely dress", "Runs small"]})
-    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=False) as client:
+    >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url, cache=False) as client:
     ...     first = client.complete(df, prompt="Summarize: {text}", model="sim")
     ...     second = client.complete(df, prompt="Title: {text}", model="sim", output="title")
     >>> second.columns
@@ -95,25 +93,26 @@ class Client:
         **options: Unpack[ClientOptions],
     ) -> None:
         unknown = set(options) - ClientOptions.__optional_keys__
+        if unknown - CallOptions.__optional_keys__:
+            raise unknown_options(unknown - CallOptions.__optional_keys__)
         if unknown:
             raise ConfigError(
                 f"Client takes no option(s) {', '.join(sorted(unknown))}; pass "
                 "them to complete() instead"
             )
-        self.connection = connection_of(options)
-        self.endpoint = Endpoint.resolve(
-            options.get("base_url"),
-            options.get("api_key"),
-            name=options.get("endpoint_name"),
-            keyed_by_headers=self.connection.authenticates,
+        endpoint = endpoint_of(options.get("endpoint"))
+        self.connection = endpoint.connection
+        self.endpoint = endpoint.resolve()
+        self.options: ClientOptions = ClientOptions(**{**options, "endpoint": endpoint})
+        """The options the client was made with, its endpoint an :class:`~llm_ops.Endpoint`
+        (a cluster's workers are made with them)."""
+        self.limits = Limits(
+            options.get("concurrency"),
+            typed(options, "retries", Retries, "Retries(max_attempts=3)") or Retries(),
+            typed(options, "rate_limit", RateLimit, "RateLimit(rpm=500)") or RateLimit(),
+            endpoint.max_response_bytes,
         )
-        self.options: ClientOptions = ClientOptions(**options)
-        """The options the client was made with (a cluster's workers are made with them)."""
-        # Defaults live in one place each: Limits for the transport, Cache for the file.
-        limits: dict[str, Any] = {k: v for k, v in options.items() if k in LIMIT_OPTIONS}
-        self.limits = Limits(**limits)
-        path = resolve_cache_path(options.get("cache"))
-        self.cache = None if path is None else Cache(path, **cache_options(options))
+        self.cache = cache_of(options.get("cache"))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._engine: Engine | None = None
@@ -122,10 +121,22 @@ class Client:
         # the engine's limiter leases from; None: the engine's own budget.
         self.quota = quota
 
+    def worker_options(self) -> ClientOptions:
+        """What a worker's client is made with: this client's options with the endpoint as
+        resolved here (a worker may not have this process's environment), and no cache of its
+        own (a worker writes its answers where its job says)."""
+        resolved = self.endpoint
+        endpoint = replace(
+            endpoint_of(self.options.get("endpoint")),
+            base_url=resolved.url_with_query,
+            api_key=resolved.api_key,
+        )
+        return {**self.options, "endpoint": endpoint, "cache": False}
+
     def __repr__(self) -> str:
         cache = None if self.cache is None else str(self.cache.path)
         return (
-            f"Client(base_url={self.endpoint.identity!r}, cache={cache!r}, "
+            f"Client(endpoint={self.endpoint.identity!r}, cache={cache!r}, "
             f"concurrency={self.limits.concurrency})"
         )
 
@@ -334,7 +345,7 @@ class Client:
         self, df: Frame, /, *, prompt: str, model: ModelOption, **options: Unpack[CallOptions]
     ) -> list[BatchPart]:
         """Submit a job's distinct uncached requests as provider batches and return at once,
-        without waiting for them (``mode="batch"`` is implied).
+        without waiting for them (``batch=True`` is implied).
 
         The batches are recorded in the cache. Get the rows' answers later with
         :meth:`complete` and the same arguments: it finds these batches, waits for them and
@@ -342,7 +353,8 @@ class Client:
         recorded batch into the cache with :meth:`collect_batches` (``llm-ops batches
         collect``).
         """
-        job = self._job(prompt, model, {**options, "mode": "batch"}, columns=schema_of(df))
+        batch = options.get("batch") or True
+        job = self._job(prompt, model, {**options, "batch": batch}, columns=schema_of(df))
         frame = to_polars(df)
         return self.run(self._on_backend(lambda backend: batch_admin.submit(frame, job, backend)))
 
@@ -355,14 +367,15 @@ class Client:
         """:meth:`batches`, with each live batch's state and counts asked of the provider."""
         return self._each_batch_part(job_id, BatchRunner.refresh)
 
-    def collect_batches(self, *, job_id: str | None = None, batch_poll_seconds: float = 5.0) -> int:
+    def collect_batches(self, *, job_id: str | None = None, poll_seconds: float = 5.0) -> int:
         """Wait for the recorded batches not yet collected (of one submission, or all) and
         stream their answers into the cache; returns how many requests were collected.
-        ``batch_poll_seconds``: the first wait between polls (it grows to a minute)."""
+        ``poll_seconds``: the first wait between polls (it grows to a minute), as
+        :class:`~llm_ops.BatchMode`'s."""
         parts = [part for part in self.batches(job_id=job_id) if part.state != "collected"]
         return self.run(
             self._on_backend(
-                lambda backend: batch_admin.collect(parts, backend, poll_seconds=batch_poll_seconds)
+                lambda backend: batch_admin.collect(parts, backend, poll_seconds=poll_seconds)
             )
         )
 
@@ -586,7 +599,7 @@ def complete_later(
         warn_failed_rows(report, options)
         return result
 
-    return deferred(df, run, job.added)
+    return _deferred(df, run, job.added)
 
 
 def embed_later(
@@ -603,7 +616,7 @@ def embed_later(
     def run(frame: pl.DataFrame) -> pl.DataFrame:
         return send(frame).with_columns(pl.col(columns.output).cast(vector))
 
-    return deferred(df, run, columns.dtypes(vector))
+    return _deferred(df, run, columns.dtypes(vector))
 
 
 def warn_failed_rows(report: RunReport, options: CallOptions) -> None:
@@ -611,3 +624,19 @@ def warn_failed_rows(report: RunReport, options: CallOptions) -> None:
     :class:`~llm_ops.RowsFailedWarning`), naming its error column."""
     error = Columns(options.get("output", "completion")).error
     warn_report(report, f"the {error!r} column, or the report's errors (return_report=True)")
+
+
+def _deferred(
+    df: pl.LazyFrame,
+    run: Callable[[pl.DataFrame], pl.DataFrame],
+    added: Mapping[str, pl.DataType],
+) -> pl.LazyFrame:
+    """``df``, to which ``run`` adds the columns ``added`` (names and types, known now, after
+    the input's) when it is collected.
+
+    ``run`` gets every row at once, as an eager frame (it is not streamable), so a job dedupes,
+    budgets and reports over the whole frame, as for a DataFrame; and no filter, projection
+    or slice is pushed past it, so it gets the rows it would get eagerly.
+    """
+    schema = pl.Schema({**df.collect_schema(), **added})
+    return df.map_batches(run, schema=schema, streamable=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import polars as pl
@@ -45,22 +44,6 @@ def same_kind(original: Frame, result: pl.DataFrame) -> Frame:
     if isinstance(original, pa.Table):
         return cast(Frame, result.to_arrow())
     return result
-
-
-def deferred(
-    df: pl.LazyFrame,
-    run: Callable[[pl.DataFrame], pl.DataFrame],
-    added: Mapping[str, pl.DataType],
-) -> pl.LazyFrame:
-    """``df``, to which ``run`` adds the columns ``added`` (names and types, known now, after
-    the input's) when it is collected.
-
-    ``run`` gets every row at once, as an eager frame (it is not streamable), so a job dedupes,
-    budgets and reports over the whole frame, as for a DataFrame; and no filter, projection
-    or slice is pushed past it, so it gets the rows it would get eagerly.
-    """
-    schema = pl.Schema({**df.collect_schema(), **added})
-    return df.map_batches(run, schema=schema, streamable=False)
 
 
 def from_arrow(table: pa.Table) -> pl.DataFrame:

@@ -7,6 +7,7 @@ Each is a thin caller of a :class:`~llm_ops.Client` made for the call from its o
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Literal, Unpack, cast, overload
 
 import polars as pl
@@ -24,6 +25,7 @@ from ._options import (
 )
 from ._pipeline.estimate import Estimate
 from ._report import RunReport
+from ._spec import endpoint_of
 
 
 @overload
@@ -96,73 +98,14 @@ def llm_complete(
         are ``skipped``.
     model
         Model name as the endpoint knows it, or a **cascade**: a list of names from the
-        cheapest to the strongest. Every row goes to the first model; rows whose answer is
-        ``rejected``, ``failed``, ``invalid`` or ``truncated`` (and rows ``escalate`` flags) go
-        on to the next. ``<output>_model`` is added: the model whose answer the row has.
+        cheapest to the strongest, or a :class:`~llm_ops.Cascade` that also says which
+        answered rows go on (``escalate``). Every row goes to the first model; rows whose
+        answer is ``rejected``, ``failed``, ``invalid`` or ``truncated`` go on to the next.
+        ``<output>_model`` is added: the model whose answer the row has.
     output
         Name of the answer column; the status and error columns are named after it.
     system
         Optional system message, a template like ``prompt``.
-    base_url, api_key
-        The endpoint. Default to ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, then to OpenAI. A
-        loopback endpoint needs no key. The key is never stored, logged or put in a message.
-    headers
-        Headers sent with every request, such as Azure OpenAI's ``{"api-key": ...}`` or a
-        gateway's tenant header; with ``Authorization``, ``api-key`` or ``x-api-key`` among
-        them no API key is needed. Never part of a cache key; values of headers named like a
-        credential never appear in a message or log.
-    verify, cert
-        TLS: ``verify`` checks the server's certificate against the system's authorities
-        (``True``), a CA bundle's path, or an :class:`ssl.SSLContext`; ``False`` checks
-        nothing. ``cert`` is a client certificate for servers that ask for one (mutual TLS): a
-        PEM file holding the key too, or a ``(certificate, key)`` pair of paths.
-    proxy
-        An ``http://`` or ``https://`` proxy (``user:password@`` in it for one that asks);
-        by default the one ``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` names, unless
-        ``NO_PROXY`` names the host.
-    endpoint_name
-        The endpoint's name in cache keys instead of its URL, so one server reached under
-        several URLs (a changing port, a load balancer and its replicas) shares its answers.
-        The bundled simulator's is :attr:`llm_ops.testing.LocalEndpoint.name`.
-    cache
-        Path of the DuckDB cache file; ``None`` uses ``LLM_OPS_CACHE`` or
-        ``~/.cache/llm-ops/cache.duckdb``; ``False`` turns caching off.
-    concurrency
-        The most requests in flight, at most 4,096; unset, the job finds how many the
-        endpoint absorbs. It raises what is in flight while the throughput rises with it and
-        keeps the least that does as much (see :attr:`~llm_ops.RunReport.concurrency_why`);
-        a number given is where it starts, and it only comes down from there where the
-        server queues. Either way the first request goes alone, so a wrong key or endpoint
-        costs one request.
-    max_tokens, temperature, top_p, seed, stop
-        Sent to the endpoint when set, and part of the cache key.
-    max_attempts, timeout
-        Attempts per request (the first included) and seconds per attempt.
-    on_error
-        ``"null"``: failed rows get a null answer and their status. ``"raise"``: after the job
-        finished and every answer was cached, raise :class:`~llm_ops.RowsFailedError`.
-    flush_every, flush_seconds
-        Answers go to the cache's journal at once (at most 32, or ``flush_every``, behind), so
-        a killed job keeps what it paid for, and are merged into the DuckDB file once this
-        many are pending or this many seconds passed.
-    merge_wait
-        Seconds the end of the job waits for a reader holding the cache file to let go of it
-        (30 by default; 0: no wait), so its answers are in the file when the job returns;
-        what is left waits in the journal (``report.journal_pending``), still cache hits,
-        until ``llm-ops cache merge`` or any later job.
-    rpm, tpm
-        Requests and tokens per minute to stay under. The endpoint's ``x-ratelimit-*`` headers
-        are followed too; the tighter limit wins.
-    max_retry_after
-        Seconds an endpoint may ask every sender to wait (``Retry-After``, default 120); a
-        request asked to wait longer fails instead of stalling the job, and when every
-        request is, the job stops with :class:`~llm_ops.JobAbortedError`.
-    max_response_bytes
-        Bytes one answer's body may hold, compressed and decompressed (default 8 MiB; an
-        embeddings answer may hold 128 KiB more per input); a larger one fails its request.
-    progress
-        ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
-        on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
     schema
         A pydantic model class or a JSON schema dict: ask for JSON matching it, validate every
         answer, and make ``<output>`` a struct column with typed fields. An answer that is not
@@ -171,25 +114,50 @@ def llm_complete(
     repair
         With ``schema``: resend an invalid answer once, with the validation error (counted as
         a retry).
-    rows_per_request, pack_tokens
-        Pack up to this many distinct requests (and about this many prompt tokens) into one
-        request whose answer lists each by id; useful where a provider prices per request.
-        Every id must come back exactly once, else the pack is split in halves and resent,
-        down to single rows, so no row gets another's answer. Answers are cached per row.
+    sampling
+        A :class:`~llm_ops.Sampling`: ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
+        ``stop``; each is sent when set, and is part of the cache key.
+    endpoint
+        Where requests go: a URL such as ``"http://127.0.0.1:8000/v1"``, or an
+        :class:`~llm_ops.Endpoint` with the key, headers (Azure's ``api-key``), TLS, a proxy
+        or a name for cache keys. Default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``, then
+        OpenAI. A loopback endpoint needs no key. The key is never stored, logged or put in a
+        message.
+    cache
+        Path of the DuckDB cache file, or a :class:`~llm_ops.Cache` saying how it is written
+        too; ``None`` uses ``LLM_OPS_CACHE`` or ``~/.cache/llm-ops/cache.duckdb``; ``False``
+        turns caching off. Answers go to the cache's journal at once, so a killed job keeps
+        what it paid for.
+    concurrency
+        The most requests in flight, at most 4,096; unset, the job finds how many the
+        endpoint absorbs. It raises what is in flight while the throughput rises with it and
+        keeps the least that does as much (see :attr:`~llm_ops.RunReport.concurrency_why`);
+        a number given is where it starts, and it only comes down from there where the
+        server queues. Either way the first request goes alone, so a wrong key or endpoint
+        costs one request.
+    retries
+        :class:`~llm_ops.Retries`: attempts per request, seconds per attempt, and the longest
+        ``Retry-After`` an endpoint may ask for.
+    rate_limit
+        :class:`~llm_ops.RateLimit`: requests and tokens per minute to stay under. The
+        endpoint's ``x-ratelimit-*`` headers are followed too; the tighter limit wins.
+    batch
+        ``True`` or a :class:`~llm_ops.BatchMode`: the distinct uncached requests go through
+        the provider's Files and Batches API at its price (half the live one by default, see
+        :meth:`~llm_ops.Price.for_batch`), and the job waits for them (up to 24 h). The
+        batches are recorded in the cache before and after each provider call, so a rerun
+        after a crash picks them up and never submits a request twice.
+    budget
+        A :class:`~llm_ops.Budget`: stop sending once the job's projected spend (dollars, HTTP
+        requests, tokens) would pass it; rows not sent are ``skipped`` with the reason,
+        everything answered is cached, and the report's ``budget_stop`` says why.
+    packing
+        A :class:`~llm_ops.Packing`: several distinct prompts in one request, useful where a
+        provider prices per request; no row ever gets another's answer.
     pricing
         A :class:`~llm_ops.Price`, or a dict of model name to Price, overriding
-        :data:`llm_ops.PRICES` for the report's cost and for ``max_cost``; ``"free"`` for
-        models you host yourself, whose cost is then $0 rather than unknown.
-    max_cost, max_requests, max_tokens_total
-        Stop sending once the job's projected spend (dollars, HTTP requests, tokens) would
-        pass this; rows not sent are ``skipped`` with the reason, everything answered is
-        cached, and the report's ``budget_stop`` says why.
-    escalate
-        With a cascade: which answered rows to send on to the next model.
-        :func:`~llm_ops.confidence_below` reads a confidence field of a structured answer,
-        e.g. ``confidence_below(0.7)``; any boolean Polars expression over the input and answer
-        columns works too, e.g. ``pl.col("summary").str.contains("(?i)not sure")``, or a SQL
-        expression as a string, e.g. ``"summary LIKE 'unsure:%'"``.
+        :data:`llm_ops.PRICES` for the report's cost and for the budget's ``max_cost``;
+        ``"free"`` for models you host yourself, whose cost is then $0 rather than unknown.
     semantic_cache
         A :class:`~llm_ops.SemanticCache` turns on the second cache tier: a request that misses
         the exact cache is embedded, and the answer of the most similar cached request with
@@ -197,20 +165,6 @@ def llm_complete(
         reaches the threshold; near-duplicates within the job are sent once. Such rows get
         status ``similar``; ``<output>_similar_to`` (the reused request's cache key) and
         ``<output>_similarity`` are added. Off by default.
-    mode
-        ``"live"`` sends requests as they are planned; ``"batch"`` sends the distinct
-        uncached requests through the provider's Files and Batches API at its price (half the
-        live one by default, see :meth:`~llm_ops.Price.for_batch`) and waits for them (up to
-        24 h). The batches are recorded in the cache before and after each provider call, so
-        a rerun after a crash picks them up and never submits a request twice.
-    on_expired
-        With batch mode: what the part of an expired or cancelled batch that was not
-        answered does, ``"resubmit"`` (in a new batch) or ``"live"`` (sent now).
-    batch_max_requests, batch_max_bytes
-        With batch mode: requests and bytes per batch file (OpenAI: 50,000 and 200 MB).
-    batch_poll_seconds
-        With batch mode: the first wait between asking how the batches do; it grows to a
-        minute.
     send_order
         The order the uncached requests are sent in: ``"prefix"`` (the default) by system
         message, then prompt text (in one run per concurrent request, taken in turn), so
@@ -218,6 +172,12 @@ def llm_complete(
         SGLang, llama.cpp, OpenAI prompt caching) reuses it; ``"input"``: in the order of
         their first rows. Only when a request is sent changes: every row's answer, status
         and position are the same either way.
+    on_error
+        ``"null"``: failed rows get a null answer and their status. ``"raise"``: after the job
+        finished and every answer was cached, raise :class:`~llm_ops.RowsFailedError`.
+    progress
+        ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
+        on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
     return_report
         Return ``(frame, RunReport)`` instead of the frame alone.
 
@@ -229,7 +189,7 @@ def llm_complete(
     >>> reviews = pl.DataFrame({"text": ["Lovely dress", None, "Lovely dress"]})
     >>> with LocalEndpoint() as endpoint:
     ...     out = reviews.pipe(llm_complete, prompt="Summarize: {text}", model="sim",
-    ...                        base_url=endpoint.base_url, cache=False)
+    ...                        endpoint=endpoint.base_url, cache=False)
     >>> out.select("completion_status", "completion_error")
     shape: (3, 2)
     ┌───────────────────┬─────────────────────────────────┐
@@ -375,9 +335,8 @@ def llm_embed(
         Ask the endpoint for vectors of this size (part of the cache key).
     inputs_per_request
         Inputs per request.
-    base_url, api_key, cache, concurrency, max_attempts, timeout, on_error, progress
-        As for :func:`llm_ops.llm_complete`, and so are ``headers``, ``verify``, ``cert`` and
-        ``proxy``.
+    endpoint, cache, concurrency, retries, rate_limit, on_error, progress
+        As for :func:`llm_ops.llm_complete`.
 
     Examples
     --------
@@ -387,7 +346,7 @@ def llm_embed(
     >>> with LocalEndpoint() as endpoint:
     ...     out = pl.DataFrame({"text": ["red dress", None]}).pipe(
     ...         llm_embed, column="text", model="sim-embed", dimensions=8,
-    ...         base_url=endpoint.base_url, cache=False)
+    ...         endpoint=endpoint.base_url, cache=False)
     >>> out.schema["embedding"], out["embedding_status"].to_list()
     (Array(Float32, shape=(8,)), ['ok', 'skipped'])
     """
@@ -481,18 +440,20 @@ def estimate(
     Examples
     --------
     >>> import polars as pl
-    >>> from llm_ops import estimate
+    >>> from llm_ops import Sampling, estimate
     >>> frame = pl.DataFrame({"text": ["fits well", "runs small", "fits well", None]})
     >>> plan = estimate(frame, prompt="Summarize: {text}", model="gpt-4o-mini",
-    ...                 max_tokens=50, cache=False)
+    ...                 sampling=Sampling(max_tokens=50), cache=False)
     >>> plan.requests, plan.skipped_rows, plan.output_tokens_max
     (2, 1, 100)
     >>> cascade = estimate(frame, prompt="Summarize: {text}", model=["gpt-4o-mini", "gpt-4o"],
-    ...                    max_tokens=50, cache=False)
+    ...                    sampling=Sampling(max_tokens=50), cache=False)
     >>> cascade.cost_min == plan.cost_min, cascade.cost_max > 10 * plan.cost_max
     (True, True)
     """
     made, call = split_options(options)
     # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
-    made["api_key"] = made.get("api_key") or os.environ.get("OPENAI_API_KEY") or "unused"
+    endpoint = endpoint_of(made.get("endpoint"))
+    if endpoint.api_key is None and not os.environ.get("OPENAI_API_KEY"):
+        made["endpoint"] = replace(endpoint, api_key="unused")
     return Client(**made).estimate(df, prompt=prompt, model=model, **call)

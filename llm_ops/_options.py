@@ -3,65 +3,209 @@
 :class:`Options` is the one definition of the keyword options that ``llm_complete``,
 ``llm_complete_async``, ``estimate`` and :meth:`llm_ops.Client.complete` take after
 ``prompt`` and ``model``: what a :class:`~llm_ops.Client` is made with
-(:class:`ClientOptions`) and what each call says (:class:`CallOptions`). The CLI, the flow and
-the SQL functions pass their settings on by these names.
+(:class:`ClientOptions`) and what each call says (:class:`CallOptions`). Settings that belong
+together are one typed object each, checking its own fields when made: the endpoint
+(:class:`~llm_ops.Endpoint`), the cache file (:class:`~llm_ops.Cache`),
+:class:`~llm_ops.Retries`, :class:`~llm_ops.RateLimit`, :class:`~llm_ops.Sampling`, and the
+levers :class:`Packing`, :class:`Budget`, :class:`BatchMode`, :class:`Cascade` and
+:class:`~llm_ops.SemanticCache`.
 
-:func:`make_job` turns a call's options into a :class:`Job`: the request spec (what is keyed),
-the columns it adds, and the levers (packing, budget, cascade, semantic cache) that the
-pipeline composes around the path. Each part checks itself, so a bad option is a
-:class:`~llm_ops.ConfigError` before anything is sent.
+The CLI and the flow spell each field as a flat setting (``--temperature``,
+``max_cost:``): :data:`SETTINGS` says which object each belongs to, and
+:func:`options_from_settings` builds the same objects from them.
+
+:func:`make_job` assembles a call's checked parts into a :class:`Job`: the request spec
+(what is keyed), the columns it adds, and the levers the pipeline composes around the path,
+after checking the few things that depend on more than one part (a batch needs a cache).
 """
 
 from __future__ import annotations
 
 import os
-import ssl
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, TypedDict, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypedDict, cast, get_type_hints
 
 import polars as pl
 from pydantic import BaseModel
 
+from ._cache import Cache, cache_of
 from ._escalate import EscalateOption, check_escalation, escalation_rule
 from ._order import SEND_ORDERS, SendOrder
-from ._pricing import Price, PricingOption, SpendingCap, price_for
-from ._progress import Progress, ProgressCallback, resolve_progress
+from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_for
+from ._progress import ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
-from ._spec import Connection, Limits, RequestSpec, is_number, positive_int, seconds
+from ._spec import Endpoint, RateLimit, RequestSpec, Retries, Sampling, positive_int, seconds
+from ._spec import is_number as _is_number
 from ._status import STATUS_DTYPE
 from ._template import check_columns, parse_template, render
 from .exceptions import ConfigError
 
 CachePath = str | os.PathLike[str] | bool | None
-ProgressOption = bool | Callable[[Progress], None] | None
+CacheOption = CachePath | Cache
+EndpointOption = str | Endpoint | None
+ProgressOption = bool | ProgressCallback | None
 SchemaOption = type[BaseModel] | Mapping[str, Any] | None
-ModelOption = str | Sequence[str]
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Models from the cheapest to the strongest, and which answers go on: ``model=`` of a
+    completion call (a list of names stands for ``Cascade(names)``).
+
+    Every row goes to the first model; rows whose answer is ``rejected``, ``failed``,
+    ``invalid`` or ``truncated``, and rows ``escalate`` flags, go on to the next.
+    ``<output>_model`` is added: the model whose answer the row has.
+
+    Parameters
+    ----------
+    models
+        Model names, the cheapest first, each once.
+    escalate
+        Which answered rows go on besides: :func:`~llm_ops.confidence_below` reads a
+        confidence field of a structured answer, e.g. ``confidence_below(0.7)``; any boolean
+        Polars expression over the input and answer columns works too, e.g.
+        ``pl.col("summary").str.contains("(?i)not sure")``, or a SQL expression as a string,
+        e.g. ``"summary LIKE 'unsure:%'"``.
+
+    Examples
+    --------
+    >>> from llm_ops import Cascade, confidence_below
+    >>> Cascade(["gpt-4o-mini", "gpt-4o"], escalate=confidence_below(0.7))  # doctest: +ELLIPSIS
+    Cascade(models=('gpt-4o-mini', 'gpt-4o'), escalate=ConfidenceBelow(...))
+    """
+
+    models: Sequence[str]
+    escalate: EscalateOption = None
+
+    def __post_init__(self) -> None:
+        models = self.models
+        names = [models] if isinstance(models, str) else models
+        if (
+            not isinstance(names, Sequence)
+            or not names
+            or not all(isinstance(name, str) and name.strip() for name in names)
+        ):
+            raise ConfigError(
+                "model must be a model name such as 'gpt-4o-mini', or a cascade such as "
+                f"['gpt-4o-mini', 'gpt-4o'] or Cascade([...], escalate=...), got {models!r}"
+            )
+        if len(set(names)) != len(names):
+            raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
+        if self.escalate is not None and len(names) < 2:
+            raise ConfigError(
+                "escalate decides which rows go on to the next model of a cascade: "
+                "give Cascade two models or more, or drop escalate"
+            )
+        object.__setattr__(self, "models", tuple(names))
+
+
+ModelOption = str | Sequence[str] | Cascade
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Several distinct prompts per request: ``packing=`` of a completion call.
+
+    Up to ``rows_per_request`` distinct requests (and about ``pack_tokens`` prompt tokens)
+    go in one request whose answer lists each by id; useful where a provider prices per
+    request. Every id must come back exactly once, else the pack is split in halves and
+    resent, down to single rows, so no row gets another's answer. Answers are cached per row.
+
+    Examples
+    --------
+    >>> from llm_ops import Packing
+    >>> Packing(rows_per_request=8)
+    Packing(rows_per_request=8, pack_tokens=None)
+    """
+
+    rows_per_request: int = 1
+    pack_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        positive_int("rows_per_request", self.rows_per_request)
+        if self.pack_tokens is not None:
+            positive_int("pack_tokens", self.pack_tokens)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When a job stops sending: ``budget=`` of a completion call.
+
+    Sending stops once the job's projected spend would pass ``max_cost`` dollars (which needs
+    a price for every model: see ``pricing=``), ``max_requests`` HTTP requests or
+    ``max_tokens_total`` tokens; rows not sent are ``skipped`` with the reason, everything
+    answered is cached, and the report's ``budget_stop`` says why.
+
+    Examples
+    --------
+    >>> from llm_ops import Budget
+    >>> Budget(max_cost=5.0)
+    Budget(max_cost=5.0, max_requests=None, max_tokens_total=None)
+    """
+
+    max_cost: float | None = None
+    max_requests: int | None = None
+    max_tokens_total: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_requests", "max_tokens_total"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if self.max_cost is not None and (not _is_number(self.max_cost) or self.max_cost < 0):
+            raise ConfigError(f"max_cost must be a number of dollars >= 0, got {self.max_cost!r}")
+
+
+@dataclass(frozen=True)
+class BatchMode:
+    """Through the provider's Files and Batches API: ``batch=`` of a completion call
+    (``batch=True`` stands for ``BatchMode()``).
+
+    The distinct uncached requests go in batch files at the Batch API's price (half the live
+    one by default, see :meth:`~llm_ops.Price.for_batch`), answered within 24 h. The batches
+    are recorded in the cache before and after each provider call, so a rerun after a crash
+    picks them up and never submits a request twice.
+
+    Parameters
+    ----------
+    max_requests, max_bytes
+        Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB).
+    poll_seconds
+        The first wait between asking how the batches do; it grows to a minute.
+    on_expired
+        What the part of an expired or cancelled batch that was not answered does:
+        ``"resubmit"`` (in a new batch) or ``"live"`` (sent now).
+
+    Examples
+    --------
+    >>> from llm_ops import BatchMode
+    >>> BatchMode(poll_seconds=30)
+    BatchMode(max_requests=50000, max_bytes=200000000, poll_seconds=30.0, on_expired='resubmit')
+    """
+
+    max_requests: int = 50_000
+    max_bytes: int = 200_000_000
+    poll_seconds: float = 5.0
+    on_expired: Literal["resubmit", "live"] = "resubmit"
+
+    def __post_init__(self) -> None:
+        positive_int("batch max_requests", self.max_requests)
+        positive_int("batch max_bytes", self.max_bytes)
+        object.__setattr__(self, "poll_seconds", seconds("batch poll_seconds", self.poll_seconds))
+        if self.on_expired not in ("resubmit", "live"):
+            raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")
 
 
 class ClientOptions(TypedDict, total=False):
     """What a :class:`~llm_ops.Client` is made with: the endpoint, the cache and the limits,
     shared by every job it runs."""
 
-    base_url: str | None
-    api_key: str | None
-    endpoint_name: str | None
-    headers: Mapping[str, str] | None
-    verify: bool | str | os.PathLike[str] | ssl.SSLContext
-    cert: str | os.PathLike[str] | tuple[str, str] | None
-    proxy: str | None
-    cache: CachePath
-    concurrency: int
-    max_attempts: int
-    timeout: float
-    rpm: float | None
-    tpm: float | None
-    max_retry_after: float
-    max_response_bytes: int
-    flush_every: int
-    flush_seconds: float
-    merge_wait: float
+    endpoint: EndpointOption
+    cache: CacheOption
+    concurrency: int | None
+    retries: Retries
+    rate_limit: RateLimit
 
 
 class ResultOptions(TypedDict, total=False):
@@ -76,25 +220,13 @@ class AskOptions(ResultOptions, total=False):
     which it names as a parameter of its own (positional, as ``llm_classify``'s labels)."""
 
     system: str | None
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    seed: int | None
-    stop: str | list[str] | None
+    sampling: Sampling
     repair: bool
-    rows_per_request: int
-    pack_tokens: int | None
+    packing: Packing
     pricing: PricingOption
-    max_cost: float | None
-    max_requests: int | None
-    max_tokens_total: int | None
-    escalate: EscalateOption
+    budget: Budget
     semantic_cache: SemanticCache | None
-    mode: Literal["live", "batch"]
-    on_expired: Literal["resubmit", "live"]
-    batch_max_requests: int
-    batch_max_bytes: int
-    batch_poll_seconds: float
+    batch: bool | BatchMode
     send_order: SendOrder
 
 
@@ -120,45 +252,160 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
-LIMIT_OPTIONS = CLIENT_OPTIONS & {item.name for item in fields(Limits)}
-"""The client options that are fields of :class:`~llm_ops._spec.Limits` (which holds their
-defaults and checks them)."""
-CONNECTION_OPTIONS = CLIENT_OPTIONS & {item.name for item in fields(Connection)}
-"""The client options that are fields of :class:`~llm_ops._spec.Connection`."""
+
+SETTINGS: Mapping[str, tuple[str, str]] = {
+    "base_url": ("endpoint", "base_url"),
+    "api_key": ("endpoint", "api_key"),
+    "headers": ("endpoint", "headers"),
+    "verify": ("endpoint", "verify"),
+    "cert": ("endpoint", "cert"),
+    "proxy": ("endpoint", "proxy"),
+    "endpoint_name": ("endpoint", "name"),
+    "max_response_bytes": ("endpoint", "max_response_bytes"),
+    "flush_every": ("cache", "flush_every"),
+    "flush_seconds": ("cache", "flush_seconds"),
+    "merge_wait": ("cache", "merge_wait"),
+    "max_attempts": ("retries", "max_attempts"),
+    "timeout": ("retries", "timeout"),
+    "max_retry_after": ("retries", "max_retry_after"),
+    "rpm": ("rate_limit", "rpm"),
+    "tpm": ("rate_limit", "tpm"),
+    "max_tokens": ("sampling", "max_tokens"),
+    "temperature": ("sampling", "temperature"),
+    "top_p": ("sampling", "top_p"),
+    "seed": ("sampling", "seed"),
+    "stop": ("sampling", "stop"),
+    "rows_per_request": ("packing", "rows_per_request"),
+    "pack_tokens": ("packing", "pack_tokens"),
+    "max_cost": ("budget", "max_cost"),
+    "max_requests": ("budget", "max_requests"),
+    "max_tokens_total": ("budget", "max_tokens_total"),
+    "batch_max_requests": ("batch", "max_requests"),
+    "batch_max_bytes": ("batch", "max_bytes"),
+    "batch_poll_seconds": ("batch", "poll_seconds"),
+    "on_expired": ("batch", "on_expired"),
+    "escalate": ("model", "escalate"),
+    "semantic_cache_threshold": ("semantic_cache", "threshold"),
+}
+"""The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
+a field of an option's object: setting -> (option, field). Every other setting is the option
+of its name."""
+
+_GROUPS: Mapping[str, type] = {
+    "endpoint": Endpoint,
+    "cache": Cache,
+    "retries": Retries,
+    "rate_limit": RateLimit,
+    "sampling": Sampling,
+    "packing": Packing,
+    "budget": Budget,
+    "batch": BatchMode,
+    "model": Cascade,
+    "semantic_cache": SemanticCache,
+}
 
 
-def connection_of(options: Mapping[str, Any]) -> Connection:
-    """The :class:`~llm_ops._spec.Connection` of a client's ``options``, checked (an option
-    given as ``None`` keeps its default)."""
-    given = {k: options[k] for k in CONNECTION_OPTIONS if options.get(k) is not None}
-    return Connection(**given)
+def unknown_options(names: set[str]) -> ConfigError:
+    """The error for options that are not: where a former one went, else where to look."""
+    moved = [
+        f"{name} is {_GROUPS[SETTINGS[name][0]].__name__}({SETTINGS[name][1]}=...) as "
+        f"{SETTINGS[name][0]}= now"
+        for name in sorted(names)
+        if name in SETTINGS
+    ]
+    other = sorted(names - set(SETTINGS))
+    if "mode" in other:
+        moved.append("mode='batch' is batch=True (or batch=BatchMode(...)) now")
+        other.remove("mode")
+    said = [f"unknown option(s) {', '.join(other)}"] if other else []
+    return ConfigError(
+        "; ".join([*said, *moved]) + "; see help(llm_ops.llm_complete) for the options"
+    )
 
 
-def cache_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The cache file's options among ``options``, checked; the others keep the defaults of
-    :class:`~llm_ops.Cache`."""
-    given = {k: options[k] for k in ("flush_every", "flush_seconds", "merge_wait") if k in options}
-    if "flush_every" in given:
-        positive_int("flush_every", given["flush_every"])
-    if "flush_seconds" in given:
-        given["flush_seconds"] = seconds("flush_seconds", given["flush_seconds"])
-    wait = given.get("merge_wait")
-    if wait is not None and not (is_number(wait) and wait == 0):  # 0: do not wait for a reader
-        given["merge_wait"] = seconds("merge_wait", wait)
-    return given
+def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword options of a call from flat settings, as the CLI's flags and the flow's
+    parameters spell them: the fields of an object (see :data:`SETTINGS`) make that object;
+    ``batch=True`` and ``semantic_cache`` (an embedding model's name), ``pricing`` (a list of
+    ``--pricing`` items, see :func:`~llm_ops.parse_pricing`) and ``model`` with ``escalate``
+    (a :class:`Cascade`) are put together too. A setting of ``None`` is left out.
+
+    Examples
+    --------
+    >>> from llm_ops import options_from_settings
+    >>> options_from_settings({"temperature": 0, "max_cost": 2.5, "output": "summary"})
+    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
+    """  # noqa: E501
+    given = {name: value for name, value in settings.items() if value is not None}
+    options: dict[str, Any] = {k: v for k, v in given.items() if k not in SETTINGS}
+    fields: dict[str, dict[str, Any]] = {}
+    for name, value in given.items():
+        if name in SETTINGS:
+            option, field_name = SETTINGS[name]
+            fields.setdefault(option, {})[field_name] = value
+    if isinstance(options.get("pricing"), list | tuple):
+        options["pricing"] = parse_pricing(options["pricing"])
+    for option, values in fields.items():
+        if option == "model":
+            options["model"] = Cascade(options.get("model", ()), **values)
+        elif option == "cache":
+            options["cache"] = Cache(options.get("cache") or _default_cache(), **values)
+        elif option == "semantic_cache":
+            if "semantic_cache" in options:  # the threshold alone is no semantic cache
+                options["semantic_cache"] = SemanticCache(options["semantic_cache"], **values)
+        elif option == "batch" and options.get("batch") is not True:
+            raise ConfigError(f"{', '.join(sorted(values))} only apply to batch mode")
+        else:
+            options[option] = _GROUPS[option](**values)
+    if isinstance(options.get("semantic_cache"), str):
+        options["semantic_cache"] = SemanticCache(options["semantic_cache"])
+    if options.get("batch") is False:
+        del options["batch"]
+    return options
+
+
+def setting_names() -> set[str]:
+    """Every flat setting: the options that are not objects of fields, and those fields."""
+    return (set(Options.__optional_keys__) - {option for option, _ in SETTINGS.values()}) | {
+        *SETTINGS,
+        "cache",
+        "batch",
+        "semantic_cache",
+    }
+
+
+def setting_type(name: str) -> object:
+    """The type of a flat setting (see :data:`SETTINGS`): its field's, or its option's."""
+    if name in SETTINGS:
+        option, field_name = SETTINGS[name]
+        kind = _GROUPS[option]
+        return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
+    return get_type_hints(Options)[name]
+
+
+def _default_cache() -> os.PathLike[str]:
+    cache = cache_of(None)
+    assert cache is not None
+    return cache.path
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[ClientOptions, CallOptions]:
     """``options`` as (what the client is made with, the rest)."""
     unknown = set(options) - Options.__optional_keys__ - EmbedOptions.__optional_keys__
     if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(sorted(unknown))}; see "
-            "help(llm_ops.llm_complete) for the options"
-        )
+        raise unknown_options(unknown)
     client = {k: v for k, v in options.items() if k in CLIENT_OPTIONS}
     call = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS}
     return cast(ClientOptions, client), cast(CallOptions, call)
+
+
+def typed(options: Mapping[str, Any], name: str, kind: type[Any], example: str) -> Any:
+    """The option ``name`` of ``options`` when it is a ``kind`` (``None`` when not given);
+    else a :class:`~llm_ops.ConfigError` showing ``example``."""
+    value = options.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{name} takes a {kind.__name__}, e.g. {name}={example}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -233,36 +480,14 @@ class Columns:
 
 
 @dataclass(frozen=True)
-class Packing:
-    """Lever: several distinct prompts per request (``rows_per_request``)."""
-
-    rows_per_request: int = 1
-    pack_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        positive_int("rows_per_request", self.rows_per_request)
-        if self.pack_tokens is not None:
-            positive_int("pack_tokens", self.pack_tokens)
-
-
-@dataclass(frozen=True)
 class Spending:
-    """Lever: prices and the budgets that stop sending (``max_cost`` and friends)."""
+    """The prices of a job's models and the budget that stops sending."""
 
     prices: Mapping[str, Price | None] = field(default_factory=dict)
-    max_cost: float | None = None
-    max_requests: int | None = None
-    max_tokens_total: int | None = None
+    limits: Budget = Budget()
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "max_tokens_total"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
-        if self.max_cost is not None:
-            if not is_number(self.max_cost) or self.max_cost < 0:
-                raise ConfigError(
-                    f"max_cost must be a number of dollars >= 0, got {self.max_cost!r}"
-                )
+        if self.limits.max_cost is not None:
             for name, price in self.prices.items():
                 if price is None:
                     raise ConfigError(
@@ -279,39 +504,14 @@ class Spending:
         """A fresh budget for one dispatch at ``price``, less what was ``spent`` already
         (dollars, requests, tokens), or ``None`` without limits."""
         cost, requests, tokens = spent
+        limits = self.limits
         budget = SpendingCap(
             price,
-            None if self.max_cost is None else max(0.0, self.max_cost - cost),
-            None if self.max_requests is None else max(0, self.max_requests - requests),
-            None if self.max_tokens_total is None else max(0, self.max_tokens_total - tokens),
+            None if limits.max_cost is None else max(0.0, limits.max_cost - cost),
+            None if limits.max_requests is None else max(0, limits.max_requests - requests),
+            None if limits.max_tokens_total is None else max(0, limits.max_tokens_total - tokens),
         )
         return budget if budget.limited else None
-
-
-@dataclass(frozen=True)
-class Cascade:
-    """Lever: models from the cheapest to the strongest, and which answers go on."""
-
-    models: tuple[str, ...]
-    escalate: pl.Expr | None = None
-
-
-@dataclass(frozen=True)
-class Batching:
-    """Lever: the distinct uncached requests go through the provider's Files and Batches API
-    (``mode="batch"``), at its price (half the live one by default), answered within 24 h."""
-
-    max_requests: int = 50_000  # lines per batch file (OpenAI's limit)
-    max_bytes: int = 200_000_000  # bytes per batch file (OpenAI's limit)
-    poll_seconds: float = 5.0  # the first wait between polls; it grows to a minute
-    on_expired: Literal["resubmit", "live"] = "resubmit"  # what an expired batch's rest does
-
-    def __post_init__(self) -> None:
-        positive_int("batch_max_requests", self.max_requests)
-        positive_int("batch_max_bytes", self.max_bytes)
-        seconds("batch_poll_seconds", self.poll_seconds)
-        if self.on_expired not in ("resubmit", "live"):
-            raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")
 
 
 @dataclass(frozen=True)
@@ -322,10 +522,10 @@ class Job:
     columns: Columns
     spending: Spending
     packing: Packing = Packing()
-    cascade: Cascade | None = None
+    cascade: Cascade | None = None  # its escalate a Polars expression: see escalation_rule
     semantic: SemanticCache | None = None
     repair: bool = False
-    batching: Batching | None = None  # None: live requests
+    batching: BatchMode | None = None  # None: live requests
     send_order: SendOrder = "prefix"  # see llm_ops._order
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
@@ -333,7 +533,13 @@ class Job:
 
     @property
     def models(self) -> tuple[str, ...]:
-        return self.cascade.models if self.cascade else (self.spec.model,)
+        return tuple(self.cascade.models) if self.cascade else (self.spec.model,)
+
+    @property
+    def escalate_rule(self) -> pl.Expr | None:
+        """Which answered rows a cascade sends on, besides failed ones."""
+        rule = None if self.cascade is None else self.cascade.escalate
+        return rule if isinstance(rule, pl.Expr) else None
 
     @property
     def added(self) -> dict[str, pl.DataType]:
@@ -379,132 +585,68 @@ class Job:
         return self.spending.budget(self.price, self.spent)
 
 
-def models_of(model: object) -> tuple[str, ...]:
-    """``model=``: one name, or a cascade's names from the cheapest to the strongest."""
-    names = [model] if isinstance(model, str) else model
-    if (
-        not isinstance(names, Sequence)
-        or not names
-        or not all(isinstance(name, str) and name.strip() for name in names)
-    ):
-        raise ConfigError(
-            f"model must be a model name such as 'gpt-4o-mini', or a list of names "
-            f"for a cascade such as ['gpt-4o-mini', 'gpt-4o'], got {model!r}"
-        )
-    if len(set(names)) != len(names):
-        raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
-    return tuple(names)
-
-
 def make_job(
     *, prompt: str, model: ModelOption, endpoint: str, cached: bool, options: CallOptions
 ) -> Job:
-    """Check a call's options and build its :class:`Job` (see :func:`check_job` for its
-    check against a table's columns).
+    """Assemble a call's checked options into its :class:`Job` (see :func:`check_job` for
+    its check against a table's columns).
 
     ``endpoint`` is the endpoint's identity; ``cached`` whether the client has a cache.
     """
     unknown = set(options) - CallOptions.__optional_keys__
     if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(sorted(unknown))}; see "
-            "help(llm_ops.llm_complete) for the options"
-        )
-    models = models_of(model)
+        raise unknown_options(unknown)
+    cascade = model if isinstance(model, Cascade) else Cascade(model)
+    models = tuple(cascade.models)
     output = options.get("output", "completion")
-    prompt_template = parse_template(prompt, argument="prompt")
     system = options.get("system")
-    system_template = None if system is None else parse_template(system, argument="system")
     schema = options.get("schema")
     structured = output_schema(schema) if schema is not None else None
-    semantic = options.get("semantic_cache")
-    if semantic is not None and not isinstance(semantic, SemanticCache):
-        raise ConfigError(
-            "semantic_cache takes a SemanticCache, e.g. "
-            "semantic_cache=SemanticCache('text-embedding-3-small', threshold=0.95)"
-        )
-    if semantic is not None and not cached:
-        raise ConfigError(
-            "the semantic cache lives in the cache database: pass a cache path "
-            "instead of cache=False, or drop semantic_cache="
-        )
-    added = Columns(
-        output,
-        structured=structured is not None,
-        semantic=semantic is not None,
-        cascade=len(models) > 1,
+    semantic = typed(
+        options, "semantic_cache", SemanticCache, "SemanticCache('text-embedding-3-small')"
     )
-    on_error = options.get("on_error", "null")
-    if on_error not in ("null", "raise"):
-        raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
-    spec = RequestSpec.build(
-        endpoint=endpoint,
-        model=models[0],
-        prompt=prompt_template,
-        system=system_template,
-        max_tokens=options.get("max_tokens"),
-        temperature=options.get("temperature"),
-        top_p=options.get("top_p"),
-        seed=options.get("seed"),
-        stop=options.get("stop"),
-        schema=structured,
-    )
-    packing = Packing(options.get("rows_per_request", 1), options.get("pack_tokens"))
-    if packing.rows_per_request > 1 and structured is not None:
+    sampling = typed(options, "sampling", Sampling, "Sampling(temperature=0)") or Sampling()
+    packing = typed(options, "packing", Packing, "Packing(rows_per_request=8)") or Packing()
+    budget = typed(options, "budget", Budget, "Budget(max_cost=5.0)") or Budget()
+    batch = options.get("batch", False)
+    batching = BatchMode() if batch is True else None if batch is False else batch
+    if not isinstance(batching, BatchMode | None):
         raise ConfigError(
-            "rows_per_request cannot be combined with schema= yet; use one or the other"
+            "batch takes True, False or a BatchMode, e.g. batch=BatchMode(poll_seconds=30)"
         )
     repair = options.get("repair", False)
-    if repair and structured is None:
-        raise ConfigError("repair=True only applies to structured output; pass schema= too")
-    pricing = options.get("pricing")
-    priced = [*models, *([semantic.model] if semantic is not None else [])]
-    spending = Spending(
-        {name: price_for(name, pricing) for name in priced},
-        options.get("max_cost"),
-        options.get("max_requests"),
-        options.get("max_tokens_total"),
-    )
-    mode = options.get("mode", "live")
-    if mode not in ("live", "batch"):
-        raise ConfigError(f"mode must be 'live' or 'batch', got {mode!r}")
-    batch_options = ("on_expired", "batch_max_requests", "batch_max_bytes", "batch_poll_seconds")
-    if mode == "live" and any(name in options for name in batch_options):
-        raise ConfigError(
-            f"{', '.join(n for n in batch_options if n in options)} only apply to mode='batch'"
-        )
-    batching = None
-    if mode == "batch":
-        if not cached:
-            raise ConfigError(
-                "mode='batch' records its batches in the cache database, so a "
-                "rerun never pays twice: pass a cache path instead of "
-                "cache=False"
-            )
-        if packing.rows_per_request > 1:
-            raise ConfigError(
-                "rows_per_request cannot be combined with mode='batch' yet; "
-                "the Batch API already prices per token at half the live rate"
-            )
-        batching = Batching(
-            max_requests=options.get("batch_max_requests", 50_000),
-            max_bytes=options.get("batch_max_bytes", 200_000_000),
-            poll_seconds=options.get("batch_poll_seconds", 5.0),
-            on_expired=options.get("on_expired", "resubmit"),
-        )
+    on_error = options.get("on_error", "null")
     send_order = options.get("send_order", "prefix")
+    _check_together(structured is not None, semantic, packing, batching, repair, cached=cached)
+    if on_error not in ("null", "raise"):
+        raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
     if send_order not in SEND_ORDERS:
         raise ConfigError(f"send_order must be 'prefix' or 'input', got {send_order!r}")
-    escalate = options.get("escalate")
+    pricing = options.get("pricing")
+    priced = [*models, *([semantic.model] if semantic is not None else [])]
     rule = (
-        escalation_rule(escalate, output, structured, len(models)) if escalate is not None else None
+        escalation_rule(cascade.escalate, output, structured, len(models))
+        if cascade.escalate is not None
+        else None
     )
     return Job(
-        spec=spec,
-        columns=added,
-        spending=spending,
+        spec=RequestSpec.build(
+            endpoint=endpoint,
+            model=models[0],
+            prompt=parse_template(prompt, argument="prompt"),
+            system=None if system is None else parse_template(system, argument="system"),
+            sampling=sampling,
+            schema=structured,
+        ),
+        columns=Columns(
+            output,
+            structured=structured is not None,
+            semantic=semantic is not None,
+            cascade=len(models) > 1,
+        ),
+        spending=Spending({name: price_for(name, pricing) for name in priced}, budget),
         packing=packing,
-        cascade=Cascade(models, rule) if len(models) > 1 else None,
+        cascade=replace(cascade, escalate=rule) if len(models) > 1 else None,
         semantic=semantic,
         repair=repair,
         batching=batching,
@@ -514,12 +656,43 @@ def make_job(
     )
 
 
+def _check_together(
+    structured: bool,
+    semantic: SemanticCache | None,
+    packing: Packing,
+    batching: BatchMode | None,
+    repair: bool,
+    *,
+    cached: bool,
+) -> None:
+    """What depends on more than one option."""
+    if semantic is not None and not cached:
+        raise ConfigError(
+            "the semantic cache lives in the cache database: pass a cache path "
+            "instead of cache=False, or drop semantic_cache="
+        )
+    if packing.rows_per_request > 1 and structured:
+        raise ConfigError("packing cannot be combined with schema= yet; use one or the other")
+    if repair and not structured:
+        raise ConfigError("repair=True only applies to structured output; pass schema= too")
+    if batching is not None and not cached:
+        raise ConfigError(
+            "batch mode records its batches in the cache database, so a rerun never pays "
+            "twice: pass a cache path instead of cache=False"
+        )
+    if batching is not None and packing.rows_per_request > 1:
+        raise ConfigError(
+            "packing cannot be combined with batch mode yet; the Batch API already prices "
+            "per token at half the live rate"
+        )
+
+
 def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
     """Check ``job`` against the input's ``columns``: the columns it adds must be new, its
     escalation rule must read them, its templates must reference renderable ones."""
     job.columns.check_free(columns)
-    if job.cascade is not None and job.cascade.escalate is not None:
-        check_escalation(job.cascade.escalate, columns, job.columns.output, job.spec.schema)
+    if job.escalate_rule is not None:
+        check_escalation(job.escalate_rule, columns, job.columns.output, job.spec.schema)
     check_columns(job.spec.prompt, columns, argument="prompt")
     if job.spec.system is not None:
         check_columns(job.spec.system, columns, argument="system")

@@ -23,7 +23,7 @@ class Price:
     ``cached_input_per_million`` prices the input tokens a server read from its prefix cache
     (``usage.prompt_tokens_details.cached_tokens``, which OpenAI and vLLM report); without
     it they cost the input price. ``batch`` is the price through the provider's Batch API
-    (``mode="batch"``); without one, every part of the live price is halved, as OpenAI and
+    (``batch=True``); without one, every part of the live price is halved, as OpenAI and
     most gateways bill batches.
 
     Examples

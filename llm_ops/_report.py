@@ -23,7 +23,7 @@ dedupe
 cache
     answers already in the cache (exact key)
 packing
-    several rows per request (``rows_per_request=``)
+    several rows per request (``packing=``)
 semantic_cache
     answers of similar requests, cached or sent in the same job (``semantic_cache=``); its
     cost is net of the embeddings it paid for
@@ -31,7 +31,7 @@ cascade
     rows a cheaper model answered well enough, which the last model of ``model=[...]`` did
     not have to answer; its cost is net of everything the earlier models cost
 batch
-    the requests sent through the provider's Batch API (``mode="batch"``), at its price rather
+    the requests sent through the provider's Batch API (``batch=True``), at its price rather
     than the live one; no requests saved, only dollars
 """
 

@@ -1,9 +1,12 @@
 """The typed parts of a job: where requests go, how hard to push, and what is asked.
 
-* :class:`Endpoint`: base URL and credentials; its :attr:`~Endpoint.identity` is what keys see.
-* :class:`Connection`: how requests reach it (headers of one's own, TLS, a proxy), never part
+* :class:`Endpoint`: where requests go and how (``endpoint=``), public; resolved against the
+  environment into a :class:`ResolvedEndpoint`, whose :attr:`~ResolvedEndpoint.identity` is
+  what keys see, and its :class:`Connection` (headers of one's own, TLS, a proxy), never part
   of a key.
-* :class:`Limits`: transport settings, never part of a key.
+* :class:`Retries` and :class:`RateLimit` (public), put together with the concurrency into
+  :class:`Limits`: transport settings, never part of a key.
+* :class:`Sampling` (public): the sampling parameters, part of the key.
 * :class:`RequestSpec`: exactly what is keyed: endpoint identity, model, templates,
   output-affecting parameters and the output schema.
 
@@ -21,7 +24,7 @@ import os
 import re
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -85,8 +88,9 @@ def _shown(url: str) -> str:
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """An OpenAI-compatible endpoint: its base URL (without the query) and credentials.
+class ResolvedEndpoint:
+    """An :class:`Endpoint` as requests use it: its base URL (without the query), from the
+    environment when the endpoint names none, and the credentials in effect.
 
     Query parameters of the URL (some gateways take their key there) are sent with every
     request but are never part of a key, stored or shown.
@@ -130,14 +134,14 @@ class Endpoint:
         name: str | None = None,
         need_key: bool = True,
         keyed_by_headers: bool = False,
-    ) -> Endpoint:
+    ) -> ResolvedEndpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
         Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
         credentials go in headers of the caller's (``keyed_by_headers``: then, without a key,
         no ``Authorization`` header is sent)."""
         if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
             raise ConfigError(
-                "endpoint_name must be a name of letters, digits, '.', '_' and '-' "
+                "an endpoint's name must be a name of letters, digits, '.', '_' and '-' "
                 f"(at most 100), like 'vllm-prod'; got {name!r}"
             )
         url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
@@ -340,41 +344,241 @@ def _proxy_url(proxy: object) -> str:
 
 
 @dataclass(frozen=True)
-class Limits:
-    """How hard to push an endpoint: transport settings, never part of a request key.
+class Endpoint:
+    """Where requests go and how they get there: ``endpoint=`` of every call and of
+    :class:`~llm_ops.Client` (a URL alone stands for ``Endpoint(url)``).
 
-    ``max_retry_after`` bounds the wait an endpoint may demand (``Retry-After``): a longer one
-    fails the request instead of stalling the job. ``max_response_bytes`` bounds one answer's
-    body, compressed and decompressed (an embeddings answer may hold more, by its inputs).
+    Parameters
+    ----------
+    base_url
+        The OpenAI-compatible API's URL, e.g. ``"http://127.0.0.1:8000/v1"``; ``None``:
+        ``OPENAI_BASE_URL``, then OpenAI's. Credentials in it are refused; query parameters
+        (some gateways take their key there) are sent but never stored or shown.
+    api_key
+        ``None``: ``OPENAI_API_KEY``. A loopback endpoint needs none, nor one whose
+        ``headers`` carry the credentials. Never stored, logged or put in a message.
+    headers
+        Sent with every request, such as Azure OpenAI's ``{"api-key": ...}`` or a gateway's
+        tenant header. Never part of a cache key; values of headers named like a credential
+        never appear in a message or log.
+    verify, cert
+        TLS: ``verify`` checks the server's certificate against the system's authorities
+        (``True``), a CA bundle's path, or an :class:`ssl.SSLContext`; ``False`` checks
+        nothing. ``cert`` is a client certificate for servers that ask for one (mutual TLS):
+        a PEM file holding the key too, or a ``(certificate, key)`` pair of paths.
+    proxy
+        An ``http://`` or ``https://`` proxy (``user:password@`` in it for one that asks); by
+        default the one ``HTTPS_PROXY``, ``HTTP_PROXY`` or ``ALL_PROXY`` names, unless
+        ``NO_PROXY`` names the host.
+    name
+        The endpoint's name in cache keys instead of its URL, so one server reached under
+        several URLs (a changing port, a load balancer and its replicas) shares its answers:
+        letters, digits, ``.``, ``_`` and ``-``. The bundled simulator's is
+        :attr:`llm_ops.testing.LocalEndpoint.name`.
+    max_response_bytes
+        Bytes one answer's body may hold, compressed and decompressed (default 8 MiB; an
+        embeddings answer may hold 128 KiB more per input); a larger one fails its request.
+
+    Examples
+    --------
+    >>> from llm_ops import Endpoint
+    >>> Endpoint("https://my-resource.openai.azure.com/openai/v1", headers={"api-key": "..."})
+    Endpoint(base_url='https://my-resource.openai.azure.com/openai/v1', name=None)
     """
 
-    concurrency: int | None = None  # None: the knee the controller finds (llm_ops._concurrency)
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    verify: bool | str | os.PathLike[str] | ssl.SSLContext = field(default=True, repr=False)
+    cert: str | os.PathLike[str] | tuple[str, str] | None = field(default=None, repr=False)
+    proxy: str | None = field(default=None, repr=False)
+    name: str | None = None
+    max_response_bytes: int = field(default=8 * 2**20, repr=False)
+    connection: Connection = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.base_url is not None and not isinstance(self.base_url, str):
+            raise ConfigError(f"base_url must be a string URL, got {type(self.base_url).__name__}")
+        if self.api_key is not None:
+            _check_api_key(self.api_key)
+        if self.name is not None and not (
+            isinstance(self.name, str) and _NAME.fullmatch(self.name)
+        ):
+            raise ConfigError(
+                "an endpoint's name must be of letters, digits, '.', '_' and '-' "
+                f"(at most 100), like 'vllm-prod'; got {self.name!r}"
+            )
+        positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
+        connection = Connection(self.headers, self.verify, self.cert, self.proxy)
+        object.__setattr__(self, "connection", connection)
+        object.__setattr__(self, "headers", connection.headers)
+        object.__setattr__(self, "proxy", connection.proxy)
+
+    def resolve(self) -> ResolvedEndpoint:
+        """The URL and credentials in effect (see :meth:`ResolvedEndpoint.resolve`)."""
+        return ResolvedEndpoint.resolve(
+            self.base_url,
+            self.api_key,
+            name=self.name,
+            keyed_by_headers=self.connection.authenticates,
+        )
+
+
+def endpoint_of(endpoint: object) -> Endpoint:
+    """``endpoint=``: an :class:`Endpoint`, a URL standing for one, or ``None`` (the
+    environment's)."""
+    if endpoint is None or isinstance(endpoint, str):
+        return Endpoint(endpoint)
+    if not isinstance(endpoint, Endpoint):
+        raise ConfigError(
+            "endpoint takes a URL such as 'http://127.0.0.1:8000/v1', or an Endpoint(url, "
+            f"api_key=..., headers=...), got {type(endpoint).__name__}"
+        )
+    return endpoint
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How a request is tried again: ``retries=`` of every call and of
+    :class:`~llm_ops.Client`.
+
+    ``max_attempts``: attempts per request, the first included. ``timeout``: seconds per
+    attempt. ``max_retry_after``: the seconds an endpoint may ask every sender to wait
+    (``Retry-After``); a request asked to wait longer fails instead of stalling the job, and
+    when every request is, the job stops with :class:`~llm_ops.JobAbortedError`.
+
+    Examples
+    --------
+    >>> from llm_ops import Retries
+    >>> Retries(max_attempts=3, timeout=20)
+    Retries(max_attempts=3, timeout=20.0, max_retry_after=120.0)
+    """
+
     max_attempts: int = 5
     timeout: float = 60.0
+    max_retry_after: float = 120.0
+
+    def __post_init__(self) -> None:
+        positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
+        object.__setattr__(self, "timeout", seconds("timeout", self.timeout))
+        object.__setattr__(
+            self, "max_retry_after", seconds("max_retry_after", self.max_retry_after)
+        )
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """Requests (``rpm``) and tokens (``tpm``) per minute to stay under: ``rate_limit=`` of
+    every call and of :class:`~llm_ops.Client`. The endpoint's ``x-ratelimit-*`` headers are
+    followed too; the tighter limit wins.
+
+    Examples
+    --------
+    >>> from llm_ops import RateLimit
+    >>> RateLimit(rpm=500, tpm=200_000)
+    RateLimit(rpm=500, tpm=200000)
+    """
+
     rpm: float | None = None
     tpm: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, limit in (("rpm", self.rpm), ("tpm", self.tpm)):
+            if limit is not None and (not is_number(limit) or limit <= 0):
+                raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How hard to push an endpoint, put together from a client's checked options:
+    transport settings, never part of a request key."""
+
+    concurrency: int | None = None  # None: the knee the controller finds (llm_ops._concurrency)
+    retries: Retries = Retries()
+    rate_limit: RateLimit = RateLimit()
+    max_response_bytes: int = 8 * 2**20
     backoff_base: float = 0.5
     backoff_max: float = 30.0
-    max_retry_after: float = 120.0
-    max_response_bytes: int = 8 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None:
+            positive_int("concurrency", self.concurrency, most=MAX_CONCURRENCY)
 
     @property
     def most_in_flight(self) -> int:
         """The cap on requests in flight: ``concurrency`` given, else the controller's."""
         return self.concurrency or DEFAULT_CAP
 
+    @property
+    def max_attempts(self) -> int:
+        return self.retries.max_attempts
+
+    @property
+    def timeout(self) -> float:
+        return self.retries.timeout
+
+    @property
+    def max_retry_after(self) -> float:
+        return self.retries.max_retry_after
+
+    @property
+    def rpm(self) -> float | None:
+        return self.rate_limit.rpm
+
+    @property
+    def tpm(self) -> float | None:
+        return self.rate_limit.tpm
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the model samples its answer: ``sampling=`` of every completion call. Each field
+    is sent to the endpoint when set, and is part of the cache key.
+
+    ``max_tokens``: the most tokens per answer. ``temperature`` (0 to 2) and ``top_p``
+    (0 to 1): the sampling's randomness. ``seed``: asks for reproducible sampling where the
+    server offers it. ``stop``: a text, or texts, at which the answer stops.
+
+    Examples
+    --------
+    >>> from llm_ops import Sampling
+    >>> Sampling(temperature=0, max_tokens=200)
+    Sampling(max_tokens=200, temperature=0, top_p=None, seed=None, stop=None)
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | Sequence[str] | None = None
+
     def __post_init__(self) -> None:
-        if self.concurrency is not None:
-            positive_int("concurrency", self.concurrency, most=MAX_CONCURRENCY)
-        positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
-        positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
-        object.__setattr__(self, "timeout", seconds("timeout", self.timeout))
-        object.__setattr__(
-            self, "max_retry_after", seconds("max_retry_after", self.max_retry_after)
-        )
-        for name, limit in (("rpm", self.rpm), ("tpm", self.tpm)):
-            if limit is not None and (not is_number(limit) or limit <= 0):
-                raise ConfigError(f"{name} must be a positive number per minute, got {limit!r}")
+        if self.max_tokens is not None:
+            positive_int("max_tokens", self.max_tokens)
+        for name, value, high in (
+            ("temperature", self.temperature, 2.0),
+            ("top_p", self.top_p, 1.0),
+        ):
+            if value is not None and (not is_number(value) or not 0 <= value <= high):
+                raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        stop = self.stop
+        stops = [stop] if isinstance(stop, str) else stop
+        if stop is not None and (
+            not isinstance(stops, list | tuple)
+            or not stops
+            or not all(isinstance(s, str) and s for s in stops)
+        ):
+            raise ConfigError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
+        if stop is not None and not isinstance(stop, str):
+            object.__setattr__(self, "stop", list(stop))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The fields that are set, as the request's parameters."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
 @dataclass(frozen=True)
@@ -382,7 +586,7 @@ class RequestSpec:
     """Everything that changes the answer, and nothing else: what a request key hashes, with
     the texts rendered from each row."""
 
-    endpoint: str  # Endpoint.identity
+    endpoint: str  # ResolvedEndpoint.identity
     model: str
     prompt: Template
     system: Template | None = None
@@ -397,42 +601,19 @@ class RequestSpec:
         model: str,
         prompt: Template,
         system: Template | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
+        sampling: Sampling = Sampling(),
         schema: OutputSchema | None = None,
     ) -> RequestSpec:
-        """Check the output-affecting parameters and keep those that are set."""
-        if max_tokens is not None:
-            positive_int("max_tokens", max_tokens)
-        for name, value, high in (("temperature", temperature, 2.0), ("top_p", top_p, 1.0)):
-            if value is not None and (not is_number(value) or not 0 <= value <= high):
-                raise ConfigError(f"{name} must be a number between 0 and {high:g}, got {value!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        stops = [stop] if isinstance(stop, str) else stop
-        if stop is not None and (
-            not isinstance(stops, list | tuple)
-            or not stops
-            or not all(isinstance(s, str) and s for s in stops)
-        ):
-            raise ConfigError(f"stop must be a string or a list of non-empty strings, got {stop!r}")
-        params = {
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "seed": seed,
-            "stop": stop if isinstance(stop, str | None) else list(stop),
-            "response_format": schema.response_format() if schema else None,
-        }
+        """The spec of these parts, with the sampling parameters that are set."""
+        params = dict(sampling.params)
+        if schema is not None:
+            params["response_format"] = schema.response_format()
         return cls(
             endpoint=endpoint,
             model=model,
             prompt=prompt,
             system=system,
-            params={k: v for k, v in params.items() if v is not None},
+            params=params,
             schema=schema,
         )
 
@@ -466,7 +647,7 @@ class EmbeddingSpec:
     """What an embedding request key hashes besides the text: endpoint identity, model and the
     vector size asked for."""
 
-    endpoint: str  # Endpoint.identity
+    endpoint: str  # ResolvedEndpoint.identity
     model: str
     dimensions: int | None = None
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from . import llm_complete
+from . import Endpoint, llm_complete
 from .testing import LocalEndpoint
 
 PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
@@ -38,14 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     reviews = pl.read_parquet(args.input, n_rows=args.rows)
-    with LocalEndpoint() as endpoint:
+    with LocalEndpoint() as server:
         enriched, report = reviews.pipe(
             llm_complete,
             prompt=PROMPT,
             model="sim",
             output="summary",
-            base_url=endpoint.base_url,
-            endpoint_name=endpoint.name,  # cache hits whatever port it runs on
+            endpoint=Endpoint(server.base_url, name=server.name),  # hits on any port
             cache=args.cache,
             concurrency=64,
             return_report=True,

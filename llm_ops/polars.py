@@ -16,7 +16,7 @@ Examples
 >>> df = pl.DataFrame({"text": ["Lovely dress"]})
 >>> with LocalEndpoint() as endpoint:
 ...     out = df.select(llm(pl.col("text")).complete("Summarize: {}", model="sim",
-...                                                  base_url=endpoint.base_url, cache=False))
+...                                                  endpoint=endpoint.base_url, cache=False))
 >>> out.item()
 'sim #a9d110f4: Summarize: Lovely dress'
 """

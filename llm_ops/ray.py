@@ -3,11 +3,12 @@
 Install with ``pip install 'llm-ops[ray]'``. A :class:`~llm_ops.tables.Table` that outgrows one
 machine's client runs its chunks as Ray tasks::
 
-    from llm_ops import Client
+    from llm_ops import Client, RateLimit
     from llm_ops.ray import run_on_ray
     from llm_ops.tables import Table
 
-    with Client(base_url=..., cache="output/cache.duckdb", rpm=10_000) as client:
+    limit = RateLimit(rpm=10_000)
+    with Client(endpoint=..., cache="output/cache.duckdb", rate_limit=limit) as client:
         table = Table(client, "data/*.parquet", "output/out.parquet",
                       prompt="Summarize: {text}", model="gpt-4o-mini")
         report = run_on_ray(table, address="local", workers=4)
@@ -18,7 +19,7 @@ What is shared, and how:
   distinct requests up in the cache and writes the misses as chunk files in the work directory
   (``<out>.work/``), which every worker can read (one machine, or a shared file system).
 * **One rate limit for the whole cluster.** A :class:`Quota` actor holds the requests- and
-  tokens-per-minute budgets (the client's ``rpm``/``tpm``, and limits any worker learns from
+  tokens-per-minute budgets (the client's ``rate_limit``, and limits any worker learns from
   ``x-ratelimit-*`` headers) and every ``Retry-After`` pause. Workers lease tokens from it a
   quarter of a second's worth at a time, so the sum of their traffic stays under the limit
   without a round trip per request; each worker keeps its own adaptive concurrency.
@@ -110,7 +111,7 @@ def run_on_ray(
     ...     print(f"{done}/{total} chunks, {counters.sent} requests sent")
     >>> with (  # doctest: +SKIP
     ...     LocalEndpoint() as endpoint,
-    ...     Client(base_url=endpoint.base_url, cache=cache) as client,
+    ...     Client(endpoint=endpoint.base_url, cache=cache) as client,
     ... ):
     ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
     ...                   chunk_size=10)
@@ -203,7 +204,7 @@ def send_chunks(
         .remote(table.client.limits.rpm, table.client.limits.tpm)
     )
     work = _Work(
-        client_options=_client_options(table.client),
+        client_options=dict(table.client.worker_options()),
         job=dataclasses.replace(job, progress=None),
         answers=str(store),
         flush_every=table.cache.flush_every,
@@ -247,19 +248,6 @@ def _stop(running: list[Any]) -> None:
     _, stuck = ray.wait(running, num_returns=len(running), timeout=Client.drain_seconds + 5)
     for ref in stuck:
         ray.cancel(ref, force=True)
-
-
-def _client_options(client: Client) -> dict[str, Any]:
-    """What a worker's client is made with: the driver's options and its endpoint as resolved
-    (a worker may not have the driver's environment), with no cache of its own: a worker
-    writes its answers to the run's work directory."""
-    endpoint = client.endpoint
-    return {
-        **client.options,
-        "base_url": endpoint.url_with_query,
-        "api_key": endpoint.api_key,
-        "cache": False,
-    }
 
 
 @dataclasses.dataclass(frozen=True)

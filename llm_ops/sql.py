@@ -43,6 +43,7 @@ from ._pipeline.backend import Backend
 from ._pipeline.plan import key_rows
 from ._pipeline.run import run_frame
 from ._report import RunReport
+from ._spec import Sampling
 from ._status import FAILED
 from .exceptions import ConfigError, RowsFailedError
 
@@ -74,8 +75,8 @@ def register(
         ``"null"``: a failed row answers NULL (``llm_complete_result`` says why).
         ``"raise"``: a failed row aborts the query, as ``on_error`` does everywhere.
     **options
-        What the connection's :class:`~llm_ops.Client` is made with (``base_url``,
-        ``api_key``, ``cache``, ``concurrency``, ``rpm``, ...; see
+        What the connection's :class:`~llm_ops.Client` is made with (``endpoint``,
+        ``cache``, ``concurrency``, ``retries``, ``rate_limit``; see
         :class:`llm_ops.ClientOptions`). The connection keeps one client, so a query's rate
         limits and what was learned about the endpoint span all its vectors. The key never
         reaches the database. The client is closed with the connection.
@@ -87,7 +88,7 @@ def register(
     >>> from llm_ops.testing import LocalEndpoint
     >>> con = duckdb.connect()
     >>> with LocalEndpoint() as endpoint:
-    ...     register(con, base_url=endpoint.base_url, cache=False)
+    ...     register(con, endpoint=endpoint.base_url, cache=False)
     ...     con.sql("SELECT llm_complete('Say hi', model := 'sim') AS answer").fetchall()
     [('sim #54ac2d1b: Say hi',)]
     """
@@ -141,8 +142,7 @@ def _job(
         options={
             "output": "answer",
             "system": "{system}" if system else None,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
+            "sampling": Sampling(max_tokens=max_tokens, temperature=temperature),
             "progress": False,
         },
     )

@@ -117,7 +117,7 @@ def cache(tmp_path: Path) -> Path:
 @pytest.fixture
 def complete(endpoint: LocalEndpoint, cache: Path) -> Callable[..., Any]:
     """``llm_complete`` pointed at the simulator and a fresh cache file, model ``sim``."""
-    return functools.partial(llm_complete, model="sim", base_url=endpoint.base_url, cache=cache)
+    return functools.partial(llm_complete, model="sim", endpoint=endpoint.base_url, cache=cache)
 
 
 @pytest.fixture(autouse=True)

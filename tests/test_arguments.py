@@ -5,7 +5,14 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, MissingApiKeyError, TemplateError, llm_complete
+from llm_ops import (
+    ConfigError,
+    Endpoint,
+    MissingApiKeyError,
+    TemplateError,
+    llm_complete,
+    options_from_settings,
+)
 
 DF = pl.DataFrame({"text": ["x"], "tags": [["a", "b"]]})
 
@@ -60,7 +67,7 @@ def test_bad_concurrency(complete, concurrency):
 )
 def test_bad_parameters(complete, name, value):
     with pytest.raises(ConfigError, match=name):
-        DF.pipe(complete, prompt="{text}", **{name: value})
+        DF.pipe(complete, prompt="{text}", **options_from_settings({name: value}))
 
 
 def test_output_column_collision(complete):
@@ -74,7 +81,7 @@ def test_missing_api_key_for_a_remote_endpoint():
             llm_complete,
             prompt="{text}",
             model="m",
-            base_url="https://example.invalid/v1",
+            endpoint="https://example.invalid/v1",
             cache=False,
         )
 
@@ -104,13 +111,13 @@ def test_not_a_dataframe(complete):
 )
 def test_out_of_range_or_mistyped_values(complete, name, value):
     with pytest.raises(ConfigError, match=name):
-        DF.pipe(complete, prompt="{text}", **{name: value})
+        DF.pipe(complete, prompt="{text}", **options_from_settings({name: value}))
 
 
 @pytest.mark.parametrize("key", ["sk-abc\n", "sk abc", "sk-ключ"])
-def test_an_api_key_an_http_header_cannot_carry(complete, key):
+def test_an_api_key_an_http_header_cannot_carry(key):
     with pytest.raises(ConfigError, match="api_key holds") as info:
-        DF.pipe(complete, prompt="{text}", api_key=key)
+        Endpoint(api_key=key)
     assert key.strip() not in str(info.value)
 
 

@@ -14,9 +14,11 @@ import polars as pl
 import pytest
 
 from llm_ops import (
+    BatchMode,
     Cache,
     ConfigError,
     Price,
+    Sampling,
     estimate,
     llm_complete,
     open_cache,
@@ -35,16 +37,15 @@ def batch(endpoint, cache):
         llm_complete,
         prompt="Say {text}",
         model="sim",
-        mode="batch",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        batch=BatchMode(poll_seconds=0.05),
         cache=cache,
-        batch_poll_seconds=0.05,
     )
 
 
 def test_a_batch_job_gives_the_frame_a_live_job_gives(batch, endpoint):
     live = DF.pipe(
-        llm_complete, prompt="Say {text}", model="sim", base_url=endpoint.base_url, cache=False
+        llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint.base_url, cache=False
     )
     assert DF.pipe(batch).equals(live)
     assert endpoint.stats()["batches"] == 1
@@ -72,7 +73,7 @@ def test_an_expired_batch_keeps_its_answers_and_resubmits_the_rest(batch, endpoi
 
 def test_the_rest_of_an_expired_batch_can_be_sent_live(batch, endpoint):
     endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05, batch_expire_share=0.5)
-    out = DF.head(20).pipe(batch, on_expired="live")
+    out = DF.head(20).pipe(batch, batch=BatchMode(poll_seconds=0.05, on_expired="live"))
     assert out["completion_status"].to_list() == ["ok"] * 20
     assert (endpoint.stats()["batches"], endpoint.stats()["requests"]) == (1, 4)
 
@@ -83,12 +84,12 @@ def test_the_lines_uploaded_are_the_estimates_requests_at_half_the_price(batch, 
         DF,
         prompt="Say {text}",
         model="sim",
-        mode="batch",
+        sampling=Sampling(max_tokens=20),
+        endpoint=endpoint.base_url,
+        batch=True,
         pricing=prices,
-        max_tokens=20,
-        base_url=endpoint.base_url,
     )
-    DF.pipe(batch, pricing=prices, max_tokens=20)
+    DF.pipe(batch, pricing=prices, sampling=Sampling(max_tokens=20))
     assert endpoint.stats()["lines_uploaded"] == plan.requests == 8
     assert plan.batch_cost_max == pytest.approx(plan.cost_max / 2)
     assert plan.batch_cost_min == pytest.approx(plan.cost_min / 2)
@@ -106,10 +107,10 @@ def test_the_report_and_the_runs_table_say_batch_and_what_it_saved(batch, cache)
 
 KILLED = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import BatchMode, llm_complete
 df = pl.DataFrame({"text": [f"row {i}" for i in range(300)]})
-df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
-        mode="batch", batch_poll_seconds=0.05, batch_max_requests=100, progress=False)
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1], cache=sys.argv[2],
+        batch=BatchMode(poll_seconds=0.05, max_requests=100), progress=False)
 """
 
 
@@ -126,11 +127,9 @@ def test_a_job_killed_after_submitting_resumes_without_a_new_batch(endpoint, cac
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        batch=BatchMode(poll_seconds=0.05, max_requests=100),
         cache=cache,
-        mode="batch",
-        batch_poll_seconds=0.05,
-        batch_max_requests=100,
     )
     assert out["completion_status"].to_list() == ["ok"] * 300
     assert endpoint.stats()["batches"] == 3
@@ -178,8 +177,8 @@ def test_batch_mode_needs_a_cache(endpoint):
             llm_complete,
             prompt="{text}",
             model="sim",
-            mode="batch",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
+            batch=True,
             cache=False,
         )
 
@@ -189,11 +188,14 @@ def test_submit_returns_at_once_and_a_later_run_collects_without_resubmitting(en
 
     endpoint.configure(batch_seconds=0.5, batch_validation_seconds=0.05)
     df = DF.head(20)
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         parts = client.submit(df, prompt="Say {text}", model="sim")
         assert [p.state for p in parts] == ["submitted"]
         out = client.complete(
-            df, prompt="Say {text}", model="sim", mode="batch", batch_poll_seconds=0.05
+            df,
+            prompt="Say {text}",
+            model="sim",
+            batch=BatchMode(poll_seconds=0.05),
         )
         assert [p.state for p in client.batches()] == ["collected"]
     assert out["completion_status"].to_list() == ["ok"] * 20
@@ -205,7 +207,7 @@ def test_the_command_line_lists_and_collects_batches(endpoint, cache, capsys):
     from llm_ops.cli import main
 
     endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
     where = ["--base-url", endpoint.base_url, "--cache", str(cache)]
     assert main(["batches", "list", *where]) == 0
@@ -216,8 +218,8 @@ def test_the_command_line_lists_and_collects_batches(endpoint, cache, capsys):
         llm_complete,
         prompt="Say {text}",
         model="sim",
-        mode="batch",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        batch=True,
         cache=cache,
     )
     assert again["completion_status"].to_list() == ["cached"] * 20
@@ -229,25 +231,25 @@ def test_a_table_in_batch_mode_submits_every_chunk_before_waiting(endpoint, cach
 
     endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
     DF.write_parquet(tmp_path / "in.parquet")
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         report = Table(
             client,
             tmp_path / "in.parquet",
             tmp_path / "out.parquet",
             prompt="Say {text}",
             model="sim",
-            mode="batch",
+            batch=BatchMode(poll_seconds=0.05),
             chunk_size=3,
-            batch_poll_seconds=0.05,
         ).run()
     live = DF.pipe(
-        llm_complete, prompt="Say {text}", model="sim", base_url=endpoint.base_url, cache=False
+        llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint.base_url, cache=False
     )
     assert pl.read_parquet(tmp_path / "out.parquet").equals(live)
     assert (report.mode, endpoint.stats()["batches"]) == ("batch", 3)
 
 
 def test_files_are_cut_at_the_byte_limit(batch, endpoint):
-    out = DF.head(20).pipe(batch, batch_max_bytes=700)  # a line is about 230 bytes
+    small_files = BatchMode(poll_seconds=0.05, max_bytes=700)  # a line is about 230 bytes
+    out = DF.head(20).pipe(batch, batch=small_files)
     assert out["completion_status"].to_list() == ["ok"] * 20
     assert (endpoint.stats()["batches"], endpoint.stats()["lines_uploaded"]) == (3, 7)

@@ -15,7 +15,7 @@ import openai
 import polars as pl
 import pytest
 
-from llm_ops import Client, JobAbortedError, llm_complete, open_cache
+from llm_ops import BatchMode, Client, JobAbortedError, Retries, Sampling, llm_complete, open_cache
 
 DF = pl.DataFrame({"text": [f"item {i}" for i in range(6)]})
 FAST = {"batch_seconds": 0.2, "batch_validation_seconds": 0.05}
@@ -29,10 +29,9 @@ def batch(endpoint, cache):
         llm_complete,
         prompt="Say {text}",
         model="sim",
-        mode="batch",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        batch=BatchMode(poll_seconds=0.05),
         cache=cache,
-        batch_poll_seconds=0.05,
     )
 
 
@@ -77,7 +76,9 @@ def test_lines_a_completed_batch_left_out_are_submitted_again(batch, endpoint):
 
 def test_lines_a_completed_batch_left_out_can_be_sent_live(batch, endpoint):
     endpoint.configure(**FAST, batch_drop_lines=2)
-    assert statuses(DF.pipe(batch, on_expired="live")) == {"ok": 6}
+    assert statuses(DF.pipe(batch, batch=BatchMode(poll_seconds=0.05, on_expired="live"))) == {
+        "ok": 6
+    }
     assert (endpoint.stats()["batches"], endpoint.stats()["requests"]) == (1, 2)
 
 
@@ -113,14 +114,14 @@ def test_a_rerun_after_a_failed_batch_submits_it_again(batch, endpoint):
 
 def test_a_create_whose_answer_is_lost_is_looked_up_not_made_twice(batch, endpoint):
     endpoint.configure(**FAST, batch_create_stall="after")
-    assert statuses(DF.pipe(batch, timeout=0.5)) == {"ok": 6}
+    assert statuses(DF.pipe(batch, retries=Retries(timeout=0.5))) == {"ok": 6}
     assert (endpoint.stats()["batches"], endpoint.stats()["batch_creates"]) == (1, 1)
 
 
 def test_a_batch_list_answering_500_stops_the_job_without_a_second_batch(batch, endpoint):
     endpoint.configure(**FAST, batch_create_stall="after", batch_list_status=500)
     with pytest.raises(JobAbortedError, match=r"the Batch API failed .*; rerun to pick"):
-        DF.pipe(batch, timeout=0.5)
+        DF.pipe(batch, retries=Retries(timeout=0.5))
     stats = endpoint.stats()
     assert (stats["batches"], stats["batch_creates"], stats["batch_lists"]) == (1, 1, 5)
     endpoint.configure(**FAST)
@@ -130,10 +131,10 @@ def test_a_batch_list_answering_500_stops_the_job_without_a_second_batch(batch, 
 
 KILLED = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import BatchMode, llm_complete
 df = pl.DataFrame({"text": [f"item {i}" for i in range(6)]})
-df.pipe(llm_complete, prompt="Say {text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
-        mode="batch", batch_poll_seconds=0.05, progress=False)
+df.pipe(llm_complete, prompt="Say {text}", model="sim", endpoint=sys.argv[1], cache=sys.argv[2],
+        batch=BatchMode(poll_seconds=0.05), progress=False)
 """
 
 
@@ -161,9 +162,9 @@ def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(
 
 def test_a_line_submitted_again_by_collect_is_the_line_first_submitted(endpoint, cache):
     endpoint.configure(**FAST, batch_drop_lines=1, batch_hostile_first=1)
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
-        client.submit(DF, prompt="Say {text}", model="sim", temperature=0.5)
-        assert client.collect_batches(batch_poll_seconds=0.05) == 6
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.submit(DF, prompt="Say {text}", model="sim", sampling=Sampling(temperature=0.5))
+        assert client.collect_batches(poll_seconds=0.05) == 6
     sdk = openai.OpenAI(base_url=endpoint.base_url, api_key="unused")
     inputs = [sdk.files.content(b.input_file_id).text for b in sdk.batches.list()]
     resent = json.loads(min(inputs, key=len))

@@ -16,8 +16,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import CacheError, ConfigError
-from llm_ops._cache import Cache, migrate
+from llm_ops import Cache, CacheError, ConfigError
+from llm_ops._cache import migrate
 from llm_ops._cache._migrations import COLUMNS, REQUIRED
 
 ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
@@ -71,7 +71,11 @@ def full(complete, small_disk):
     cache = small_disk / "cache.duckdb"
     ROWS.head(1).pipe(complete, prompt="{text}", cache=cache)
     try:
-        BIG.pipe(complete, prompt="{text}", cache=cache, flush_every=64)
+        BIG.pipe(
+            complete,
+            prompt="{text}",
+            cache=Cache(cache, flush_every=64),
+        )
     except CacheError as exc:
         return cache, exc
     raise AssertionError("the job did not fill the disk")
@@ -156,7 +160,9 @@ def test_moving_a_damaged_cache_aside_keeps_the_answers_its_journal_holds(
 ):
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = hold(cache)
-    ROWS.pipe(complete, prompt="{text}", merge_wait=0)  # 199 answers stay in the journal
+    ROWS.pipe(
+        complete, prompt="{text}", cache=Cache(cache, merge_wait=0)
+    )  # 199 answers stay in the journal
     reader.release()
     os.truncate(cache, cache.stat().st_size // 2)
     cache.rename(cache.with_name("damaged.duckdb"))
@@ -173,7 +179,7 @@ def journal(complete, cache, hold):
     """199 answers left in the journal by a job that ended while a reader held the file."""
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = hold(cache)
-    ROWS.pipe(complete, prompt="{text}", merge_wait=0)
+    ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0))
     reader.release()
     [file] = _journal(cache)
     return file
@@ -227,8 +233,8 @@ def test_broken_lines_are_skipped_by_lookups_too_with_one_warning_per_file(
     _break_line(journal, 100)
     reader = hold(cache)  # the journal cannot be merged: lookups read it
     endpoint.reset()
-    first = ROWS.pipe(complete, prompt="{text}", merge_wait=0)
-    second = ROWS.pipe(complete, prompt="{text}", merge_wait=0)
+    first = ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0))
+    second = ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0))
     reader.release()
     assert _statuses(first) == {"cached": 199, "ok": 1}
     assert second["completion_status"].to_list() == ["cached"] * 200
@@ -300,7 +306,9 @@ def test_the_end_of_a_job_waits_for_a_reader_to_let_go(complete, cache, hold, ca
 def test_answers_left_in_the_journal_are_named_in_the_report(complete, cache, hold):
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = hold(cache)
-    _, report = ROWS.pipe(complete, prompt="{text}", merge_wait=0.1, return_report=True)
+    _, report = ROWS.pipe(
+        complete, prompt="{text}", cache=Cache(cache, merge_wait=0.1), return_report=True
+    )
     reader.release()
     assert report.journal_pending == 199
     assert "199 answers wait in the journal" in str(report)
@@ -308,6 +316,6 @@ def test_answers_left_in_the_journal_are_named_in_the_report(complete, cache, ho
     assert _count(cache) == 1
 
 
-def test_merge_wait_is_seconds(complete):
+def test_merge_wait_is_seconds(cache):
     with pytest.raises(ConfigError, match="merge_wait must be a positive number of seconds"):
-        ROWS.pipe(complete, prompt="{text}", merge_wait=-1)
+        Cache(cache, merge_wait=-1)

@@ -13,8 +13,8 @@ import pyarrow as pa
 from sources import syntax_tree
 
 import llm_ops
-from llm_ops import default_cache_path
-from llm_ops._cache import MIGRATIONS, Cache
+from llm_ops import Cache, default_cache_path
+from llm_ops._cache import MIGRATIONS
 
 DF = pl.DataFrame({"text": ["a", "b"]})
 
@@ -107,7 +107,7 @@ def test_default_location_is_per_user(monkeypatch, tmp_path):
 
 def test_small_flush_batches_store_every_answer(complete, cache):
     df = pl.DataFrame({"text": [str(i) for i in range(20)]})
-    df.pipe(complete, prompt="{text}", flush_every=5, concurrency=2)
+    df.pipe(complete, prompt="{text}", cache=Cache(cache, flush_every=5), concurrency=2)
     assert _query(cache, "SELECT count(*) FROM llm_cache") == [(20,)]
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import llm_ops
 from llm_ops.cli import main
-from llm_ops.cli._job_arguments import flagged_options
+from llm_ops.cli._job_arguments import flagged_settings
 from llm_ops.cli._option_flags import OPTION_FLAGS
 
 LLM_OPS = str(Path(sys.executable).with_name("llm-ops"))
@@ -75,7 +75,7 @@ def test_help_speaks_cli_not_python(command, capsys):
 
 
 def test_every_job_option_that_is_a_flag_has_help_written_for_it():
-    assert set(OPTION_FLAGS) == set(flagged_options())
+    assert set(OPTION_FLAGS) == flagged_settings()
 
 
 def test_version(capsys):

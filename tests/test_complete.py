@@ -12,7 +12,9 @@ from llm_ops import (
     STATUS_DTYPE,
     Client,
     ConfigError,
+    Retries,
     RowsFailedError,
+    Sampling,
     SemanticCache,
     last_report,
     llm_complete_async,
@@ -81,14 +83,14 @@ def test_transient_errors_are_retried(complete, endpoint):
 
 def test_retries_exhausted_mark_the_row_failed(complete):
     df = pl.DataFrame({"text": ["[[sim:fail_times=9]] down"]})
-    out = df.pipe(complete, prompt="{text}", max_attempts=2)
+    out = df.pipe(complete, prompt="{text}", retries=Retries(max_attempts=2))
     assert out["completion_status"].to_list() == ["failed"]
     assert out["completion_error"][0].startswith("gave up after 2 attempts: HTTP 500")
 
 
 def test_truncated_answers_keep_the_partial_text(complete):
     df = pl.DataFrame({"text": ["one two three four five"]})
-    out = df.pipe(complete, prompt="{text}", max_tokens=3)
+    out = df.pipe(complete, prompt="{text}", sampling=Sampling(max_tokens=3))
     assert out["completion_status"].to_list() == ["truncated"]
     assert out["completion"][0] == expected_reply(
         "one two three four five", model="sim", max_tokens=3
@@ -171,7 +173,7 @@ def test_an_async_call_with_a_lazyframe_stays_lazy(endpoint, cache):
             pl.LazyFrame({"text": ["x"]}),
             prompt="{text}",
             model="sim",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
             cache=cache,
         )
     )
@@ -215,7 +217,7 @@ def test_async_variant(endpoint, cache):
             pl.DataFrame({"text": ["x"]}),
             prompt="{text}",
             model="sim",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
             cache=cache,
         )
     )
@@ -273,7 +275,7 @@ def test_an_answer_that_did_not_finish_is_retried(complete, endpoint, reason):
 @pytest.mark.parametrize("reason", ["error", "abort", "none"])
 def test_an_answer_that_never_finishes_fails_and_is_not_cached(complete, cache, reason):
     df = pl.DataFrame({"text": [f"hi [[sim:finish_reason={reason}]]"]})
-    out = df.pipe(complete, prompt="{text}", max_attempts=2)
+    out = df.pipe(complete, prompt="{text}", retries=Retries(max_attempts=2))
     assert out["completion_status"].to_list() == ["failed"]
     assert "did not finish" in out["completion_error"][0]
     assert out["completion"].to_list() == [None]
@@ -300,7 +302,7 @@ def test_a_200_carrying_an_error_is_retried(complete, endpoint):
 
 def test_a_200_always_carrying_an_error_fails_and_is_not_cached(complete, cache):
     df = pl.DataFrame({"text": ["hi [[sim:error_in_200=1]]"]})
-    out = df.pipe(complete, prompt="{text}", max_attempts=2)
+    out = df.pipe(complete, prompt="{text}", retries=Retries(max_attempts=2))
     assert out["completion_status"].to_list() == ["failed"]
     assert "failed midway" in out["completion_error"][0]
     assert _cached(cache) == 0
@@ -326,14 +328,14 @@ def test_text_that_is_not_utf8_is_refused_naming_the_column(complete, endpoint):
 
 
 def test_a_clients_lazyframe_is_sent_on_that_client_when_collected(endpoint, cache):
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         out = client.complete(pl.LazyFrame({"text": ["x", "y"]}), "{text}", model="sim")
         assert endpoint.stats()["requests"] == 0
         assert out.collect()["completion_status"].to_list() == ["ok", "ok"]
 
 
 def test_a_clients_lazy_embedding_is_sent_when_collected(endpoint, cache):
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         out = client.embed(pl.LazyFrame({"text": ["x"]}), "text", model="sim-embed")
         assert endpoint.stats()["embedding_requests"] == 0
         assert out.collect()["embedding_status"].to_list() == ["ok"]

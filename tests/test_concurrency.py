@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import polars as pl
 
-from llm_ops import Client
+from llm_ops import Client, Sampling
 from llm_ops._cache import Cache
 from llm_ops._concurrency import AT_THE_CAP, CALM, START, Concurrency
 from llm_ops.testing import PRESETS
@@ -166,7 +166,7 @@ def test_the_report_says_where_the_concurrency_ended_and_why(complete):
 
 
 def _limit_of_a_new_client(endpoint, cache) -> int:
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         return client.run(client.prepare()).engine.concurrency.limit
 
 
@@ -190,8 +190,10 @@ def test_a_cap_given_to_the_last_job_is_not_learned(complete, endpoint, cache):
 def _decisions(endpoint, rows: int) -> list[int]:
     """The limits a default job against ``endpoint`` went through."""
     texts = pl.DataFrame({"text": [f"review {i}" for i in range(rows)]})
-    with Client(base_url=endpoint.base_url, cache=False) as client:
-        out = client.complete(texts, prompt="{text}", model="sim", max_tokens=16, progress=False)
+    with Client(endpoint=endpoint.base_url, cache=False) as client:
+        out = client.complete(
+            texts, prompt="{text}", model="sim", sampling=Sampling(max_tokens=16), progress=False
+        )
         assert out["completion_status"].unique().to_list() == ["ok"]
         return [limit for limit, _ in client.run(client.prepare()).engine.concurrency.history]
 

@@ -7,7 +7,17 @@ import functools
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Price, estimate, llm_complete
+from llm_ops import (
+    Budget,
+    ConfigError,
+    Endpoint,
+    Packing,
+    Price,
+    Retries,
+    Sampling,
+    estimate,
+    llm_complete,
+)
 from llm_ops._pricing import price_hint
 
 DUPLICATED = pl.DataFrame({"text": [f"item {i % 20}" for i in range(60)] + [None]})
@@ -20,25 +30,27 @@ def test_the_estimate_counts_what_a_run_then_sends(complete, endpoint, cache):
             DUPLICATED,
             prompt="{text}",
             model="sim",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
+            packing=Packing(rows_per_request=k),
             cache=cache,
-            rows_per_request=k,
         )
         endpoint.reset()
-        DUPLICATED.pipe(complete, prompt="{text}", rows_per_request=k, cache=False)
+        DUPLICATED.pipe(complete, prompt="{text}", packing=Packing(rows_per_request=k), cache=False)
         assert plan.requests == endpoint.stats()["requests"] == (20 if k == 1 else 3)
 
 
 def test_the_estimate_counts_cache_hits_and_packing_savings(complete, endpoint, cache):
-    DUPLICATED.head(10).pipe(complete, prompt="{text}", max_tokens=10)  # same requests
+    DUPLICATED.head(10).pipe(
+        complete, prompt="{text}", sampling=Sampling(max_tokens=10)
+    )  # same requests
     plan = estimate(
         DUPLICATED,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        packing=Packing(rows_per_request=4),
+        sampling=Sampling(max_tokens=10),
         cache=cache,
-        rows_per_request=4,
-        max_tokens=10,
         pricing=LIST_PRICE,
     )
     assert (plan.distinct_requests, plan.cache_hits, plan.requests_without_packing) == (20, 10, 10)
@@ -102,7 +114,7 @@ def test_a_budget_stops_sending_and_skips_the_rest(complete, endpoint):
         complete,
         prompt="{text}",
         pricing=Price(per_request=0.01),
-        max_cost=0.1,
+        budget=Budget(max_cost=0.1),
         concurrency=4,
         return_report=True,
     )
@@ -117,17 +129,23 @@ def test_a_budget_stops_sending_and_skips_the_rest(complete, endpoint):
 
 def test_request_and_token_budgets(complete, endpoint):
     frame = pl.DataFrame({"text": [f"row {i}" for i in range(30)]})
-    frame.pipe(complete, prompt="{text}", max_requests=7, concurrency=3)
+    frame.pipe(complete, prompt="{text}", budget=Budget(max_requests=7), concurrency=3)
     assert endpoint.stats()["requests"] == 7
     _, report = frame.pipe(
-        complete, prompt="{text}", max_tokens=10, max_tokens_total=100, return_report=True
+        complete,
+        prompt="{text}",
+        sampling=Sampling(max_tokens=10),
+        budget=Budget(max_tokens_total=100),
+        return_report=True,
     )
     assert report.prompt_tokens + report.completion_tokens <= 100
 
 
 def test_max_cost_needs_a_price(complete):
     with pytest.raises(ConfigError, match="max_cost needs a price"):
-        pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", model="mystery", max_cost=1.0)
+        pl.DataFrame({"text": ["a"]}).pipe(
+            complete, prompt="{text}", model="mystery", budget=Budget(max_cost=1.0)
+        )
 
 
 def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
@@ -135,15 +153,11 @@ def test_estimate_takes_exactly_what_llm_complete_takes(endpoint, cache):
     kwargs = dict(
         prompt="Say {text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=Endpoint(endpoint.base_url, api_key="sk-test-0123456789"),
+        retries=Retries(timeout=30.0),
+        sampling=Sampling(seed=7, top_p=0.5, stop=["\n"], max_tokens=20),
         cache=cache,
-        api_key="sk-test-0123456789",
         concurrency=4,
-        timeout=30.0,
-        seed=7,
-        top_p=0.5,
-        stop=["\n"],
-        max_tokens=20,
         progress=False,
     )
     before = estimate(df, **kwargs)
@@ -160,7 +174,7 @@ def test_an_estimate_for_an_unpriced_model_says_how_to_price_it():
 
 def test_an_estimate_and_a_report_give_the_same_price_hint(endpoint):
     endpoint.configure(models=("mystery",))
-    options = dict(prompt="{text}", model="mystery", base_url=endpoint.base_url, cache=False)
+    options = dict(prompt="{text}", model="mystery", endpoint=endpoint.base_url, cache=False)
     plan = estimate(pl.DataFrame({"text": ["a"]}), **options)
     _, report = pl.DataFrame({"text": ["a"]}).pipe(llm_complete, return_report=True, **options)
     assert price_hint(["mystery"]) in str(plan) and price_hint(["mystery"]) in str(report)
@@ -171,7 +185,7 @@ def test_the_estimate_of_a_job_the_cache_answers_costs_nothing(complete, endpoin
     frame = pl.DataFrame({"text": ["a", "b"]})
     frame.pipe(complete, prompt="{text}", model="mystery")
     plan = estimate(
-        frame, prompt="{text}", model="mystery", base_url=endpoint.base_url, cache=cache
+        frame, prompt="{text}", model="mystery", endpoint=endpoint.base_url, cache=cache
     )
     assert (plan.requests, plan.cost_min, plan.cost_max) == (0, 0.0, 0.0)
     assert "cost                 $0.0000 to $0.0000" in str(plan) and "no price" not in str(plan)

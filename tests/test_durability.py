@@ -48,7 +48,7 @@ def test_an_unusable_cache_path_fails_embeddings_before_sending(endpoint, blocke
             llm_embed,
             column="text",
             model="sim-embed",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
             cache=blocked_dir,
         )
     assert endpoint.stats()["embedding_requests"] == 0
@@ -77,7 +77,9 @@ def test_a_reader_holding_the_file_costs_no_answer_and_no_job(complete, endpoint
     reader = _hold(cache)
     try:
         out = ROWS.pipe(
-            complete, prompt="{text}", flush_every=16, flush_seconds=0.1, merge_wait=0.1
+            complete,
+            prompt="{text}",
+            cache=Cache(cache, flush_every=16, flush_seconds=0.1, merge_wait=0.1),
         )
     finally:
         reader.communicate("")
@@ -93,9 +95,9 @@ def test_answers_in_the_journal_are_cache_hits_before_they_are_merged(complete, 
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = _hold(cache)
     try:
-        ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
+        ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0.1))
         endpoint.reset()
-        again = ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
+        again = ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0.1))
     finally:
         reader.communicate("")
     assert again["completion_status"].to_list() == ["cached"] * 200
@@ -104,16 +106,17 @@ def test_answers_in_the_journal_are_cache_hits_before_they_are_merged(complete, 
 
 WRITER = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import Cache, llm_complete
 df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(600)]})
-df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
-        concurrency=16, flush_every=16, flush_seconds=0.05, progress=False)
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1],
+        cache=Cache(sys.argv[2], flush_every=16, flush_seconds=0.05),
+        concurrency=16, progress=False)
 """
 
 
 def test_open_cache_reads_while_a_job_writes(endpoint, cache):
     pl.DataFrame({"text": ["first"]}).pipe(
-        llm_complete, prompt="{text}", model="sim", base_url=endpoint.base_url, cache=cache
+        llm_complete, prompt="{text}", model="sim", endpoint=endpoint.base_url, cache=cache
     )
     job = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
     counts = []
@@ -128,9 +131,9 @@ def test_open_cache_reads_while_a_job_writes(endpoint, cache):
 
 KILLED = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import Cache, llm_complete
 df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(3000)]})
-df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1], cache=sys.argv[2],
         concurrency=16, progress=False)
 """
 
@@ -158,7 +161,7 @@ def _resent_after(endpoint, cache, sig) -> tuple[int, subprocess.Popen[str]]:
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
         cache=cache,
         concurrency=16,
     )
@@ -196,7 +199,7 @@ def test_a_snapshot_holds_what_the_journal_holds(complete, cache, tmp_path):
     ROWS.head(1).pipe(complete, prompt="{text}")
     reader = _hold(cache)
     try:
-        ROWS.pipe(complete, prompt="{text}", merge_wait=0.1)
+        ROWS.pipe(complete, prompt="{text}", cache=Cache(cache, merge_wait=0.1))
         Cache(cache).snapshot(tmp_path / "copy.duckdb")
     finally:
         reader.communicate("")

@@ -7,14 +7,14 @@ import functools
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, llm_embed
+from llm_ops import ConfigError, Retries, llm_embed
 from llm_ops.testing import embed
 
 
 @pytest.fixture
 def embed_rows(endpoint, cache):
     return functools.partial(
-        llm_embed, column="text", model="sim-embed", base_url=endpoint.base_url, cache=cache
+        llm_embed, column="text", model="sim-embed", endpoint=endpoint.base_url, cache=cache
     )
 
 
@@ -58,7 +58,9 @@ def test_batches_over_the_endpoint_limit_are_split_until_they_fit(embed_rows, en
 def test_one_input_too_large_for_the_server_fails_alone(embed_rows, endpoint):
     endpoint.configure(max_embedding_chars=100)
     texts = [f"review {i}" for i in range(64)] + ["word " * 100]
-    out = pl.DataFrame({"text": texts}).pipe(embed_rows, inputs_per_request=64, max_attempts=2)
+    out = pl.DataFrame({"text": texts}).pipe(
+        embed_rows, inputs_per_request=64, retries=Retries(max_attempts=2)
+    )
     assert out["embedding_status"].to_list() == ["ok"] * 64 + ["failed"]
     assert "too large to process" in out["embedding_error"][64]
     assert endpoint.stats()["embedding_requests"] <= 2 * 8 + 2

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from yarl import URL
 
-from llm_ops import ConfigError, llm_complete
+from llm_ops import ConfigError, Endpoint, llm_complete
 from llm_ops._engine.transport import proxy_for
 
 DF = pl.DataFrame({"text": ["red dress", "blue coat"]})
@@ -37,16 +37,15 @@ def test_one_server_under_two_urls_shares_answers_by_its_name(endpoint, cache):
             llm_complete,
             prompt="{text}",
             model="sim",
-            base_url=url,
-            endpoint_name="shop",
+            endpoint=Endpoint(url, name="shop"),
             cache=cache,
         )
     assert out["completion_status"].to_list() == ["cached", "cached"]
 
 
 def test_an_endpoint_name_that_looks_like_a_url_is_refused():
-    with pytest.raises(ConfigError, match="endpoint_name must be a name"):
-        DF.pipe(llm_complete, prompt="{text}", model="sim", endpoint_name="http://x", cache=False)
+    with pytest.raises(ConfigError, match="an endpoint's name must be"):
+        Endpoint(name="http://x")
 
 
 def test_the_report_says_where_the_cache_is(complete, cache):

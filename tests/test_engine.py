@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import JobAbortedError, Progress, RowsFailedWarning, _limits
+from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning, _limits
 from llm_ops._engine.answers import retry_after
 from llm_ops._limits import RateLimiter, SlowStart, parse_duration
 from llm_ops._progress import TerminalDisplay, resolve_progress
@@ -30,7 +30,9 @@ def _rows(n, prefix="row"):
 
 def test_faults_and_hangs_leave_every_row_answered_or_failed(complete, endpoint):
     endpoint.configure(fault_rate=0.10, hang_rate=0.05, seed=7)
-    out = _rows(3000).pipe(complete, prompt="{text}", timeout=1.0, concurrency=64, max_attempts=6)
+    out = _rows(3000).pipe(
+        complete, prompt="{text}", retries=Retries(timeout=1.0, max_attempts=6), concurrency=64
+    )
     assert out.height == 3000
     assert set(out["completion_status"].unique()) <= {"ok", "failed"}
     ok = out.filter(pl.col("completion_status") == "ok")
@@ -75,7 +77,7 @@ def test_a_limit_given_needs_no_slow_start():
 
 def test_retry_after_pauses_every_sender(complete, endpoint):
     endpoint.configure(rpm=60, rate_window=1.0, rate_limit_headers=False)
-    out = _rows(4).pipe(complete, prompt="{text}", concurrency=4, max_attempts=4)
+    out = _rows(4).pipe(complete, prompt="{text}", concurrency=4, retries=Retries(max_attempts=4))
     # Retrying on backoff alone, without waiting out Retry-After, would exhaust four attempts.
     assert out["completion_status"].to_list() == ["ok"] * 4
 
@@ -95,7 +97,9 @@ def test_429s_without_headers_lower_the_concurrency(complete, endpoint):
 
 
 def test_a_request_larger_than_the_token_budget_fails_at_once(complete, endpoint):
-    out = pl.DataFrame({"text": ["x" * 2000]}).pipe(complete, prompt="{text}", tpm=300)
+    out = pl.DataFrame({"text": ["x" * 2000]}).pipe(
+        complete, prompt="{text}", rate_limit=RateLimit(tpm=300)
+    )
     assert out["completion_status"].to_list() == ["failed"]
     assert "more than the whole tokens-per-minute budget" in out["completion_error"][0]
     assert endpoint.stats()["requests"] == 0
@@ -221,11 +225,12 @@ def test_after_a_429_the_next_request_goes_when_retry_after_says(endpoint, monke
 
 JOB = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import Cache, llm_complete
 base_url, cache = sys.argv[1], sys.argv[2]
 df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.05]]" for i in range(400)]})
-df.pipe(llm_complete, prompt="{text}", model="sim", base_url=base_url, cache=cache,
-        concurrency=16, flush_every=8, flush_seconds=0.2, progress=False)
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=base_url,
+        cache=Cache(cache, flush_every=8, flush_seconds=0.2),
+        concurrency=16, progress=False)
 """
 
 
@@ -251,7 +256,7 @@ def test_a_killed_job_rerun_resends_only_what_was_not_flushed(complete, endpoint
     job.send_signal(signal.SIGKILL)
     job.wait()
     df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.05]]" for i in range(400)]})
-    out = df.pipe(complete, prompt="{text}", concurrency=16, flush_every=8)
+    out = df.pipe(complete, prompt="{text}", concurrency=16, cache=Cache(cache, flush_every=8))
     assert set(out["completion_status"].unique()) == {"ok", "cached"}
     assert endpoint.stats()["requests"] <= 400 + 16 + 8
 
@@ -284,8 +289,8 @@ def test_an_unreachable_endpoint_stops_the_job_after_one_requests_attempts(compl
         _rows(500).pipe(
             complete,
             prompt="{text}",
-            base_url=f"http://127.0.0.1:{_free_port()}/v1",
-            max_attempts=3,
+            endpoint=f"http://127.0.0.1:{_free_port()}/v1",
+            retries=Retries(max_attempts=3),
             concurrency=64,
             progress=seen.append,
         )
@@ -307,7 +312,7 @@ def test_an_endpoint_that_goes_away_stops_the_job_keeping_its_answers(cache):
             llm_complete,
             prompt="{text}",
             model="sim",
-            base_url=endpoint.base_url,
+            endpoint=endpoint.base_url,
             cache=cache,
             concurrency=8,
             progress=stop_midway,
@@ -342,7 +347,7 @@ def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, c
                 rows,
                 prompt="{text}",
                 model="sim",
-                base_url=endpoint.base_url,
+                endpoint=endpoint.base_url,
                 cache=cache,
                 concurrency=16,
             )

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 import llm_ops
 from llm_ops import (
+    Cache,
     Client,
     ConfigError,
     RowsFailedError,
@@ -23,7 +24,6 @@ from llm_ops import (
     llm_filter,
     open_cache,
 )
-from llm_ops._cache import Cache
 from llm_ops._expr.reports import record_unrecorded
 from llm_ops.polars import llm
 from llm_ops.testing import expected_reply
@@ -34,7 +34,7 @@ TEXTS = pl.DataFrame({"id": [1, 2, 3, 4, 5], "text": ["b", "a", None, "b", "[[si
 @pytest.fixture
 def options(endpoint, cache):
     """What every expression here is given: the simulator, a fresh cache, model ``sim``."""
-    return {"model": "sim", "base_url": endpoint.base_url, "cache": cache}
+    return {"model": "sim", "endpoint": endpoint.base_url, "cache": cache}
 
 
 @pytest.fixture
@@ -146,7 +146,8 @@ def test_the_exit_waits_for_a_run_record_under_way(options, small_batches, monke
                 finished.set()
 
     monkeypatch.setattr(Cache, "record_run", slow)
-    TEXTS.lazy().select(summary(options, flush_seconds=0.5)).collect()
+    slow_timer = Cache(options["cache"], flush_seconds=0.5)
+    TEXTS.lazy().select(summary({**options, "cache": slow_timer})).collect()
     assert started.wait(10)
     record_unrecorded()  # what the exit does: the timer's thread is a daemon
     assert finished.is_set()
@@ -227,11 +228,11 @@ def test_a_struct_expressions_template_names_its_fields(options):
 
 def test_embed_gives_llm_embeds_vectors_and_statuses(endpoint, cache):
     vectors = pl.col("text").llm.embed(
-        model="sim-embed", dimensions=8, with_status=True, base_url=endpoint.base_url, cache=cache
+        model="sim-embed", dimensions=8, with_status=True, endpoint=endpoint.base_url, cache=cache
     )
     mine = struct_columns(TEXTS.select(vectors))
     theirs = TEXTS.pipe(
-        llm_embed, column="text", model="sim-embed", dimensions=8, base_url=endpoint.base_url
+        llm_embed, column="text", model="sim-embed", dimensions=8, endpoint=endpoint.base_url
     )
     assert mine.rows() == theirs.select("embedding", "embedding_status", "embedding_error").rows()
 
@@ -259,12 +260,12 @@ def test_a_template_naming_a_column_on_a_single_value_says_what_to_write(options
 def test_expressions_with_the_same_options_share_one_client(options):
     from llm_ops._expr.runtime import client_for
 
-    made = {"base_url": options["base_url"], "cache": options["cache"]}
+    made = {"endpoint": options["endpoint"], "cache": options["cache"]}
     assert client_for(None, made) is client_for(None, dict(reversed(made.items())))
 
 
 def test_a_client_of_your_own_is_used(endpoint, cache):
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         TEXTS.select(pl.col("text").llm.complete("{}", model="sim", client=client))
     assert len(keys(cache)) == 2
 
@@ -276,7 +277,7 @@ def test_an_expression_sends_on_its_clients_connection_pool(endpoint):
     endpoint.configure(latency=0.05)  # requests overlap: the job opens several connections
     first = pl.DataFrame({"text": [f"first {i}" for i in range(24)]})
     second = pl.DataFrame({"text": [f"second {i}" for i in range(24)]})
-    with Client(base_url=endpoint.base_url, cache=False, concurrency=4) as client:
+    with Client(endpoint=endpoint.base_url, cache=False, concurrency=4) as client:
         client.complete(first, prompt="{text}", model="sim")
         after_job = endpoint.stats()["connections"]
         second.select(pl.col("text").llm.complete("{}", model="sim", client=client))
@@ -320,7 +321,7 @@ def test_llm_classify_cascades_like_llm_complete(endpoint, cache):
         "text",
         ["a", "b"],
         model=["sim-small", "sim"],
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
         cache=cache,
     )
     assert out["label_model"].to_list() == ["sim-small", "sim"]

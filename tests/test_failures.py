@@ -54,7 +54,7 @@ def test_the_report_counts_failed_rows_by_reason(complete):
 
 
 def test_an_expression_warns_once_for_its_rows(endpoint):
-    expr = pl.col("text").llm.complete("{}", model="sim", base_url=endpoint.base_url, cache=False)
+    expr = pl.col("text").llm.complete("{}", model="sim", endpoint=endpoint.base_url, cache=False)
     with pytest.warns(RowsFailedWarning, match="3 of 4 rows failed") as caught:
         ROWS.with_columns(expr)
     assert len(caught) == 1 and llm_ops.last_report().errors
@@ -62,7 +62,7 @@ def test_an_expression_warns_once_for_its_rows(endpoint):
 
 def test_a_table_job_warns_with_its_output_column(tmp_path, endpoint, cache):
     ROWS.write_parquet(tmp_path / "in.parquet")
-    with llm_ops.Client(base_url=endpoint.base_url, cache=cache) as client:
+    with llm_ops.Client(endpoint=endpoint.base_url, cache=cache) as client:
         table = Table(
             client, tmp_path / "in.parquet", tmp_path / "o.parquet", prompt="{text}", model="sim"
         )
@@ -88,7 +88,7 @@ def test_the_early_note_needs_most_of_the_first_rows_to_fail_alike():
 
 def test_a_sql_call_warns_with_its_rows(endpoint):
     con = duckdb.connect()
-    register(con, base_url=endpoint.base_url, cache=False)
+    register(con, endpoint=endpoint.base_url, cache=False)
     with pytest.warns(RowsFailedWarning, match="1 of 2 rows failed: 1 with 'HTTP 400"):
         con.sql(
             f"SELECT llm_complete(t, model := 'sim') FROM (VALUES ('ok'), ('{REFUSED}')) v(t)"

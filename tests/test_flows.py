@@ -134,7 +134,7 @@ def test_flow_in_batch_mode_submits_then_waits_and_shows_its_batches(prefect, co
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
-    enrich_table(config.model_copy(update={"mode": "batch", "batch_poll_seconds": 0.05}))
+    enrich_table(config.model_copy(update={"batch": True, "batch_poll_seconds": 0.05}))
     out = pl.read_parquet(config.output)
     assert out["summary"].to_list() == [
         expected_reply(t, model="sim") if t else None for t in TEXTS
@@ -209,20 +209,20 @@ def test_a_credential_among_the_connection_parameters_is_refused_without_showing
     assert SECRET not in str(refused.value)
 
 
-def test_the_connection_parameters_become_the_clients_options():
-    options = EnrichConfig(
+def test_the_connection_parameters_become_the_endpoints_settings():
+    settings = EnrichConfig(
         headers={"X-Tenant": "acme"}, verify=False, cert="c.pem", cert_key="k.pem"
-    ).options()
-    assert (options["headers"], options["verify"]) == ({"X-Tenant": "acme"}, False)
-    assert options["cert"] == ("c.pem", "k.pem") and "cert_key" not in options
+    ).settings()
+    assert (settings["headers"], settings["verify"]) == ({"X-Tenant": "acme"}, False)
+    assert settings["cert"] == ("c.pem", "k.pem") and "cert_key" not in settings
 
 
 def test_a_header_secret_is_read_from_its_block(prefect):
     from prefect.blocks.system import Secret
 
     Secret(value=SECRET).save("gateway-key", overwrite=True)
-    options = EnrichConfig(headers={"X-Tenant": "a"}, header_secrets={"api-key": "gateway-key"})
-    assert options.options()["headers"] == {"X-Tenant": "a", "api-key": SECRET}
+    config = EnrichConfig(headers={"X-Tenant": "a"}, header_secrets={"api-key": "gateway-key"})
+    assert config.settings()["headers"] == {"X-Tenant": "a", "api-key": SECRET}
 
 
 def test_the_command_line_help_exits_without_running_anything(tmp_path):

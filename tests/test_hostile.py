@@ -13,7 +13,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, JobAbortedError, Price, llm_complete
+from llm_ops import BatchMode, Budget, ConfigError, Endpoint, JobAbortedError, Price, llm_complete
 from llm_ops._engine.answers import retry_after
 from llm_ops._engine.engine import join_url
 from llm_ops.testing import expected_reply
@@ -49,7 +49,7 @@ def test_negative_usage_never_makes_cost_negative_nor_defeats_max_cost(complete)
     rows = pl.DataFrame({"text": [f"row {i} [[sim:prompt_tokens=-1000000]]" for i in range(40)]})
     price = Price(0.15, 0.60)  # the simulator is free: a budget needs a price to reach
     out, report = rows.pipe(
-        complete, prompt="{text}", pricing=price, max_cost=0.001, return_report=True
+        complete, prompt="{text}", pricing=price, budget=Budget(max_cost=0.001), return_report=True
     )
     assert report.cost is not None and report.cost >= 0 and report.prompt_tokens >= 0
     assert report.budget_stop is not None and report.requests_sent < 10
@@ -59,7 +59,9 @@ def test_negative_usage_never_makes_cost_negative_nor_defeats_max_cost(complete)
 def test_an_absurd_token_count_in_a_batch_line_keeps_the_answer(complete, endpoint):
     endpoint.configure(batch_seconds=0.1, batch_validation_seconds=0.05)
     row, report = _one(
-        complete, "hi [[sim:prompt_tokens=1e30]]", mode="batch", batch_poll_seconds=0.05
+        complete,
+        "hi [[sim:prompt_tokens=1e30]]",
+        batch=BatchMode(poll_seconds=0.05),
     )
     assert (row["completion_status"], report.usage_unknown) == ("ok", 1)
 
@@ -114,8 +116,9 @@ def test_a_gzip_bomb_fails_its_request(complete):
     assert "response larger than 8,388,608 bytes (inflated)" in row["completion_error"]
 
 
-def test_one_gzip_member_over_a_small_cap_fails_its_request(complete):
-    row, _ = _one(complete, "boom [[sim:gzip_bomb=1048576]]", max_response_bytes=100_000)
+def test_one_gzip_member_over_a_small_cap_fails_its_request(complete, endpoint):
+    capped = Endpoint(endpoint.base_url, max_response_bytes=100_000)
+    row, _ = _one(complete, "boom [[sim:gzip_bomb=1048576]]", endpoint=capped)
     assert "response larger than 100,000 bytes (inflated)" in row["completion_error"]
 
 
@@ -124,7 +127,7 @@ def test_32_concurrent_gzip_bombs_keep_the_clients_memory_small(endpoint, tmp_pa
 import resource, polars as pl
 from llm_ops import llm_complete
 rows = pl.DataFrame({{"text": [f"{{i}} [[sim:gzip_bomb=2147483648]]" for i in range(32)]}})
-out = rows.pipe(llm_complete, prompt="{{text}}", model="sim", base_url={endpoint.base_url!r},
+out = rows.pipe(llm_complete, prompt="{{text}}", model="sim", endpoint={endpoint.base_url!r},
                 cache={str(tmp_path / "c.duckdb")!r}, concurrency=32)
 assert out["completion_status"].to_list() == ["failed"] * 32
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
@@ -147,16 +150,16 @@ def test_a_redirect_stops_the_job_naming_its_target_without_the_query(complete, 
 @pytest.mark.parametrize("suffix", ["", "/"])
 def test_a_base_url_without_v1_is_a_config_error_that_says_what_to_write(endpoint, suffix):
     root = endpoint.base_url.removesuffix("/v1")
-    with pytest.raises(ConfigError, match=f"did you mean base_url='{root}/v1'"):
+    with pytest.raises(ConfigError, match=f"did you mean endpoint='{root}/v1'"):
         pl.DataFrame({"t": ["a"]}).pipe(
-            llm_complete, prompt="{t}", model="sim", base_url=root + suffix, cache=False
+            llm_complete, prompt="{t}", model="sim", endpoint=root + suffix, cache=False
         )
     assert endpoint.stats()["requests"] == 0
 
 
 def test_a_base_url_with_a_trailing_slash_works(endpoint):
     out = pl.DataFrame({"t": ["a"]}).pipe(
-        llm_complete, prompt="{t}", model="sim", base_url=endpoint.base_url + "/", cache=False
+        llm_complete, prompt="{t}", model="sim", endpoint=endpoint.base_url + "/", cache=False
     )
     assert out["completion_status"].to_list() == ["ok"]
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_ops import _key, canonical_json, request_key
+from llm_ops import Retries, Sampling, _key, canonical_json, request_key
 from llm_ops._key import normalize_base_url
 
 TRICKY = [
@@ -57,7 +57,9 @@ def test_vectorised_keys_match_the_reference_for_tricky_text(complete, cache):
 
 
 def test_request_holds_endpoint_model_messages_and_set_parameters(complete, cache, endpoint):
-    pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", temperature=0.0)
+    pl.DataFrame({"text": ["x"]}).pipe(
+        complete, prompt="{text}", sampling=Sampling(temperature=0.0)
+    )
     request = json.loads(_cached(cache)[0][1])
     assert request == {
         "endpoint": normalize_base_url(endpoint.base_url),
@@ -69,15 +71,25 @@ def test_request_holds_endpoint_model_messages_and_set_parameters(complete, cach
 
 def test_transport_settings_do_not_change_the_key(complete, endpoint):
     df = pl.DataFrame({"text": ["x"]})
-    df.pipe(complete, prompt="{text}", concurrency=1, timeout=5, max_attempts=1)
-    out = df.pipe(complete, prompt="{text}", concurrency=7, timeout=9, max_attempts=3)
+    df.pipe(
+        complete,
+        prompt="{text}",
+        concurrency=1,
+        retries=Retries(timeout=5, max_attempts=1),
+    )
+    out = df.pipe(
+        complete,
+        prompt="{text}",
+        concurrency=7,
+        retries=Retries(timeout=9, max_attempts=3),
+    )
     assert out["completion_status"].to_list() == ["cached"]
 
 
 def test_output_affecting_parameters_change_the_key(complete, endpoint):
     df = pl.DataFrame({"text": ["x"]})
     df.pipe(complete, prompt="{text}")
-    out = df.pipe(complete, prompt="{text}", temperature=0.3)
+    out = df.pipe(complete, prompt="{text}", sampling=Sampling(temperature=0.3))
     assert out["completion_status"].to_list() == ["ok"]
 
 

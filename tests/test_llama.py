@@ -19,13 +19,22 @@ from conftest import LlamaServer, llama_missing
 from pydantic import BaseModel, Field
 
 from flows.enrich import EnrichConfig, enrich_table
-from llm_ops import JobAbortedError, RunReport, llm_complete, llm_embed, open_cache
+from llm_ops import (
+    Endpoint,
+    JobAbortedError,
+    Retries,
+    RunReport,
+    Sampling,
+    llm_complete,
+    llm_embed,
+    open_cache,
+)
 
 if (missing := llama_missing()) is not None:
     pytest.skip(missing, allow_module_level=True)
 
 TEXTS = ["red coat", "blue hat", "red coat", "green scarf", "blue hat", "red coat"]  # 3 distinct
-TWO_TOKENS = {"max_tokens": 2, "seed": 1}
+TWO_TOKENS = {"sampling": Sampling(max_tokens=2, seed=1)}
 """Answers cut at two tokens. Sampled, an answer ends within two tokens about one time in 15;
 with this seed none of these prompts' answers does, every time."""
 
@@ -38,10 +47,15 @@ def complete(
         pl.DataFrame({"text": texts}),
         prompt="{text}",
         model=llama.model,
-        base_url=llama.base_url,
         cache=cache,
         return_report=True,
-        **{"max_tokens": 8, "concurrency": 4, "progress": False, **options},
+        **{
+            "endpoint": llama.base_url,
+            "sampling": Sampling(max_tokens=8),
+            "concurrency": 4,
+            "progress": False,
+            **options,
+        },
     )
 
 
@@ -62,9 +76,9 @@ def test_duplicate_rows_are_sent_once(llama, cache):
 
 
 def test_a_rerun_is_answered_by_the_cache_alone(llama, cache):
-    first, _ = complete(llama, TEXTS, cache, max_tokens=32)
+    first, _ = complete(llama, TEXTS, cache, sampling=Sampling(max_tokens=32))
     before = server_work(llama)
-    again, report = complete(llama, TEXTS, cache, max_tokens=32)
+    again, report = complete(llama, TEXTS, cache, sampling=Sampling(max_tokens=32))
     assert (report.requests_sent, report.cache_hits, report.completion_tokens) == (0, 3, 0)
     assert server_work(llama) == before
     assert again["completion"].to_list() == first["completion"].to_list()
@@ -92,7 +106,10 @@ def test_max_tokens_truncates_every_row_as_the_server_says(llama, cache):
 
 def test_each_status_is_the_servers_finish_reason(llama, cache):
     _, report = complete(
-        llama, [f"Tell me about item {i}" for i in range(12)], cache, max_tokens=16
+        llama,
+        [f"Tell me about item {i}" for i in range(12)],
+        cache,
+        sampling=Sampling(max_tokens=16),
     )
     with open_cache(cache) as con:
         cached = con.execute("SELECT finish_reason, status, count(*) FROM llm_cache GROUP BY ALL")
@@ -111,14 +128,16 @@ class Label(BaseModel):
 
 def test_a_schema_is_enforced_by_the_servers_grammar_into_a_typed_struct(llama, cache):
     texts = [f"Rate review {i}" for i in range(6)]
-    out, _ = complete(llama, texts, cache, schema=Label, max_tokens=128)
+    out, _ = complete(llama, texts, cache, schema=Label, sampling=Sampling(max_tokens=128))
     assert out.schema["completion"] == pl.Struct({"label": pl.String, "score": pl.Int64})
     assert out["completion_status"].to_list() == ["ok"] * 6, out["completion_error"].to_list()
     assert out["completion"].struct.field("score").null_count() == 0
 
 
 def test_a_prompt_over_the_context_is_rejected_with_the_servers_message(llama, cache):
-    out, _ = complete(llama, ["hello", "word " * 1000], cache, api_key="x")
+    out, _ = complete(
+        llama, ["hello", "word " * 1000], cache, endpoint=Endpoint(llama.base_url, api_key="x")
+    )
     assert out["completion_status"][0] in ("ok", "truncated")
     assert out["completion_status"][1] == "rejected"
     assert "exceed" in out["completion_error"][1]  # readable, though the key is "x"
@@ -130,9 +149,9 @@ def test_one_oversized_embedding_input_fails_alone(llama_embed, cache):
         llm_embed,
         column="text",
         model=llama_embed.model,
-        base_url=llama_embed.base_url,
+        endpoint=llama_embed.base_url,
+        retries=Retries(max_attempts=2),
         cache=cache,
-        max_attempts=2,
     )
     assert out["embedding_status"].to_list() == ["ok"] * 30 + ["failed"]
     assert "too large to process" in out["embedding_error"][30]
@@ -144,7 +163,7 @@ def test_dimensions_the_server_ignores_are_refused_not_cached(llama_embed, cache
         llm_embed,
         column="text",
         model=llama_embed.model,
-        base_url=llama_embed.base_url,
+        endpoint=llama_embed.base_url,
         cache=cache,
         dimensions=16,
     )
@@ -154,7 +173,7 @@ def test_dimensions_the_server_ignores_are_refused_not_cached(llama_embed, cache
 
 def test_batch_mode_on_a_server_without_a_batch_api_is_one_clear_error(llama, cache):
     with pytest.raises(JobAbortedError, match="mode='live'"):
-        complete(llama, ["hello"], cache, mode="batch")
+        complete(llama, ["hello"], cache, batch=True)
 
 
 @pytest.fixture
@@ -210,9 +229,9 @@ def test_a_classify_expression_gets_only_the_labels_from_the_servers_grammar(lla
         labels,
         with_status=True,
         model=llama.model,
-        base_url=llama.base_url,
+        endpoint=llama.base_url,
+        sampling=Sampling(max_tokens=32),
         cache=cache,
-        max_tokens=32,
         concurrency=4,
         progress=False,
     )

@@ -49,7 +49,7 @@ def test_the_version_is_written_once_and_read_from_the_installed_package():
 
 def test_a_job_given_no_cache_writes_in_the_tests_home_not_the_users(endpoint, tmp_path):
     pl.DataFrame({"text": ["a"]}).pipe(
-        llm_complete, prompt="{text}", model="sim", base_url=endpoint.base_url, progress=False
+        llm_complete, prompt="{text}", model="sim", endpoint=endpoint.base_url, progress=False
     )
     assert default_cache_path().is_relative_to(Path.home())
     assert default_cache_path().exists() and Path.home().name.startswith("llm-ops-tests-")

@@ -7,7 +7,7 @@ import time
 import polars as pl
 import pytest
 
-from llm_ops import Client, JobAbortedError, open_cache
+from llm_ops import Client, JobAbortedError, RateLimit, open_cache
 from llm_ops.testing import expected_reply
 
 ray = pytest.importorskip("ray")
@@ -51,7 +51,7 @@ def test_chunks_run_on_two_workers_and_every_row_is_answered_in_order(
     from llm_ops.ray import run_on_ray
 
     ends = []
-    with Client(base_url=endpoint.base_url, cache=cache, concurrency=8) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache, concurrency=8) as client:
         report = run_on_ray(
             _table(client, source, tmp_path),
             workers=2,
@@ -77,7 +77,9 @@ def test_two_workers_under_one_shared_rate_limit_answer_every_row(
     # 429s that leaves depends on how the machine schedules the workers (none on a quiet
     # one, one in three loaded runs): benchmarks/ray_scale.py measures it; here, every row.
     endpoint.configure(rpm=600, rate_window=1.0, rate_limit_headers=False, latency=0.01)
-    with Client(base_url=endpoint.base_url, cache=cache, rpm=570, concurrency=8) as client:
+    with Client(
+        endpoint=endpoint.base_url, rate_limit=RateLimit(rpm=570), cache=cache, concurrency=8
+    ) as client:
         report = run_on_ray(_table(client, source, tmp_path, chunk_size=30), workers=2)
     assert report.statuses["ok"] == len(TEXTS)
 
@@ -91,13 +93,13 @@ def test_a_failed_run_reruns_without_sending_anything_answered_again(
     # driver, keeps what it had in flight: the count does not depend on which comes first.
     endpoint.configure(quota_requests=25)
     with (
-        Client(base_url=endpoint.base_url, cache=cache, concurrency=4) as client,
+        Client(endpoint=endpoint.base_url, cache=cache, concurrency=4) as client,
         pytest.raises(JobAbortedError, match="out of quota"),
     ):
         run_on_ray(_table(client, source, tmp_path), workers=2)
     answered = endpoint.stats()["answered"]
     endpoint.configure()
-    with Client(base_url=endpoint.base_url, cache=cache, concurrency=4) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache, concurrency=4) as client:
         report = run_on_ray(_table(client, source, tmp_path), workers=2)
     assert report.statuses["ok"] + report.statuses["cached"] == len(TEXTS)
     assert endpoint.stats()["answered"] == 60  # the first run's answers were kept
@@ -119,7 +121,7 @@ def test_chunks_stopped_after_another_failed_keep_the_answers_they_had_in_flight
         raise RuntimeError("a chunk failed")
 
     with (
-        Client(base_url=endpoint.base_url, cache=cache) as client,
+        Client(endpoint=endpoint.base_url, cache=cache) as client,
         pytest.raises(RuntimeError, match="a chunk failed"),
     ):
         table = _table(client, source, tmp_path, chunk_size=1)

@@ -75,21 +75,21 @@ def test_a_parquet_table_of_ns_timestamps_has_the_key_of_the_polars_frame(
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"t": pa.array([WHEN, WHEN], pa.timestamp("ns"))}), source)
     assert pl.read_parquet_schema(source)["t"] == pl.Datetime("ns")
-    with Client(base_url=endpoint.base_url, cache=cache) as client:
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
         plan = Table(client, source, tmp_path / "out.parquet", prompt="At {t}", model="sim").plan()
     assert (plan.rows, plan.distinct, plan.cache_hits) == (2, 1, 1)
 
 
 def test_the_estimate_of_an_ns_frame_counts_the_answer_cached_for_us(complete, endpoint, cache):
     complete(_at("us"), prompt="At {t}")
-    options = {"model": "sim", "base_url": endpoint.base_url, "cache": cache}
+    options = {"model": "sim", "endpoint": endpoint.base_url, "cache": cache}
     plan = estimate(_at("ns"), prompt="At {t}", **options)
     assert (plan.distinct_requests, plan.cache_hits) == (1, 1)
 
 
 def test_an_expression_over_an_ns_datetime_has_the_frame_key(complete, endpoint, cache):
     complete(_at("us"), prompt="At {t}")
-    asked = pl.col("t").llm.complete("At {}", model="sim", base_url=endpoint.base_url, cache=cache)
+    asked = pl.col("t").llm.complete("At {}", model="sim", endpoint=endpoint.base_url, cache=cache)
     out = _at("ns").select(asked)
     assert out["t"].to_list() == [expected_reply(SHOWN, model="sim")]
     assert endpoint.stats()["requests"] == 1
@@ -127,7 +127,7 @@ def test_a_duration_renders_as_iso_8601_in_every_unit(complete, unit):
 
 def test_a_duration_expression_is_answered_not_a_polars_error(endpoint):
     took = pl.DataFrame({"t": [datetime.timedelta(milliseconds=1500)]})
-    options = {"model": "sim", "base_url": endpoint.base_url, "cache": False}
+    options = {"model": "sim", "endpoint": endpoint.base_url, "cache": False}
     asked = pl.col("t").llm.complete("Took {}", **options)
     assert took.select(asked)["t"].to_list() == [expected_reply("Took PT1.5S", model="sim")]
 
@@ -173,7 +173,7 @@ def test_a_value_that_is_not_text_is_a_template_error_before_any_request(complet
 
 
 def test_a_nested_value_in_an_expression_is_a_template_error_before_any_request(endpoint):
-    asked = pl.col("v").llm.complete("{}", model="sim", base_url=endpoint.base_url, cache=False)
+    asked = pl.col("v").llm.complete("{}", model="sim", endpoint=endpoint.base_url, cache=False)
     with pytest.raises(TemplateError, match="join its items"):
         NESTED["list"].to_frame("v").select(asked)
     assert endpoint.stats()["requests"] == 0
@@ -185,7 +185,7 @@ def test_a_nested_parquet_column_is_a_template_error_when_the_table_is_made(
     source = tmp_path / "in.parquet"
     NESTED["struct"].to_frame("v").write_parquet(source)
     with (
-        Client(base_url=endpoint.base_url, cache=cache) as client,
+        Client(endpoint=endpoint.base_url, cache=cache) as client,
         pytest.raises(TemplateError, match=r"struct\.field"),
     ):
         Table(client, source, tmp_path / "out.parquet", prompt="{v}", model="sim")
@@ -195,13 +195,13 @@ def test_a_nested_parquet_column_is_a_template_error_when_the_table_is_made(
 def test_llm_embed_of_a_nested_column_is_a_template_error_before_any_request(endpoint):
     with pytest.raises(TemplateError, match="llm_embed references column 'v'"):
         llm_embed(
-            NESTED["list"].to_frame("v"), column="v", model="sim-embed", base_url=endpoint.base_url
+            NESTED["list"].to_frame("v"), column="v", model="sim-embed", endpoint=endpoint.base_url
         )
     assert endpoint.stats()["embedding_requests"] == 0
 
 
 def test_llm_embed_of_an_ns_datetime_has_the_key_of_the_us_one(endpoint, cache):
-    options = {"model": "sim-embed", "base_url": endpoint.base_url, "cache": cache}
+    options = {"model": "sim-embed", "endpoint": endpoint.base_url, "cache": cache}
     for unit in ("us", "ns"):
         out = llm_embed(_at(unit), column="t", **options)
     assert out["embedding_status"].cast(pl.String).to_list() == ["cached"]
@@ -213,6 +213,6 @@ def test_sql_formatting_a_timestamp_as_documented_has_the_frame_key(complete, en
         [(frame_key,)] = con.execute("SELECT key FROM llm_cache").fetchall()
     sql = "SELECT llm_request_key('At ' || strftime(t, '%Y-%m-%d %H:%M:%S.%f')) FROM VALUES "
     with duckdb.connect() as con:
-        register(con, base_url=endpoint.base_url, cache=False, model="sim")
+        register(con, endpoint=endpoint.base_url, cache=False, model="sim")
         keys = con.sql(sql + "(TIMESTAMP_NS '2024-01-02 03:04:05') v(t)").fetchall()
     assert keys == [(frame_key,)]

@@ -7,7 +7,7 @@ import logging
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, JobAbortedError, llm_complete
+from llm_ops import ConfigError, Endpoint, JobAbortedError, llm_complete
 from llm_ops.testing import LocalEndpoint
 
 SECRET = "sk-test-do-not-leak-0123456789"
@@ -26,8 +26,7 @@ def test_the_key_is_stored_nowhere(guarded, cache, caplog):
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=guarded.base_url,
-        api_key=SECRET,
+        endpoint=Endpoint(guarded.base_url, api_key=SECRET),
         cache=cache,
     )
     assert out["completion_status"].to_list() == ["ok", "rejected"]
@@ -44,8 +43,7 @@ def test_a_401_stops_the_job_with_one_error_and_no_key_in_it(guarded, cache):
             llm_complete,
             prompt="{text}",
             model="sim",
-            base_url=guarded.base_url,
-            api_key=SECRET + "-wrong",
+            endpoint=Endpoint(guarded.base_url, api_key=SECRET + "-wrong"),
             cache=cache,
             concurrency=4,
         )
@@ -58,7 +56,7 @@ def test_a_key_in_the_url_query_is_sent_but_kept_nowhere(endpoint, cache, caplog
     url = f"{endpoint.base_url}?key={SECRET}"
     df = pl.DataFrame({"text": ["a", "[[sim:status=400]]"]})
     out, report = df.pipe(
-        llm_complete, prompt="{text}", model="sim", base_url=url, cache=cache, return_report=True
+        llm_complete, prompt="{text}", model="sim", endpoint=url, cache=cache, return_report=True
     )
     assert out["completion_status"].to_list() == ["ok", "rejected"]
     assert SECRET not in str(report) + str(report.as_dict()) + str(out.rows()) + caplog.text
@@ -70,7 +68,7 @@ def test_credentials_in_the_url_are_refused_without_repeating_them(endpoint, cac
     url = endpoint.base_url.replace("http://", f"http://user:{SECRET}@")
     with pytest.raises(ConfigError, match="must not hold credentials") as info:
         pl.DataFrame({"text": ["a"]}).pipe(
-            llm_complete, prompt="{text}", model="sim", base_url=url, cache=cache
+            llm_complete, prompt="{text}", model="sim", endpoint=url, cache=cache
         )
     assert SECRET not in str(info.value)
 
@@ -80,8 +78,7 @@ def test_a_short_key_does_not_garble_the_servers_message(endpoint, cache):
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
-        api_key="e",
+        endpoint=Endpoint(endpoint.base_url, api_key="e"),
         cache=cache,
     )
     assert out["completion_error"].to_list() == ["HTTP 400: simulated error 400"]
@@ -94,8 +91,7 @@ def test_a_refused_key_costs_one_request_whatever_the_concurrency(guarded, cache
             llm_complete,
             prompt="{text}",
             model="sim",
-            base_url=guarded.base_url,
-            api_key="wrong-key-0123456789",
+            endpoint=Endpoint(guarded.base_url, api_key="wrong-key-0123456789"),
             cache=cache,
             concurrency=64,
         )

@@ -6,7 +6,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, SemanticCache, request_key
+from llm_ops import Budget, ConfigError, Sampling, SemanticCache, request_key
 from llm_ops._outcome import Outcome
 from llm_ops._pipeline.similar import follow_leaders
 from llm_ops.testing import expected_reply
@@ -71,7 +71,7 @@ def test_exact_hits_are_not_embedded(warm, endpoint):
 
 
 def test_embeddings_are_cached(warm, endpoint):
-    _ask(warm, "the red dress is lovely", max_tokens=50, semantic_cache=SEMANTIC)
+    _ask(warm, "the red dress is lovely", sampling=Sampling(max_tokens=50), semantic_cache=SEMANTIC)
     assert endpoint.stats()["embedding_requests"] == 0
 
 
@@ -113,7 +113,9 @@ def test_misses_are_searched_a_slice_at_a_time(warm, monkeypatch):
 
 
 def test_embeddings_count_against_the_budget(warm, endpoint):
-    out = _ask(warm, "a green hat", "a blue hat", semantic_cache=SEMANTIC, max_requests=2)
+    out = _ask(
+        warm, "a green hat", "a blue hat", semantic_cache=SEMANTIC, budget=Budget(max_requests=2)
+    )
     assert sorted(out["completion_status"].to_list()) == ["ok", "skipped"]  # 1 embedding, 1 sent
 
 
@@ -167,7 +169,9 @@ def test_progress_covers_the_embeddings(complete):
 
 def test_max_cost_needs_a_price_for_the_embedding_model(complete):
     with pytest.raises(ConfigError, match="price for model 'my-embedder'"):
-        _ask(complete, "x", max_cost=1.0, semantic_cache=SemanticCache("my-embedder"))
+        _ask(
+            complete, "x", budget=Budget(max_cost=1.0), semantic_cache=SemanticCache("my-embedder")
+        )
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from llm_ops import Client, ConfigError
+from llm_ops import Budget, Client, ConfigError
 from llm_ops._order import send_order
 from llm_ops.tables import Table
 
@@ -45,13 +45,15 @@ def test_prefix_order_keeps_every_rows_answer_status_and_position(complete, tmp_
 
 def test_the_endpoint_receives_misses_in_prefix_order(complete):
     # one at a time, and a budget of three requests: the three sent first are answered
-    out = GROUPED.pipe(complete, prompt="{text}", concurrency=1, max_requests=3)
+    out = GROUPED.pipe(complete, prompt="{text}", concurrency=1, budget=Budget(max_requests=3))
     answered = out.filter(pl.col("completion_status") == "ok")["text"].sort().to_list()
     assert answered == GROUPED["text"].sort().head(3).to_list()
 
 
 def test_input_order_sends_misses_in_the_order_of_their_first_rows(complete):
-    out = GROUPED.pipe(complete, prompt="{text}", concurrency=1, max_requests=3, send_order="input")
+    out = GROUPED.pipe(
+        complete, prompt="{text}", concurrency=1, budget=Budget(max_requests=3), send_order="input"
+    )
     answered = out.filter(pl.col("completion_status") == "ok")["text"].to_list()
     assert answered == GROUPED["text"].head(3).to_list()
 
@@ -80,7 +82,7 @@ def test_prefix_order_takes_runs_of_the_sorted_misses_in_turn():
 
 def test_table_chunks_are_cut_from_the_send_order(endpoint, tmp_path):
     GROUPED.write_parquet(tmp_path / "in.parquet")
-    with Client(base_url=endpoint.base_url, cache=tmp_path / "c.duckdb") as client:
+    with Client(endpoint=endpoint.base_url, cache=tmp_path / "c.duckdb") as client:
         table = Table(
             client,
             tmp_path / "in.parquet",
@@ -95,7 +97,7 @@ def test_table_chunks_are_cut_from_the_send_order(endpoint, tmp_path):
 
 def test_table_chunks_in_input_order_follow_the_first_rows(endpoint, tmp_path):
     GROUPED.write_parquet(tmp_path / "in.parquet")
-    with Client(base_url=endpoint.base_url, cache=tmp_path / "c.duckdb") as client:
+    with Client(endpoint=endpoint.base_url, cache=tmp_path / "c.duckdb") as client:
         table = Table(
             client,
             tmp_path / "in.parquet",

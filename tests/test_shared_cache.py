@@ -21,7 +21,7 @@ base_url, cache, go, rows, concurrency = sys.argv[1:6]
 texts = pl.DataFrame({"text": [f"shared {i}" for i in range(int(rows))]})
 while not os.path.exists(go):
     time.sleep(0.005)
-out = texts.pipe(llm_complete, prompt="{text}", model="sim", base_url=base_url, cache=cache,
+out = texts.pipe(llm_complete, prompt="{text}", model="sim", endpoint=base_url, cache=cache,
                  concurrency=int(concurrency), progress=False)
 print(out["completion_status"].value_counts().sort("completion_status").rows())
 """

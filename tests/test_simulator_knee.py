@@ -16,7 +16,7 @@ import aiohttp
 import polars as pl
 import pytest
 
-from llm_ops import llm_complete
+from llm_ops import Sampling, llm_complete
 from llm_ops.testing import PRESETS, LocalEndpoint, SimulatorConfig, expected_reply
 
 Stats = dict[str, Any]
@@ -108,9 +108,9 @@ def test_completion_tokens_are_max_tokens(endpoint):
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=endpoint.base_url,
+        sampling=Sampling(max_tokens=5),
         cache=False,
-        max_tokens=5,
         return_report=True,
     )
     assert report.completion_tokens == 2 * 5

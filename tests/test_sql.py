@@ -10,7 +10,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import open_cache
+from llm_ops import RateLimit, Sampling, open_cache
 from llm_ops.sql import register
 from llm_ops.testing import expected_reply
 
@@ -18,7 +18,7 @@ from llm_ops.testing import expected_reply
 @pytest.fixture
 def con(endpoint, cache):
     connection = duckdb.connect()
-    register(connection, base_url=endpoint.base_url, cache=cache, model="sim")
+    register(connection, endpoint=endpoint.base_url, cache=cache, model="sim")
     connection.execute(
         "CREATE TABLE reviews AS SELECT * FROM (VALUES (1, 'nice'), (2, 'bad'), "
         "(3, 'nice'), (4, NULL), (5, '[[sim:status=400]]')) t(id, text)"
@@ -60,14 +60,14 @@ def test_failed_and_null_rows_are_null_and_the_result_says_why(con):
 
 def test_on_error_raise_aborts_the_query(endpoint, cache):
     connection = duckdb.connect()
-    register(connection, base_url=endpoint.base_url, cache=cache, on_error="raise")
+    register(connection, endpoint=endpoint.base_url, cache=cache, on_error="raise")
     with pytest.raises(duckdb.Error, match="rejected: HTTP 400"):
         connection.sql("SELECT llm_complete('[[sim:status=400]]', model := 'sim')").fetchall()
 
 
 def test_sql_and_python_compute_the_same_key(con, complete, cache):
     pl.DataFrame({"text": ["nice"]}).pipe(
-        complete, prompt="Summarize: {text}", system="Be brief.", temperature=0.5
+        complete, prompt="Summarize: {text}", system="Be brief.", sampling=Sampling(temperature=0.5)
     )
     with open_cache(cache) as reader:
         (python_key,) = reader.sql("SELECT key FROM llm_cache").fetchall()[0]
@@ -79,24 +79,25 @@ def test_sql_and_python_compute_the_same_key(con, complete, cache):
 
 def test_works_on_a_connection_to_the_cache_itself(endpoint, cache):
     connection = duckdb.connect(str(cache))
-    register(connection, base_url=endpoint.base_url, cache=cache, model="sim")
+    register(connection, endpoint=endpoint.base_url, cache=cache, model="sim")
     connection.sql("SELECT llm_complete('hello')").fetchall()
     assert connection.sql("SELECT count(*) FROM llm_cache").fetchall() == [(1,)]
 
 
 def test_a_missing_model_is_a_clear_error(endpoint, cache):
     connection = duckdb.connect()
-    register(connection, base_url=endpoint.base_url, cache=cache)
+    register(connection, endpoint=endpoint.base_url, cache=cache)
     with pytest.raises(duckdb.Error, match="llm_complete needs a model"):
         connection.sql("SELECT llm_complete('hello')").fetchall()
 
 
 WRITER = """
 import sys, polars as pl
-from llm_ops import llm_complete
+from llm_ops import Cache, llm_complete
 df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(600)]})
-df.pipe(llm_complete, prompt="{text}", model="sim", base_url=sys.argv[1], cache=sys.argv[2],
-        concurrency=8, flush_every=16, flush_seconds=0.1, progress=False)
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1],
+        cache=Cache(sys.argv[2], flush_every=16, flush_seconds=0.1),
+        concurrency=8, progress=False)
 """
 
 
@@ -119,7 +120,14 @@ def test_one_query_over_many_vectors_stays_under_rpm(endpoint, cache):
     con = duckdb.connect()
     # A little under the endpoint's limit, so that only a limiter made afresh per vector (its
     # bucket full again while the endpoint's is empty) draws a 429.
-    register(con, base_url=endpoint.base_url, cache=cache, model="sim", rpm=110, concurrency=4)
+    register(
+        con,
+        endpoint=endpoint.base_url,
+        rate_limit=RateLimit(rpm=110),
+        cache=cache,
+        model="sim",
+        concurrency=4,
+    )
     rows = con.sql(
         "SELECT llm_complete('item ' || (i % 4) || ' of ' || (i // 2048)) FROM range(4096) t(i)"
     ).fetchall()

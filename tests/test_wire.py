@@ -23,14 +23,21 @@ from raw_http import (
 )
 from test_transport import serving
 
-from llm_ops import ConfigError, JobAbortedError, MissingApiKeyError, llm_complete
+from llm_ops import (
+    ConfigError,
+    Endpoint,
+    JobAbortedError,
+    MissingApiKeyError,
+    Retries,
+    llm_complete,
+)
 
 ROWS = pl.DataFrame({"text": ["red dress", "blue coat", "green hat"]})
 
 
-def job(base_url: str, **options: object) -> pl.DataFrame:
+def job(endpoint: str | Endpoint, **options: object) -> pl.DataFrame:
     out: pl.DataFrame = ROWS.pipe(
-        llm_complete, prompt="{text}", model="m", base_url=base_url, cache=False, **options
+        llm_complete, prompt="{text}", model="m", endpoint=endpoint, cache=False, **options
     )
     return out
 
@@ -65,7 +72,7 @@ def test_a_malformed_answer_is_not_cached(tmp_path: Path):
             llm_complete,
             prompt="{text}",
             model="m",
-            base_url=server.base_url,
+            endpoint=server.base_url,
             cache=tmp_path / "cache.duckdb",
         )
     with duckdb.connect(str(tmp_path / "cache.duckdb"), read_only=True) as con:
@@ -85,7 +92,7 @@ def test_a_connection_dropped_before_the_answer_is_retried_as_usual():
         return next(answers, with_length(completion()))
 
     with RawServer(respond=endpoint(answer)) as server:
-        out = job(server.base_url, max_attempts=3)
+        out = job(server.base_url, retries=Retries(max_attempts=3))
     assert out["completion_status"].to_list() == ["ok"] * 3
 
 
@@ -106,7 +113,9 @@ def test_a_proxy_asking_for_credentials_stops_the_job_once(environment):
     answer = endpoint(lambda r: with_length(completion()))
     stopped = pytest.raises(JobAbortedError)
     with RawServer(respond=answer) as server, Proxy("user:pw") as proxy, stopped as stop:
-        job(server.base_url, proxy=f"http://user:not-the-password@{proxy.address}")
+        job(
+            Endpoint(server.base_url, proxy=f"http://user:not-the-password@{proxy.address}"),
+        )
     assert f"proxy http://{proxy.address} asks for credentials" in str(stop.value)
     assert "not-the-password" not in str(stop.value)
     assert server.posts == 0 and sum(h.startswith(b"POST") for h in proxy.heads) == 1
@@ -118,7 +127,9 @@ def test_a_server_wanting_a_client_certificate_stops_the_job_once(tmp_path: Path
     authority.cert_pem.write_to_path(str(bundle))
     stop = pytest.raises(JobAbortedError, match="client certificate")
     with tls_handshakes(serving(authority, ask_for_client=True)) as port, stop:
-        job(f"https://127.0.0.1:{port}/v1", verify=str(bundle), api_key="sk-test-1234")
+        job(
+            Endpoint(f"https://127.0.0.1:{port}/v1", verify=str(bundle), api_key="sk-test-1234"),
+        )
 
 
 def test_a_client_certificate_reaches_a_server_that_asks_for_one(tmp_path: Path):
@@ -128,7 +139,9 @@ def test_a_client_certificate_reaches_a_server_that_asks_for_one(tmp_path: Path)
     authority.issue_cert("client@example").private_key_and_cert_chain_pem.write_to_path(str(client))
     answer = endpoint(lambda r: with_length(completion()))
     with RawServer(respond=answer, tls=serving(authority, ask_for_client=True)) as server:
-        out = job(server.base_url, verify=str(bundle), cert=str(client), api_key="sk-test-1234")
+        out = job(
+            Endpoint(server.base_url, verify=str(bundle), cert=str(client), api_key="sk-test-1234"),
+        )
     assert out["completion_status"].to_list() == ["ok"] * 3
 
 
@@ -137,16 +150,15 @@ def test_a_client_certificate_reaches_a_server_that_asks_for_one(tmp_path: Path)
 AZURE_KEY = "azure-key-0123456789"
 
 
-def azure(endpoint, cache: Path, **options: object) -> pl.DataFrame:
+def azure(endpoint, cache: Path, headers: dict[str, str]) -> pl.DataFrame:
     """A job against an Azure-shaped endpoint: the key in an ``api-key`` header."""
     endpoint.configure(api_key=AZURE_KEY, api_key_header="api-key")
     out: pl.DataFrame = ROWS.pipe(
         llm_complete,
         prompt="{text}",
         model="sim",
-        base_url=endpoint.base_url,
+        endpoint=Endpoint(endpoint.base_url, headers=headers),
         cache=cache,
-        **options,
     )
     return out
 
@@ -171,14 +183,14 @@ def test_a_credential_header_never_reaches_the_cache(endpoint, cache):
 def test_a_credential_header_is_redacted_from_what_a_server_echoes():
     echo = endpoint(lambda request: with_length(request.split(b"\r\n\r\n")[0], "400 Bad"))
     with RawServer(respond=echo) as server:
-        out = job(server.base_url, headers={"X-Gateway-Token": "tok-0123456789"})
+        out = job(Endpoint(server.base_url, headers={"X-Gateway-Token": "tok-0123456789"}))
     assert out["completion_status"][0] == "rejected"
     assert "tok-0123456789" not in out["completion_error"][0]
 
 
 def test_a_remote_endpoint_without_key_or_credential_header_is_refused_before_sending():
     with pytest.raises(MissingApiKeyError, match="headers="):
-        job("https://gateway.example/v1", headers={"X-Tenant": "a"})
+        job(Endpoint("https://gateway.example/v1", headers={"X-Tenant": "a"}))
 
 
 @pytest.mark.parametrize(
@@ -194,4 +206,4 @@ def test_a_remote_endpoint_without_key_or_credential_header_is_refused_before_se
 )
 def test_a_bad_connection_option_is_refused_before_anything_is_sent(options, message):
     with pytest.raises(ConfigError, match=message):
-        job("http://127.0.0.1:9/v1", **options)
+        Endpoint("http://127.0.0.1:9/v1", **options)

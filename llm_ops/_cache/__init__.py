@@ -8,7 +8,7 @@ Location: the ``cache=`` argument, else the ``LLM_OPS_CACHE`` environment variab
 
 from ._connection import CACHE_ENV, DUCKDB_CONFIG, default_cache_path, resolve_cache_path
 from ._migrations import LATEST_VERSION, MIGRATIONS, migrate
-from ._store import FLUSH_EVERY, MERGE_WAIT, Cache, open_cache
+from ._store import FLUSH_EVERY, MERGE_WAIT, Cache, cache_of, open_cache
 from ._writes import Merged
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "MIGRATIONS",
     "Cache",
     "Merged",
+    "cache_of",
     "default_cache_path",
     "migrate",
     "open_cache",

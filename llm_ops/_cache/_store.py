@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 
 from .._journal import JournalWriter
-from ..exceptions import CacheError
+from ..exceptions import CacheError, ConfigError
 from . import _admin, _connection, _nearest, _reads, _writes
 from ._connection import CACHE_ENV, resolve_cache_path
 from ._migrations import migrate
@@ -29,6 +29,11 @@ journal already, and each merge costs 40-130 ms of CPU, which at 1,024 per merge
 of a request's CPU at high concurrency; ``flush_seconds`` still bounds how stale the file is."""
 
 
+def _seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
 class Cache:
     """One cache database file and its journal, the face every stage talks to.
 
@@ -39,6 +44,31 @@ class Cache:
     :mod:`._writes` writes through the journal and merges it, :mod:`._nearest` finds the
     nearest cached answers by embedding, :mod:`._admin` holds what
     people do with a cache.
+
+    Given as ``cache=`` to a call or a :class:`~llm_ops.Client`, it says how the file is
+    written besides where it is:
+
+    Parameters
+    ----------
+    path
+        The DuckDB file; made with its folder when missing.
+    flush_every, flush_seconds
+        Answers go to the journal at once (at most 32 behind), so a killed job keeps what it
+        paid for, and are merged into the DuckDB file once this many are pending or this many
+        seconds passed.
+    merge_wait
+        Seconds the end of a job waits for a reader holding the file to let go of it (30 by
+        default; 0: no wait), so its answers are in the file when the job returns; what is
+        left waits in the journal (``report.journal_pending``), still cache hits, until
+        ``llm-ops cache merge`` or any later job.
+    lock_timeout
+        Seconds a read waits for another process holding the file.
+
+    Examples
+    --------
+    >>> from llm_ops import Cache
+    >>> Cache("answers.duckdb", merge_wait=0)
+    Cache('answers.duckdb')
     """
 
     def __init__(
@@ -50,7 +80,15 @@ class Cache:
         lock_timeout: float = 30.0,
         merge_wait: float = MERGE_WAIT,
     ):
-        self.path = Path(path)
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError(f"a cache's path must be a file path, got {path!r}")
+        if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+            raise ConfigError(f"flush_every must be a positive integer, got {flush_every!r}")
+        _seconds("flush_seconds", flush_seconds)
+        _seconds("lock_timeout", lock_timeout)
+        if merge_wait != 0:  # 0: do not wait for a reader
+            _seconds("merge_wait", merge_wait)
+        self.path = Path(path).expanduser()
         self.journal = self.path.with_name(self.path.name + ".journal")
         self.flush_every = flush_every
         self.flush_seconds = flush_seconds
@@ -148,3 +186,18 @@ def open_cache(
     if not read_only:
         migrate(con)
     return con
+
+
+def cache_of(cache: str | os.PathLike[str] | bool | Cache | None) -> Cache | None:
+    """``cache=``: a :class:`Cache` as given, a path standing for one with the default
+    settings, ``None``/``True`` for ``LLM_OPS_CACHE`` or the default file, ``False`` for
+    none."""
+    if isinstance(cache, Cache):
+        return cache
+    if not isinstance(cache, str | os.PathLike | bool | None):
+        raise ConfigError(
+            "cache takes a file path, a Cache(path, ...), None for the default file or False "
+            f"for none, got {type(cache).__name__}"
+        )
+    path = resolve_cache_path(cache)
+    return None if path is None else Cache(path)

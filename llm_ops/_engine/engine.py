@@ -32,7 +32,7 @@ from yarl import URL
 
 from .._concurrency import Concurrency
 from .._limits import Limiter, RateLimiter
-from .._spec import NO_KEY, Connection, Endpoint, Limits
+from .._spec import NO_KEY, Connection, Limits, ResolvedEndpoint
 from ..exceptions import ConfigError
 from .answers import duration
 from .boundary import TransportError, describe, redact, redact_in_logs
@@ -62,7 +62,7 @@ class Engine:
 
     def __init__(
         self,
-        endpoint: Endpoint,
+        endpoint: ResolvedEndpoint,
         limits: Limits,
         limiter: Limiter | None = None,
         connection: Connection | None = None,
@@ -196,7 +196,7 @@ class Engine:
                 shown = self.endpoint.rstrip("/") + "/v1"
                 raise ConfigError(
                     f"{self.endpoint} answers 404 for /models, but {shown}/models answers: did "
-                    f"you mean base_url={shown!r}? (OpenAI-compatible servers serve under /v1)"
+                    f"you mean endpoint={shown!r}? (OpenAI-compatible servers serve under /v1)"
                 )
         return listed
 

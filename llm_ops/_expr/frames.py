@@ -3,7 +3,7 @@
 Each is a thin layer on the ``llm`` expression namespace: the prompt is a template over the
 frame's columns (as for :func:`~llm_ops.llm_complete`), the columns it reads go to the model
 as one struct expression, and the answer is asked for, and parsed, by a schema. So the keys,
-the cache, dedupe, statuses, budgets, cascades (``model=[...]`` with ``escalate=``) and the
+the cache, dedupe, statuses, budgets, cascades (``model=Cascade([...], escalate=...)``) and the
 semantic cache work exactly as in ``llm_complete``; a ``LazyFrame`` stays lazy (and streams)
 until it is collected.
 """
@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from .._client import Client
 from .._frames import Frame, PolarsFrame, from_arrow, schema_of
-from .._options import ModelOption, SchemaOption
+from .._options import Cascade, ModelOption, SchemaOption
 from .._report import RunReport
 from .._template import check_columns, parse_template
 from ..exceptions import ConfigError
@@ -105,8 +105,8 @@ def llm_filter(
     client
         A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
     **options
-        As for :func:`~llm_ops.llm_complete` (``system``, ``base_url``, ``cache``,
-        ``semantic_cache``, ``escalate``, ``max_cost``, ...).
+        As for :func:`~llm_ops.llm_complete` (``system``, ``endpoint``, ``cache``,
+        ``semantic_cache``, ``budget``, ...).
 
     Examples
     --------
@@ -117,7 +117,7 @@ def llm_filter(
     ...                         "text": ["Shipping was slow", "Love the colour", "Never arrived"]})
     >>> with LocalEndpoint() as endpoint:
     ...     late = llm_filter(reviews, "Is this review about shipping? {text}", model="sim",
-    ...                       base_url=endpoint.base_url, cache=False)
+    ...                       endpoint=endpoint.base_url, cache=False)
     >>> late
     shape: (2, 2)
     ┌─────┬───────────────────┐
@@ -129,7 +129,7 @@ def llm_filter(
     │ 3   ┆ Never arrived     │
     └─────┴───────────────────┘
     """
-    ask, values = verdict(), _values(df, prompt, options)
+    ask, values = verdict(), _values(df, prompt, model, options)
     expr, batches = completion(values, ask, prompt, "llm_filter", model, "answer", client, options)
     keep = _free_name(schema_of(df), "__llm_ops_keep")
     result = _apply(df, lambda frame: frame.with_columns(expr.alias(keep)).filter(keep).drop(keep))
@@ -240,7 +240,7 @@ def llm_classify(
     >>> reviews = pl.DataFrame({"text": ["Shipping was slow", "Lovely fabric", None]})
     >>> with LocalEndpoint() as endpoint:
     ...     topics = llm_classify(reviews, "text", ["shipping", "product"], model="sim",
-    ...                           base_url=endpoint.base_url, cache=False)
+    ...                           endpoint=endpoint.base_url, cache=False)
     >>> topics.select("text", "label", "label_status")
     shape: (3, 3)
     ┌───────────────────┬──────────┬──────────────┐
@@ -367,7 +367,7 @@ def llm_extract(
     >>> notes = pl.DataFrame({"text": ["two red scarves", "a blue hat"]})
     >>> with LocalEndpoint() as endpoint:
     ...     orders = llm_extract(notes, "text", Order, model="sim",
-    ...                          base_url=endpoint.base_url, cache=False)
+    ...                          endpoint=endpoint.base_url, cache=False)
     >>> orders.schema["extracted"]
     Struct({'item': String, 'quantity': Int64})
     >>> orders["extracted_status"].to_list()
@@ -399,7 +399,7 @@ def _add_columns(
     if not isinstance(output, str) or not output:
         raise ConfigError(f"output must be a non-empty column name, got {output!r}")
     template = prompt if prompt is not None else cast(str, ask.prompt)
-    values = _values(df, template, options)
+    values = _values(df, template, model, options)
     expr, batches = completion(
         values, ask, template, caller, model, "struct", client, options, output
     )
@@ -429,7 +429,7 @@ def _reference(column: str) -> str:
     return "{" + column + "}"
 
 
-def _values(df: Frame, prompt: object, options: Mapping[str, Any]) -> pl.Expr:
+def _values(df: Frame, prompt: object, model: object, options: Mapping[str, Any]) -> pl.Expr:
     """The columns the model reads (the templates' and the escalation rule's), as a struct."""
     if not isinstance(prompt, str):
         raise ConfigError(
@@ -448,7 +448,8 @@ def _values(df: Frame, prompt: object, options: Mapping[str, Any]) -> pl.Expr:
             f"prompt {prompt!r} references no column, so every row would get one answer; "
             "name the columns to ask about, e.g. 'Is {text} about shipping?'"
         )
-    columns += [c for c in _escalation_columns(options.get("escalate")) if c in schema]
+    escalate = model.escalate if isinstance(model, Cascade) else None
+    columns += [c for c in _escalation_columns(escalate) if c in schema]
     return pl.struct(list(dict.fromkeys(columns)))
 
 

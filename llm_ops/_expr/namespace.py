@@ -39,7 +39,7 @@ class LlmNamespace:
 
     Every method takes the keyword options of :func:`llm_ops.llm_complete` (see
     :class:`llm_ops.ExprOptions`), and ``client=`` to run on a :class:`~llm_ops.Client` of
-    your own; without it, the expressions with the same client options (``base_url``,
+    your own; without it, the expressions with the same client options (``endpoint``,
     ``cache``, ``concurrency``, ...) share one client for the life of the process.
 
     The result keeps the expression's name, as Polars expressions do: name it with
@@ -91,7 +91,7 @@ class LlmNamespace:
         client
             A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
         **options
-            As for :func:`~llm_ops.llm_complete`: ``system``, ``base_url``, ``cache``,
+            As for :func:`~llm_ops.llm_complete`: ``system``, ``endpoint``, ``cache``,
             ``max_tokens``, ``temperature``, ``schema``, ``semantic_cache``, ``mode``, ...
 
         Returns
@@ -108,7 +108,7 @@ class LlmNamespace:
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.with_columns(
         ...         pl.col("text")
-        ...         .llm.complete("Summarize: {}", model="sim", base_url=endpoint.base_url,
+        ...         .llm.complete("Summarize: {}", model="sim", endpoint=endpoint.base_url,
         ...                       cache=False)
         ...         .alias("summary"))
         >>> out
@@ -128,7 +128,7 @@ class LlmNamespace:
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.select(
         ...         pl.col("text").llm.complete("Summarize: {}", model="sim", with_status=True,
-        ...                                     base_url=endpoint.base_url, cache=False)
+        ...                                     endpoint=endpoint.base_url, cache=False)
         ...     ).unnest("text")
         >>> out.select("status", "error")
         shape: (3, 2)
@@ -183,7 +183,7 @@ class LlmNamespace:
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.with_columns(
         ...         pl.col("text").llm.classify(["shipping", "product"], model="sim",
-        ...                                     base_url=endpoint.base_url, cache=False)
+        ...                                     endpoint=endpoint.base_url, cache=False)
         ...         .alias("topic"))
         >>> out
         shape: (3, 2)
@@ -242,7 +242,7 @@ class LlmNamespace:
         >>> df = pl.DataFrame({"text": ["two red scarves", "a blue hat"]})
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.select(
-        ...         pl.col("text").llm.extract(Item, model="sim", base_url=endpoint.base_url,
+        ...         pl.col("text").llm.extract(Item, model="sim", endpoint=endpoint.base_url,
         ...                                    cache=False).struct.unnest())
         >>> out
         shape: (2, 2)
@@ -298,7 +298,7 @@ class LlmNamespace:
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.filter(pl.col("text").llm.filter(
         ...         "Is this review about shipping? {}", model="sim",
-        ...         base_url=endpoint.base_url, cache=False))
+        ...         endpoint=endpoint.base_url, cache=False))
         >>> out
         shape: (2, 1)
         ┌───────────────────┐
@@ -348,7 +348,7 @@ class LlmNamespace:
         with_status, client
             As for :meth:`complete`.
         **options
-            As for :func:`~llm_ops.llm_embed`: ``base_url``, ``cache``, ``on_error``, ...
+            As for :func:`~llm_ops.llm_embed`: ``endpoint``, ``cache``, ``on_error``, ...
 
         Examples
         --------
@@ -359,7 +359,7 @@ class LlmNamespace:
         >>> with LocalEndpoint() as endpoint:
         ...     out = df.with_columns(
         ...         pl.col("text").llm.embed(model="sim-embed", dimensions=4,
-        ...                                  base_url=endpoint.base_url, cache=False)
+        ...                                  endpoint=endpoint.base_url, cache=False)
         ...         .alias("vector"))
         >>> out
         shape: (2, 2)

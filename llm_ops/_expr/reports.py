@@ -47,7 +47,7 @@ def last_report() -> RunReport | None:
     >>> df = pl.DataFrame({"text": ["fits well", None, "fits well", "[[sim:status=400]]"]})
     >>> with LocalEndpoint() as endpoint:
     ...     out = df.with_columns(pl.col("text").llm.complete(
-    ...         "Summarize: {}", model="sim", base_url=endpoint.base_url, cache=False))
+    ...         "Summarize: {}", model="sim", endpoint=endpoint.base_url, cache=False))
     >>> report = llm_ops.last_report()
     >>> report.rows, report.requests_sent, report.failed_rows
     (4, 2, 1)

@@ -26,14 +26,15 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .._cache import resolve_cache_path
+from .._cache import cache_of
 from .._client import Client
 from .._journal import JournalWriter
 from .._options import ClientOptions
@@ -62,9 +63,10 @@ def client_for(client: Client | None, made: ClientOptions) -> Client:
                 "not both: a Client keeps the options it was made with"
             )
         return client
+    cache = cache_of(made.get("cache"))
     key = (
-        tuple(sorted((name, repr(value)) for name, value in made.items() if name != "cache")),
-        str(resolve_cache_path(made.get("cache"))),
+        tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
+        None if cache is None else (str(cache.path), cache.flush_every, cache.flush_seconds),
         os.environ.get("OPENAI_BASE_URL"),
         os.environ.get("OPENAI_API_KEY"),
     )
@@ -73,6 +75,16 @@ def client_for(client: Client | None, made: ClientOptions) -> Client:
         if shared is None:
             shared = _clients[key] = Client(**made)
         return shared
+
+
+def _identity(value: object) -> object:
+    """A hashable stand-in for an option's value that tells every two values apart: an
+    object's every field, where its ``repr`` hides some (an endpoint's key and headers)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return tuple((f.name, _identity(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _identity(v)) for k, v in value.items()))
+    return repr(value)
 
 
 def runtime_of(client: Client) -> Runtime:

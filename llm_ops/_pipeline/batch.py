@@ -1,4 +1,4 @@
-"""Provider batch mode (``mode="batch"``): the distinct uncached requests through the Files and
+"""Provider batch mode (``batch=True``): the distinct uncached requests through the Files and
 Batches API, at the batch price, answered within 24 hours.
 
 A submission (a ``job_id``) is cut into parts of at most ``batch_max_requests`` lines and

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import polars as pl
 
 from .._cache import Cache
-from .._options import Job, make_job
+from .._options import BatchMode, Job, make_job
 from .._outcome import Outcome, Request
 from .backend import Backend
 from .batch import BatchPart, BatchRunner
@@ -81,6 +81,6 @@ def runner_for(
         model=model,
         endpoint=endpoint,
         cached=True,
-        options={"mode": "batch", "progress": False, "batch_poll_seconds": poll_seconds},
+        options={"batch": BatchMode(poll_seconds=poll_seconds), "progress": False},
     )
     return BatchRunner(job, backend)

@@ -31,7 +31,7 @@ def escalation(frame: pl.DataFrame, columns: pl.DataFrame, job: Job) -> pl.Serie
     """True for the rows to send to the next model (null from ``escalate`` counts as false)."""
     status = columns[job.columns.status].cast(pl.String)
     flagged = status.is_in(list(ESCALATE))
-    rule = job.cascade.escalate if job.cascade else None
+    rule = job.escalate_rule
     if rule is not None:
         chosen = frame.hstack(columns.get_columns()).select(rule).to_series()
         flagged = flagged | (chosen.fill_null(False) & status.is_in(list(ANSWERED)))

@@ -22,7 +22,7 @@ class Estimate:
     Input tokens are estimated at four characters a token plus four per message (no tokenizer
     can be downloaded here); output tokens are bounded by ``max_tokens`` and unknown without it.
     Costs are ``None`` when the model has no price ($0 when nothing is to be sent); the batch
-    costs are those of ``mode="batch"`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade
+    costs are those of ``batch=True`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade
     the counts are the first model's, and the cost range runs from every row answered by the
     first model to every row sent to every model.
     """

@@ -15,9 +15,8 @@ from ._parser import (
     add_api_key_env,
     add_client_arguments,
     add_connection_arguments,
-    api_key,
     command,
-    connection_options,
+    endpoint_of_args,
     print_table,
 )
 
@@ -42,9 +41,7 @@ def add_commands(commands: Commands) -> None:
 def manage_batches(args: argparse.Namespace) -> int:
     if args.action == "cancel" and not args.job:
         raise ConfigError("cancel needs --job ID: the submission to cancel (see 'batches list')")
-    with Client(
-        base_url=args.base_url, cache=args.cache, api_key=api_key(args), **connection_options(args)
-    ) as client:
+    with Client(endpoint=endpoint_of_args(args), cache=args.cache) as client:
         if args.action == "collect":
             collected = client.collect_batches(job_id=args.job)
             print(f"collected {collected:,} answer(s)")

@@ -1,18 +1,18 @@
 """The arguments of a job on files (``run``, ``estimate``), and the options they make.
 
-Every option of :class:`llm_ops.Options` that holds a number, a text or a choice is a flag,
-with its help from :data:`._option_flags.OPTION_FLAGS`; prices, the semantic cache and a
-cascade's escalation have flags of their own.
+Every setting (an option of :class:`llm_ops.Options`, or a field of its object, see
+:data:`llm_ops.SETTINGS`) that holds a number, a text, a choice or a switch is a flag of its
+name, with its help from :data:`._option_flags.OPTION_FLAGS`; prices, the semantic cache and a
+cascade's escalation have flags of their own. :func:`llm_ops.options_from_settings` makes the
+options from them, as the flow does from its parameters.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin
 
-from .._options import Options
-from .._pricing import parse_pricing
-from .._semantic import SemanticCache
+from .._options import setting_names, setting_type
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
     add_api_key_env,
@@ -22,9 +22,9 @@ from ._parser import (
     connection_options,
 )
 
-# Options a flag can carry (a number or a text), under their own names; the rest have flags of
-# their own below (prices, the semantic cache, the connection's), come from the environment
-# (api_key, named by --api-key-env) or do not apply to files.
+# Settings with flags of their own below (prices, the semantic cache, a cascade's escalation,
+# the connection's), from the environment (api_key, named by --api-key-env), or that do not
+# apply to files.
 _SKIPPED = {
     "api_key",
     "headers",
@@ -38,29 +38,30 @@ _SKIPPED = {
     "pricing",
     "escalate",
     "semantic_cache",
-    "model",
+    "semantic_cache_threshold",
 }
 
 
+def flagged_settings() -> set[str]:
+    """The settings that are flags: those holding a number, a text, a choice or a switch."""
+    return {
+        name
+        for name in setting_names()
+        if name not in _SKIPPED and _flag(setting_type(name)) is not None
+    }
+
+
 def _flag(hint: object) -> dict[str, Any] | None:
-    """How argparse reads an option that holds one number, text or choice (or None)."""
+    """How argparse reads a setting that holds one number, text, choice or switch."""
     if get_origin(hint) is Literal:
         return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
     for kind in (int, float, str):
         if kind in kinds:
             return {"type": kind}
+    if bool in kinds:  # batch: bool | BatchMode
+        return {"action": "store_true", "default": None}
     return None
-
-
-def flagged_options() -> dict[str, dict[str, Any]]:
-    """The options that are flags, with how argparse reads each."""
-    found = {}
-    for name, hint in get_type_hints(Options).items():
-        how = _flag(hint)
-        if name not in _SKIPPED and how is not None:
-            found[name] = how
-    return found
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = None) -> None:
@@ -84,16 +85,16 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
     )
     if output is not None:
         add_output_argument(parser, required=True, help=output)
-    flagged = flagged_options()
     named = {}
     for name, flag in OPTION_FLAGS.items():  # in the table's order
-        how = flagged[name]
+        how = {
+            "action": "append" if name == "stop" else "store",
+            **(_flag(setting_type(name)) or {}),
+        }
+        if how["action"] != "store_true":
+            how["metavar"] = flag.metavar
         action = parser.add_argument(
-            flag.flag or "--" + name.replace("_", "-"),
-            **how,
-            action="append" if name == "stop" else "store",
-            metavar=flag.metavar,
-            help=flag.help,
+            flag.flag or "--" + name.replace("_", "-"), **how, help=flag.help
         )
         named[name] = action.dest  # output_column for output: --output is the file
     parser.add_argument(
@@ -144,22 +145,17 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
 
 
 def job_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The job's options from the flags, by their names (see :class:`llm_ops.Options`)."""
-    options = {
+    """The job's settings from the flags, by their names (see :data:`llm_ops.SETTINGS`), for
+    :func:`llm_ops.options_from_settings`."""
+    settings = {
         name: getattr(args, dest)
         for name, dest in args.option_flags.items()
         if getattr(args, dest) is not None
     }
-    pricing = parse_pricing(args.pricing or [])
-    if pricing is not None:
-        options["pricing"] = pricing
+    settings["pricing"] = args.pricing
+    settings["escalate"] = args.escalate
     if args.semantic_cache:
-        options["semantic_cache"] = SemanticCache(
-            args.semantic_cache, threshold=args.semantic_cache_threshold
-        )
-    if args.escalate:
-        options["escalate"] = args.escalate
-    key = api_key(args)
-    if key is not None:
-        options["api_key"] = key
-    return {**options, **connection_options(args)}
+        settings["semantic_cache"] = args.semantic_cache
+        settings["semantic_cache_threshold"] = args.semantic_cache_threshold
+    settings["api_key"] = api_key(args)
+    return {**settings, **connection_options(args)}

@@ -16,7 +16,7 @@ import polars as pl
 
 from .._client import Client
 from .._failures import TOP_REASONS, shown
-from .._options import split_options
+from .._options import options_from_settings, split_options
 from ..exceptions import ConfigError, RowsFailedWarning
 from ..tables import Table, input_files
 from ._job_arguments import add_job_arguments, job_options
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 def estimate(args: argparse.Namespace) -> int:
     options = job_options(args)
     # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
-    options.setdefault("api_key", os.environ.get(DEFAULT_KEY_ENV) or "unused")
+    options["api_key"] = options.get("api_key") or os.environ.get(DEFAULT_KEY_ENV) or "unused"
     with (
         tempfile.TemporaryDirectory(prefix="llm-ops-estimate-") as scratch,
         _table(args, Path(scratch) / "unused.parquet", options) as table,
@@ -121,12 +121,14 @@ def estimate(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iterator[Table]:
-    made, call = split_options(options)
+    model = args.model if len(args.model) > 1 else args.model[0]
+    grouped = options_from_settings({**options, "model": model})
+    model = grouped.pop("model")
+    made, call = split_options(grouped)
     files = input_files(args.input)
     with tempfile.TemporaryDirectory(prefix="llm-ops-csv-") as scratch, Client(**made) as client:
         converted = _csv_as_parquet(files, Path(scratch))
         source = args.input if converted == files else str(Path(scratch) / "input-*.parquet")
-        model = args.model if len(args.model) > 1 else args.model[0]
         yield Table(
             client,
             source,

@@ -1,11 +1,10 @@
-"""The flags of a job's options (:class:`llm_ops.Options`): one table, written for the command
-line, of each flag's help, what goes after it and, where it differs from the option's name, the
-flag's name.
+"""The flags of a job's settings (:data:`llm_ops.SETTINGS`): one table, written for the
+command line, of each flag's help, what goes after it and, where it differs from the setting's
+name, the flag's name.
 
-The options themselves, and which of them are flags, come from :class:`llm_ops.Options`
-(:mod:`._job_arguments`); this table says what the flags mean to someone at a shell, so a
-default reads as what to type or set there, never as a Python value. ``%`` is argparse's: write
-``%%`` for a percent sign.
+What each setting holds comes from its option or its object (:mod:`._job_arguments`); this
+table says what the flags mean to someone at a shell, so a default reads as what to type or
+set there, never as a Python value. ``%`` is argparse's: write ``%%`` for a percent sign.
 """
 
 from __future__ import annotations
@@ -97,22 +96,22 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "system message and prompt start, for the server's prefix cache; 'input': the "
         "order of the rows. The answers are the same either way"
     ),
-    "mode": OptionFlag(
-        "'live' (default) sends requests now; 'batch' sends them through the provider's "
-        "Batch API at its price (half the live one by default) and waits, up to 24 h"
+    "batch": OptionFlag(
+        "send the requests through the provider's Batch API at its price (half the live one "
+        "by default) and wait, up to 24 h, instead of sending them now"
     ),
     "on_expired": OptionFlag(
-        "with --mode batch: what an expired batch's unanswered requests do, 'resubmit' "
+        "with --batch: what an expired batch's unanswered requests do, 'resubmit' "
         "(default: in a new batch) or 'live' (sent now)"
     ),
     "batch_max_requests": OptionFlag(
-        "with --mode batch: requests per batch file (default: 50000, OpenAI's limit)", "N"
+        "with --batch: requests per batch file (default: 50000, OpenAI's limit)", "N"
     ),
     "batch_max_bytes": OptionFlag(
-        "with --mode batch: bytes per batch file (default: 200 MB, OpenAI's limit)", "BYTES"
+        "with --batch: bytes per batch file (default: 200 MB, OpenAI's limit)", "BYTES"
     ),
     "batch_poll_seconds": OptionFlag(
-        "with --mode batch: the first wait between polls; it grows to a minute (default: 5)",
+        "with --batch: the first wait between polls; it grows to a minute (default: 5)",
         "SECONDS",
     ),
     "flush_every": OptionFlag(

@@ -14,6 +14,7 @@ import polars as pl
 
 from .. import __version__
 from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from .._spec import Endpoint
 from ..exceptions import ConfigError
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -138,6 +139,11 @@ def connection_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.proxy is not None:
         options["proxy"] = args.proxy
     return options
+
+
+def endpoint_of_args(args: argparse.Namespace) -> Endpoint:
+    """The endpoint ``--base-url``, ``--api-key-env`` and the connection's flags name."""
+    return Endpoint(args.base_url, api_key=api_key(args), **connection_options(args))
 
 
 def api_key(args: argparse.Namespace) -> str | None:

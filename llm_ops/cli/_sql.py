@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow as pa
 
 from .._cache import DUCKDB_CONFIG, Cache
-from .._spec import Endpoint
+from .._spec import Endpoint, ResolvedEndpoint
 from ..exceptions import CacheError, ConfigError, MissingApiKeyError
 from ..sql import register
 from ._parser import (
@@ -108,14 +108,12 @@ def _register_functions(
         register(
             con,
             model=args.model,
-            base_url=args.base_url,
-            api_key=key,
+            endpoint=Endpoint(args.base_url, api_key=key, **connection_options(args)),
             cache=cache,
-            **connection_options(args),
         )
     except MissingApiKeyError:
         # A query of the cache needs no key: the functions fail only when a query calls them.
-        endpoint = Endpoint.resolve(args.base_url, need_key=False).identity
+        endpoint = ResolvedEndpoint.resolve(args.base_url, need_key=False).identity
         message = (
             f"llm_complete needs an API key for {endpoint}: set {DEFAULT_KEY_ENV}, or name the "
             "variable that holds it with --api-key-env"

@@ -5,7 +5,7 @@ A :class:`Table` is one job over a Parquet path or glob, on a :class:`~llm_ops.C
     from llm_ops import Client
     from llm_ops.tables import Table
 
-    with Client(base_url=..., cache="output/cache.duckdb") as client:
+    with Client(endpoint=..., cache="output/cache.duckdb") as client:
         table = Table(client, "data/*.parquet", "output/out.parquet",
                       prompt="Summarize: {text}", model="gpt-4o-mini")
         report = table.run()  # or the steps, one by one:

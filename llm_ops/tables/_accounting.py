@@ -109,7 +109,7 @@ def _budget_stop(job: Job, spent: Counters) -> str | None:
     """The report's reason when a budget kept requests from being sent."""
     if not spent.over_budget:
         return None
-    limits = job.spending
+    limits = job.spending.limits
     return (
         f"{spent.over_budget:,} request(s) not sent: a budget was reached "
         f"(max_cost={limits.max_cost}, max_requests={limits.max_requests}, "

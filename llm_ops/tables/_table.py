@@ -74,7 +74,7 @@ class Table:
     >>> texts = ["Runs small", "Lovely fabric", None, "Runs small"]
     >>> pl.DataFrame({"id": [1, 2, 3, 4], "text": texts}).write_parquet(reviews)
     >>> cache = Path(work.name, "cache.duckdb")
-    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as client:
+    >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url, cache=cache) as client:
     ...     table = Table(client, reviews, summaries, prompt="Summarize: {text}", model="sim")
     ...     report = table.run()
     >>> report.rows, report.requests_sent, table.columns
@@ -154,7 +154,7 @@ class Table:
         >>> from llm_ops.tables import Counters, Table
         >>> work = tempfile.TemporaryDirectory()
         >>> pl.DataFrame({"text": ["a"]}).write_parquet(Path(work.name, "in.parquet"))
-        >>> with Client(base_url="http://127.0.0.1:9/v1", cache=Path(work.name, "c.duckdb")) as c:
+        >>> with Client(endpoint="http://127.0.0.1:9/v1", cache=Path(work.name, "c.duckdb")) as c:
         ...     table = Table(c, Path(work.name, "in.parquet"), Path(work.name, "out.parquet"),
         ...                   prompt="{text}", model="m", pricing={"m": Price(1.00, 4.00)})
         >>> table.cost(Counters(prompt_tokens=1_000_000, completion_tokens=500_000))
@@ -201,7 +201,7 @@ class Table:
         >>> texts = [f"review {i % 3}" for i in range(10)] + [None]
         >>> pl.DataFrame({"text": texts}).write_parquet(reviews)
         >>> cache = Path(work.name, "cache.duckdb")
-        >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+        >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url, cache=cache) as c:
         ...     table = Table(c, reviews, out, prompt="Summarize: {text}", model="sim",
         ...                   chunk_size=2)
         ...     started, spent = datetime.now(UTC), Counters()
@@ -246,7 +246,7 @@ class Table:
         return send_chunk(self.client, self.job, self.cache, chunk, spent=spent)
 
     def submit(self, chunk: str | os.PathLike[str]) -> list[BatchPart]:
-        """With ``mode="batch"``: submit the chunk's requests that the cache lacks and no
+        """With ``batch=``: submit the chunk's requests that the cache lacks and no
         recorded batch carries, and return at once; :meth:`run_chunk` then waits for them
         and collects their answers (it submits nothing again).
 
@@ -255,7 +255,7 @@ class Table:
         >>> import tempfile
         >>> from pathlib import Path
         >>> import polars as pl
-        >>> from llm_ops import Client
+        >>> from llm_ops import BatchMode, Client
         >>> from llm_ops.tables import Table
         >>> from llm_ops.testing import LocalEndpoint
         >>> work = tempfile.TemporaryDirectory()
@@ -264,10 +264,10 @@ class Table:
         >>> cache = Path(work.name, "cache.duckdb")
         >>> with (
         ...     LocalEndpoint(batch_seconds=0.2) as endpoint,  # its batches take 0.2 s
-        ...     Client(base_url=endpoint.base_url, cache=cache) as client,
+        ...     Client(endpoint=endpoint.base_url, cache=cache) as client,
         ... ):
         ...     table = Table(client, reviews, out, prompt="Summarize: {text}", model="sim",
-        ...                   mode="batch", batch_poll_seconds=0.1)
+        ...                   batch=BatchMode(poll_seconds=0.1))
         ...     chunk = table.plan().chunks[0]
         ...     parts = table.submit(chunk)     # returns once the batch is created
         ...     taken = table.run_chunk(chunk)  # waits for it, and collects its answers
@@ -277,7 +277,9 @@ class Table:
         >>> work.cleanup()
         """
         if self.job.batching is None:
-            raise ConfigError("submit() is for mode='batch'; run_chunk() sends live requests")
+            raise ConfigError(
+                "submit() is for batch mode (batch=True); run_chunk() sends live requests"
+            )
         return submit_chunk(self.client, self.job, self.cache, chunk)
 
     def write(self) -> Written:
@@ -336,7 +338,7 @@ class Table:
         >>> from pathlib import Path
         >>> import polars as pl
         >>> from pydantic import BaseModel
-        >>> from llm_ops import Client, confidence_below
+        >>> from llm_ops import Cascade, Client, confidence_below
         >>> from llm_ops.tables import Table
         >>> from llm_ops.testing import LocalEndpoint
         >>> class Sentiment(BaseModel):
@@ -347,10 +349,10 @@ class Table:
         >>> hard = "Not sure [[sim:unsure_for=sim-small]]"  # sim-small is unsure of this one
         >>> pl.DataFrame({"text": ["Great fit", hard, "Too small"]}).write_parquet(tickets)
         >>> cache = Path(work.name, "cache.duckdb")
-        >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+        >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url, cache=cache) as c:
         ...     table = Table(c, tickets, out, prompt="Sentiment of: {text}",
-        ...                   model=["sim-small", "sim"], schema=Sentiment, output="sentiment",
-        ...                   escalate=confidence_below(0.5))
+        ...                   model=Cascade(["sim-small", "sim"], escalate=confidence_below(0.5)),
+        ...                   schema=Sentiment, output="sentiment")
         ...     report = table.run_cascade()  # what run() does with a cascade
         >>> {model: usage.rows for model, usage in report.models.items()}
         {'sim-small': 2, 'sim': 1}
@@ -376,16 +378,16 @@ class Table:
         >>> import tempfile
         >>> from pathlib import Path
         >>> import polars as pl
-        >>> from llm_ops import Client
+        >>> from llm_ops import Client, Sampling
         >>> from llm_ops.tables import Table
         >>> work = tempfile.TemporaryDirectory()
         >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
         >>> texts = ["Runs small", "Lovely fabric", None, "Runs small"]
         >>> pl.DataFrame({"text": texts}).write_parquet(reviews)
         >>> cache = Path(work.name, "cache.duckdb")
-        >>> with Client(base_url="http://127.0.0.1:9/v1", cache=cache) as client:  # not called
+        >>> with Client(endpoint="http://127.0.0.1:9/v1", cache=cache) as client:  # not called
         ...     table = Table(client, reviews, out, prompt="Summarize: {text}",
-        ...                   model="gpt-4o-mini", max_tokens=50)
+        ...                   model="gpt-4o-mini", sampling=Sampling(max_tokens=50))
         ...     plan = table.estimate()
         >>> plan.rows, plan.skipped_rows, plan.requests, plan.output_tokens_max, cache.exists()
         (4, 1, 2, 100, False)

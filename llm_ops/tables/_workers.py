@@ -34,11 +34,11 @@ class WorkerStore(Cache):
     >>> reviews, out = Path(work.name, "reviews.parquet"), Path(work.name, "out.parquet")
     >>> pl.DataFrame({"text": ["Runs small", "Lovely fabric"]}).write_parquet(reviews)
     >>> cache = Path(work.name, "cache.duckdb")
-    >>> with LocalEndpoint() as endpoint, Client(base_url=endpoint.base_url, cache=cache) as c:
+    >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url, cache=cache) as c:
     ...     table = Table(c, reviews, out, prompt="Summarize: {text}", model="sim")
     ...     chunk = table.plan().chunks[0]
     ...     store = WorkerStore(table.answers_dir, flush_every=32, flush_seconds=2.0)
-    ...     with Client(base_url=endpoint.base_url, cache=False) as worker:
+    ...     with Client(endpoint=endpoint.base_url, cache=False) as worker:
     ...         taken = send_chunk(worker, table.job, store, chunk)
     ...     journalled = len(list(table.answers_dir.glob("*.jsonl")))
     ...     hits_before = table.estimate().cache_hits

@@ -72,8 +72,9 @@ class LocalEndpoint:
     """
 
     name = "llm-ops-simulator"
-    """The simulator's ``endpoint_name``: its answers are cached under this name, not its URL,
-    so they hit again whatever port it runs on next time."""
+    """The simulator's name for cache keys (``Endpoint(url, name=...)``): its answers are
+    cached under this name, not its URL, so they hit again whatever port it runs on next
+    time."""
 
     def __init__(self, *, port: int = 0, **config: Any):
         self.config = SimulatorConfig(**config)
