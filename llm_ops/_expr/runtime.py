@@ -66,7 +66,7 @@ def client_for(client: Client | None, made: ClientOptions) -> Client:
     cache = cache_of(made.get("cache"))
     key = (
         tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
-        None if cache is None else (str(cache.path), cache.flush_every, cache.flush_seconds),
+        None if cache is None else (str(cache.path), _identity(vars(cache))),
         os.environ.get("OPENAI_BASE_URL"),
         os.environ.get("OPENAI_API_KEY"),
     )
