@@ -56,6 +56,7 @@ from llm_ops import (
     Options,
     RunReport,
     options_from_settings,
+    parse_duration,
 )
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
 
@@ -168,6 +169,11 @@ class EnrichConfig(BaseModel):
         None,
         description="DuckDB cache file; default: LLM_OPS_CACHE, then ~/.cache/llm-ops/cache.duckdb",
     )
+    max_age: str | None = Field(
+        None,
+        description="reuse cached answers at most this old: 1d, 6h, 30m, 45s or seconds; an "
+        "older one is sent again and the new answer kept beside it (default: any age)",
+    )
     concurrency: int | None = Field(
         None, ge=1, description="most requests in flight (default: found while the job runs)"
     )
@@ -227,6 +233,13 @@ class EnrichConfig(BaseModel):
         if url is None or re.search(BASE_URL_PATTERN, url):
             return url
         raise ValueError(_why_refused(url))
+
+    @field_validator("max_age")
+    @classmethod
+    def _a_duration(cls, age: str | None) -> str | None:
+        if age is not None:
+            parse_duration(age)  # a ConfigError is a ValueError: pydantic says which field
+        return age
 
     @field_validator("headers")
     @classmethod

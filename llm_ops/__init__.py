@@ -9,7 +9,7 @@ Every row of a result gets one of these statuses:
 
 from importlib import metadata as _metadata
 
-from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache
+from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache, parse_duration
 from ._client import Client
 from ._escalate import ConfidenceBelow, confidence_below
 from ._expr import ExprOptions, ExtractOptions, LlmNamespace, last_report
@@ -114,6 +114,7 @@ __all__ = [
     "llm_filter",
     "open_cache",
     "options_from_settings",
+    "parse_duration",
     "parse_pricing",
     "request_key",
 ]

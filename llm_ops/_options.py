@@ -265,6 +265,7 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "flush_every": ("cache", "flush_every"),
     "flush_seconds": ("cache", "flush_seconds"),
     "merge_wait": ("cache", "merge_wait"),
+    "max_age": ("cache", "max_age"),
     "max_attempts": ("retries", "max_attempts"),
     "timeout": ("retries", "timeout"),
     "max_retry_after": ("retries", "max_retry_after"),

@@ -71,6 +71,10 @@ class RunReport:
         Distinct requests after dedupe (rows with a null input are not requests).
     cache_hits
         Distinct requests answered from the cache.
+    refreshed_for_age
+        Of the distinct requests not answered from the cache, those it held an answer to
+        older than its ``max_age`` (see :class:`~llm_ops.Cache`): sent again, and the new
+        answer kept beside the old one.
     requests_sent
         HTTP requests made, retries included.
     retries
@@ -141,6 +145,7 @@ class RunReport:
     completion_tokens: int = 0
     cached_tokens: int = 0
     usage_unknown: int = 0
+    refreshed_for_age: int = 0
     wall_seconds: float = 0.0
     outcome: str = "completed"
     error: str | None = None
@@ -190,6 +195,11 @@ class RunReport:
             f"  rows               {self.rows:>10,}",
             f"  distinct requests  {self.distinct_requests:>10,}",
             f"  cache hits         {self.cache_hits:>10,}",
+            *(
+                [f"  refreshed for age  {self.refreshed_for_age:>10,}  (older than max_age)"]
+                if self.refreshed_for_age
+                else []
+            ),
             f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
             f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}"
             + (f"  ({self.cached_tokens:,} in cached)" if self.cached_tokens else ""),
@@ -273,6 +283,7 @@ def sum_reports(
         completion_tokens=sum(r.completion_tokens for r in reports),
         cached_tokens=sum(r.cached_tokens for r in reports),
         usage_unknown=sum(r.usage_unknown for r in reports),
+        refreshed_for_age=sum(r.refreshed_for_age for r in reports),
         wall_seconds=wall_seconds,
         outcome=stopped.outcome if stopped else "completed",
         error=stopped.error if stopped else None,
@@ -304,6 +315,7 @@ class RunFacts:
     cache_hits: int
     counters: Counters
     statuses: dict[str, int]
+    refreshed: int = 0
     stopped: BaseException | None = None
     budget_stop: str | None = None
     cache: Path | None = None
@@ -345,6 +357,7 @@ def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
         completion_tokens=counters.completion_tokens,
         cached_tokens=counters.cached_tokens,
         usage_unknown=counters.usage_unknown,
+        refreshed_for_age=facts.refreshed,
         wall_seconds=facts.wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,

@@ -8,7 +8,7 @@ Location: the ``cache=`` argument, else the ``LLM_OPS_CACHE`` environment variab
 
 from ._connection import CACHE_ENV, DUCKDB_CONFIG, default_cache_path, resolve_cache_path
 from ._migrations import LATEST_VERSION, MIGRATIONS, migrate
-from ._store import FLUSH_EVERY, MERGE_WAIT, Cache, cache_of, open_cache
+from ._store import FLUSH_EVERY, MERGE_WAIT, Cache, cache_of, open_cache, parse_duration
 from ._writes import Merged
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "default_cache_path",
     "migrate",
     "open_cache",
+    "parse_duration",
     "resolve_cache_path",
 ]

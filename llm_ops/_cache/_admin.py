@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..exceptions import CacheError, ConfigError
 from ._connection import DUCKDB_CONFIG, NEW_FILE, Place, attached, connect, sql_string
 from ._journal_sql import journal_files, journal_sql
-from ._migrations import COLUMNS
+from ._migrations import stored
 from ._writes import insert_new, merge_orphans
 
 
@@ -36,7 +36,7 @@ def snapshot(place: Place, target: str | os.PathLike[str]) -> Path:
         for table in ("llm_cache", "llm_embeddings"):  # answers still in the journal
             files = journal_files(place, table)
             if files:
-                names = list(COLUMNS[table])
+                names = stored(table)
                 rows = journal_sql(table, names, files)
                 con.execute(insert_new(table, names, rows, schema="snapshot."))
         con.execute("DETACH snapshot")

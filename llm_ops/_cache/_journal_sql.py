@@ -157,7 +157,14 @@ def journal_sql(table: str, columns: Sequence[str], files: Sequence[Path]) -> st
     """A query over the lines of the journal ``files`` of ``table`` that hold what it requires."""
     # ignore_errors: a line cut short by a crash (or being appended to right now) reads
     # as nulls, and is skipped with every line that lacks what its table requires
-    return f"SELECT {', '.join(columns)} FROM {_read_journal(table, files)} WHERE {_valid(table)}"
+    # a line written before answers carried their time came just now, as far as anyone knows
+    listed = ", ".join(
+        "coalesce(created_at, now()) AS created_at"
+        if name == "created_at" and name in COLUMNS[table]
+        else name
+        for name in columns
+    )
+    return f"SELECT {listed} FROM {_read_journal(table, files)} WHERE {_valid(table)}"
 
 
 def table_sql(

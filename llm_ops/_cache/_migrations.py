@@ -218,6 +218,34 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_runs ADD COLUMN concurrency_why VARCHAR
         """,
     ),
+    (
+        11,
+        "create llm_cache_history",
+        # llm_cache keeps one row per key, the answer jobs reuse, so every reader of it (a
+        # lookup, `llm-ops cache stats`, people's SQL) stays as it was; an answer a newer one
+        # to its key replaced (a refresh for age, see Cache.max_age) moves here, never deleted.
+        """
+        CREATE TABLE llm_cache_history (
+            key VARCHAR NOT NULL,
+            model VARCHAR NOT NULL,
+            endpoint VARCHAR NOT NULL,
+            request JSON NOT NULL,
+            status VARCHAR NOT NULL,
+            response_text VARCHAR,
+            response_json JSON,
+            finish_reason VARCHAR,
+            prompt_tokens INTEGER,
+            completion_tokens INTEGER,
+            latency_ms DOUBLE,
+            attempts INTEGER,
+            created_at TIMESTAMPTZ NOT NULL,  -- when the answer came
+            cached_tokens INTEGER,
+            replaced_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp  -- when it was replaced
+        );
+        -- of the requests a job sent, those to which the cache held an answer too old
+        ALTER TABLE llm_runs ADD COLUMN refreshed_for_age BIGINT
+        """,
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -268,6 +296,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "latency_ms": "DOUBLE",
         "attempts": "INTEGER",
         "cached_tokens": "INTEGER",
+        "created_at": "TIMESTAMPTZ",  # when the answer came; lines written before: merge time
+        "refresh": "BOOLEAN",  # sent by a job with a max_age: it replaces an older answer
     },
     "llm_embeddings": {
         "key": "VARCHAR",
@@ -326,6 +356,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "cached_tokens": "BIGINT",
         "concurrency": "INTEGER",
         "concurrency_why": "VARCHAR",
+        "refreshed_for_age": "BIGINT",
     },
 }
 # The columns a journal line must hold (NOT NULL in its table): a line without them is one a
@@ -358,6 +389,15 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 # through an insert of the keys it lacks (see llm_ops._cache._writes.insert_new), whether or
 # not an index also says so.
 KEYS: dict[str, str] = {table: "key" for table in COLUMNS} | {"llm_runs": "run_id"}
+# Columns of a table's journal lines that are not columns of the table: what a merge reads.
+JOURNAL_ONLY: dict[str, tuple[str, ...]] = {"llm_cache": ("refresh",)}
+
+
+def stored(table: str) -> list[str]:
+    """The columns of ``table``'s journal lines that a merge inserts."""
+    return [name for name in COLUMNS[table] if name not in JOURNAL_ONLY.get(table, ())]
+
+
 ANSWERS = ("llm_cache", "llm_embeddings")  # the tables whose journal rows are answers
 JSON_COLUMNS = {"llm_cache": ("request", "response_json"), "llm_embeddings": ("request",)}
 

@@ -8,6 +8,8 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -15,9 +17,9 @@ import pyarrow as pa
 
 from .._concurrency import AT_THE_CAP
 from ..exceptions import CacheError
-from ._connection import Place, attached, connect, reader
+from ._connection import Place, attached, connect, reader, sql_string
 from ._journal_sql import journal_files, journal_sql, table_sql
-from ._migrations import CACHE_SCHEMA, COLUMNS, EMBEDDING_SCHEMA
+from ._migrations import CACHE_SCHEMA, COLUMNS, EMBEDDING_SCHEMA, stored
 
 LIST_ATTEMPTS = 10
 """Lookups list the journal, then read it: a file merged (or, on a cluster, moved into the
@@ -39,9 +41,10 @@ BATCH_STATES = (
 )
 
 
-def lookup(place: Place, keys: pa.Table) -> pa.Table:
-    """Cached answers for the ``key`` column of ``keys`` (journal included), in one join."""
-    return _rows_for_keys(place, "llm_cache", CACHE_SCHEMA, keys)
+def lookup(place: Place, keys: pa.Table, *, since: datetime | None = None) -> pa.Table:
+    """Cached answers for the ``key`` column of ``keys`` (journal included), in one join: the
+    newest of each key, and none that came before ``since`` (older ones are misses)."""
+    return _rows_for_keys(place, "llm_cache", CACHE_SCHEMA, keys, since=since)
 
 
 def lookup_embeddings(place: Place, keys: pa.Table) -> pa.Table:
@@ -49,20 +52,37 @@ def lookup_embeddings(place: Place, keys: pa.Table) -> pa.Table:
     return _rows_for_keys(place, "llm_embeddings", EMBEDDING_SCHEMA, keys)
 
 
-def _rows_for_keys(place: Place, table: str, schema: pa.Schema, keys: pa.Table) -> pa.Table:
+def _rows_for_keys(
+    place: Place,
+    table: str,
+    schema: pa.Schema,
+    keys: pa.Table,
+    *,
+    since: datetime | None = None,
+) -> pa.Table:
     columns = list(schema.names)
+    dated = "created_at" in COLUMNS[table]
     for attempt in range(LIST_ATTEMPTS):
         files = journal_files(place, table)
         if not place.path.exists() and not files:
             return schema.empty_table()
-        query = table_sql(place, table, columns, files)
-        if files:
-            query = f"SELECT DISTINCT ON (key) * FROM ({query})"
+        if dated:
+            query = _answers_sql(place, table, [*columns, "created_at"], files)
+        else:
+            query = table_sql(place, table, columns, files)
+        query = f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
+        if since is not None:
+            query += " WHERE t.created_at >= $since"
+        if files:  # the file's answer to a key and the journal's
+            order = " ORDER BY key, rank, created_at DESC" if dated else ""
+            query = f"SELECT DISTINCT ON (key) * FROM ({query}){order}"
+        listed = ", ".join(columns)
         try:
             with reader(place) as con:
                 con.register("wanted_keys", keys)
                 found = con.sql(
-                    f"SELECT t.* FROM ({query}) t SEMI JOIN wanted_keys w ON t.key = w.key"
+                    f"SELECT {listed} FROM ({query})",
+                    params=None if since is None else {"since": since},
                 )
                 rows = found.to_arrow_table()
                 # cast only when needed: it imports pyarrow.compute (~60 ms, once)
@@ -170,33 +190,50 @@ def batch_keys(place: Place, job_id: str, part: int) -> list[str]:
 
 @contextmanager
 def answers_view(
-    place: Place, con: duckdb.DuckDBPyConnection, *, name: str, columns: Sequence[str]
+    place: Place,
+    con: duckdb.DuckDBPyConnection,
+    *,
+    name: str,
+    columns: Sequence[str],
+    since: datetime | None = None,
 ) -> Iterator[None]:
     """For the block, ``name`` on ``con`` is a view of the cached answers with ``columns`` of
-    ``llm_cache``, one row per key (the file's, else the journal's): for a join of a big
-    table of keys against them, inside DuckDB. The cache is attached read-only meanwhile."""
-    unknown = [column for column in columns if column not in COLUMNS["llm_cache"]]
+    ``llm_cache``, one row per key (see :func:`_answers_sql`), none that came before
+    ``since``: for a join of a big table of keys against them, inside DuckDB. The cache is
+    attached read-only meanwhile."""
+    unknown = [column for column in columns if column not in stored("llm_cache")]
     if unknown or not name.isidentifier():
         raise ValueError(
             f"a view of the answers needs a plain name and columns of llm_cache, not "
             f"{name!r} and {unknown}"
         )
     with attached(place, con, alias=f"{name}_file"):
-        con.execute(f"CREATE TEMP VIEW {name} AS {_answers_sql(place, f'{name}_file', columns)}")
+        files = journal_files(place, "llm_cache")
+        inner = list(dict.fromkeys([*columns, "created_at"]))
+        query = _answers_sql(place, f"{name}_file.llm_cache", inner, files)
+        where = "" if since is None else f" WHERE created_at >= {sql_string(since.isoformat())}"
+        order = " ORDER BY key, rank, created_at DESC" if files else ""
+        distinct = "DISTINCT ON (key) " if files else ""
+        con.execute(
+            f"CREATE TEMP VIEW {name} AS SELECT {distinct}{', '.join(columns)} "
+            f"FROM ({query}){where}{order}"
+        )
         try:
             yield
         finally:
             con.execute(f"DROP VIEW {name}")
 
 
-def _answers_sql(place: Place, alias: str, columns: Sequence[str]) -> str:
+def _answers_sql(place: Place, table: str, columns: Sequence[str], files: Sequence[Path]) -> str:
+    """The answers of the cache file's ``table`` and of the journal ``files``, with a
+    ``rank`` by which the one a key's readers take comes first: a refresh in the journal
+    (newer than the file's, which was too old for it), then the file's, then the journal's
+    others (the same answer, paid twice by a race), as merging them keeps."""
     listed = ", ".join(columns)
-    files = journal_files(place, "llm_cache")
+    file_rows = f"SELECT {listed}, 1 AS rank FROM {table}" if place.path.exists() else ""
     if not files:
-        return f"SELECT {listed} FROM {alias}.llm_cache"
-    return (
-        f"SELECT DISTINCT ON (key) {listed} FROM ("
-        f"SELECT {listed}, 0 AS journal FROM {alias}.llm_cache UNION ALL "
-        f"{journal_sql('llm_cache', [*columns, '1 AS journal'], files)}) "
-        "ORDER BY key, journal"
+        return file_rows
+    journal = journal_sql(
+        "llm_cache", [*columns, "CASE WHEN refresh THEN 0 ELSE 2 END AS rank"], files
     )
+    return f"{file_rows} UNION ALL {journal}" if file_rows else journal

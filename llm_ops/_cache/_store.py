@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from .._journal import JournalWriter
 from ..exceptions import CacheError, ConfigError
@@ -32,6 +35,43 @@ of a request's CPU at high concurrency; ``flush_seconds`` still bounds how stale
 def _seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
         raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration as the command line and the flow spell it: ``1d``, ``6h``, ``30m``, ``45s``
+    or a number of seconds.
+
+    >>> parse_duration("6h"), parse_duration("90")
+    (datetime.timedelta(seconds=21600), datetime.timedelta(seconds=90))
+    """
+    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", text.lower())
+    if found is None or float(found[1]) <= 0:
+        raise ConfigError(
+            f"a duration is a positive number with s, m, h or d (1d, 6h, 30m, 45s) or a "
+            f"number of seconds, got {text!r}"
+        )
+    return timedelta(seconds=float(found[1]) * _UNITS[found[2] or "s"])
+
+
+def max_age_of(value: object) -> timedelta | None:
+    """``max_age``: a positive :class:`~datetime.timedelta`, number of seconds or duration
+    (see :func:`parse_duration`), or ``None`` for answers of any age."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_duration(value)
+    if isinstance(value, timedelta):
+        if value <= timedelta(0):
+            raise ConfigError(f"max_age must be a positive duration, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(
+            f"max_age must be a timedelta or a positive number of seconds, got {value!r}"
+        )
+    return timedelta(seconds=value)
 
 
 class Cache:
@@ -63,6 +103,11 @@ class Cache:
         ``llm-ops cache merge`` or any later job.
     lock_timeout
         Seconds a read waits for another process holding the file.
+    max_age
+        How old a cached answer may be and still be reused (a :class:`~datetime.timedelta`,
+        seconds, or ``"6h"``, ``"1d"``; ``None``, the default: any age). An older one is a
+        miss: its request is sent again and the new answer becomes the one later jobs reuse,
+        while the old one moves to ``llm_cache_history``, never deleted by this setting.
 
     Examples
     --------
@@ -79,6 +124,7 @@ class Cache:
         flush_seconds: float = 2.0,
         lock_timeout: float = 30.0,
         merge_wait: float = MERGE_WAIT,
+        max_age: timedelta | float | str | None = None,
     ):
         if not isinstance(path, str | os.PathLike):
             raise ConfigError(f"a cache's path must be a file path, got {path!r}")
@@ -94,6 +140,7 @@ class Cache:
         self.flush_seconds = flush_seconds
         self.lock_timeout = lock_timeout
         self.merge_wait = merge_wait
+        self.max_age = max_age_of(max_age)
 
     def __repr__(self) -> str:
         return f"Cache({str(self.path)!r})"
@@ -108,9 +155,33 @@ class Cache:
     connect = _connection.connect
     attached = _connection.attached
 
-    lookup = _reads.lookup
+    def lookup(self, keys: pa.Table, *, any_age: bool = False) -> pa.Table:
+        """Cached answers for the ``key`` column of ``keys`` (journal included), the newest
+        of each key, none older than :attr:`max_age` unless ``any_age``."""
+        return _reads.lookup(self, keys, since=self._since(any_age))
+
     lookup_embeddings = _reads.lookup_embeddings
-    answers_view = _reads.answers_view
+
+    def answers_view(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        *,
+        name: str,
+        columns: Sequence[str],
+        any_age: bool = False,
+    ) -> contextlib.AbstractContextManager[None]:
+        """For the block, ``name`` on ``con`` is a view of the cached answers (see
+        :func:`._reads.answers_view`), none older than :attr:`max_age` unless ``any_age``."""
+        return _reads.answers_view(
+            self, con, name=name, columns=columns, since=self._since(any_age)
+        )
+
+    def _since(self, any_age: bool) -> datetime | None:
+        """The oldest answer reused: now less :attr:`max_age` (``None``: any)."""
+        if self.max_age is None or any_age:
+            return None
+        return datetime.now(UTC) - self.max_age
+
     similar_candidates = _reads.similar_candidates
     nearest = _nearest.nearest
     batch_parts = _reads.batch_parts

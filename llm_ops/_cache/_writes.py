@@ -4,7 +4,12 @@ into the file whenever the file is free.
 A lock can delay a merge, never lose an answer or stop a job: a job's end waits a while
 (``merge_wait``) for a reader to let go, and journal files left behind (by a crash, or by a
 reader that held the file past that) are merged on the next open or by ``llm-ops cache merge``.
-Merging is idempotent: a key already present keeps its first row.
+Merging is idempotent: a key already present keeps its row, unless the journal holds a newer
+refresh of it (an answer sent by a job with a ``max_age``, see :class:`~._store.Cache`,
+because the cached one was too old); that one replaces it in ``llm_cache``, and the row
+replaced moves to ``llm_cache_history``. So ``llm_cache`` keeps one row per key, the one jobs
+reuse, and every reader of it stays as it was. A journal file merged twice adds nothing: its
+answers are no newer than themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from .._journal import JournalWriter, finished, held
 from ..exceptions import CacheError, CacheLockedError
 from ._connection import Place, connect, fatal_error
 from ._journal_sql import check_lines, journal_sql
-from ._migrations import ANSWERS, COLUMNS, JSON_COLUMNS, KEYS
+from ._migrations import ANSWERS, COLUMNS, JSON_COLUMNS, KEYS, stored
 
 _log = logging.getLogger("llm_ops")
 
@@ -144,8 +149,8 @@ def _insert(
         present = [p for p in paths if p.exists()]
         if not present:
             continue
-        names = list(COLUMNS[table])
-        lines = journal_sql(table, names, present)
+        names = stored(table)
+        lines = journal_sql(table, list(COLUMNS[table]), present)
         if strict and JSON_COLUMNS.get(table):
             valid = " AND ".join(f"({c} IS NULL OR json_valid({c}))" for c in JSON_COLUMNS[table])
             skipped = con.execute(f"SELECT count(*) FROM ({lines}) WHERE NOT ({valid})")
@@ -159,10 +164,41 @@ def _insert(
                     " or ".join(JSON_COLUMNS[table]),
                 )
             lines = f"SELECT * FROM ({lines}) WHERE {valid}"
+        if table == "llm_cache":
+            lines = _replace_older(con, lines)
         inserted = con.execute(insert_new(table, names, lines)).fetchall()
         rows[table] = rows.get(table, 0) + int(inserted[0][0])
     con.execute("COMMIT")
     return rows
+
+
+def _replace_older(con: duckdb.DuckDBPyConnection, lines: str) -> str:
+    """Of the answers in ``lines``, the one to keep per key: a refresh (sent by a job with a
+    ``max_age``), the newest, else any. The answers of ``llm_cache`` a newer refresh
+    replaces move to ``llm_cache_history``, and so do the journal's own answers to a key a
+    refresh replaces. Returns the query of the answers to insert."""
+    listed = ", ".join(stored("llm_cache"))
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE merging AS SELECT *, "
+        "row_number() OVER (PARTITION BY key ORDER BY refresh IS TRUE DESC, created_at DESC) "
+        "AS rank, bool_or(refresh IS TRUE) OVER (PARTITION BY key) AS refreshed "
+        f"FROM ({lines})"
+    )
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE replaced AS SELECT old.key FROM llm_cache old "
+        "JOIN merging new ON old.key = new.key "
+        "WHERE new.rank = 1 AND new.refresh AND new.created_at > old.created_at"
+    )
+    con.execute(
+        f"INSERT INTO llm_cache_history ({listed}) SELECT {listed} FROM llm_cache "
+        "WHERE key IN (SELECT key FROM replaced)"
+    )
+    con.execute("DELETE FROM llm_cache WHERE key IN (SELECT key FROM replaced)")
+    con.execute(
+        f"INSERT INTO llm_cache_history ({listed}) SELECT {listed} FROM merging "
+        "WHERE rank > 1 AND refreshed"
+    )
+    return f"SELECT {listed} FROM merging WHERE rank = 1"
 
 
 def insert_new(table: str, names: Sequence[str], rows: str, *, schema: str = "") -> str:

@@ -88,6 +88,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass
         rows=frame.height,
         distinct=planned.distinct.height,
         cache_hits=hits.height,
+        refreshed=planned.refreshed,
         counters=done.counters,
         statuses=status_counts(columns, job.columns),
         stopped=done.stopped,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .._cache import Cache
@@ -34,10 +35,12 @@ class CacheSink:
         self.merge_at_close = merge_at_close
         self.merge_every = cache.flush_every
         self.merge_seconds = cache.flush_seconds
+        # under a max_age, what is sent is missing or too old: a refresh (see _cache._writes)
+        self.refresh = {"refresh": True} if cache.max_age is not None else {}
         self._merge: asyncio.Future[bool] | None = None
 
     def answer(self, row: Mapping[str, Any]) -> None:
-        self.writer.answer(row)
+        self.writer.answer({**row, **self.refresh})
         self._maybe_merge()
 
     def vector(self, row: Mapping[str, Any]) -> None:
@@ -127,6 +130,7 @@ class AnswerSink:
                 "cached_tokens": outcome.cached_tokens if outcome.usage_known else None,
                 "latency_ms": outcome.latency_ms,
                 "attempts": outcome.attempts,
+                "created_at": datetime.now(UTC),
             }
         )
 

@@ -51,6 +51,7 @@ class Plan(Keyed):
 
     hits: pl.DataFrame  # RESULTS of the cached answers
     misses: pl.DataFrame  # REQUESTS to answer
+    refreshed: int = 0  # of the misses, those cached but older than the cache's max_age
 
 
 def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
@@ -217,7 +218,16 @@ def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> P
         distinct=keyed.distinct,
         hits=hits,
         misses=misses,
+        refreshed=stale_answers(cache, misses),
     )
+
+
+def stale_answers(cache: Cache | None, misses: pl.DataFrame) -> int:
+    """Of ``misses``, those the cache holds an answer to, too old for its ``max_age``: sent
+    again like any miss (claimed, deduped, resumed), and counted apart in the report."""
+    if cache is None or cache.max_age is None or misses.is_empty():
+        return 0
+    return len(cache.lookup(misses.select("key").to_arrow(), any_age=True))
 
 
 _shared: tuple[int, duckdb.DuckDBPyConnection] | None = None

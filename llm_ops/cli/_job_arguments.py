@@ -10,8 +10,10 @@ options from them, as the flow does from its parameters.
 from __future__ import annotations
 
 import argparse
+from datetime import timedelta
 from typing import Any, Literal, get_args, get_origin
 
+from .._cache import parse_duration
 from .._options import setting_names, setting_type
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
@@ -56,6 +58,8 @@ def _flag(hint: object) -> dict[str, Any] | None:
     if get_origin(hint) is Literal:
         return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
+    if timedelta in kinds:  # max_age: 1d, 6h, 30m, 45s or seconds
+        return {"type": parse_duration}
     for kind in (int, float, str):
         if kind in kinds:
             return {"type": kind}

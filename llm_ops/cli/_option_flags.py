@@ -123,6 +123,11 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "merge them at least this often (default: 2)",
         "SECONDS",
     ),
+    "max_age": OptionFlag(
+        "reuse cached answers at most this old (1d, 6h, 30m, 45s or seconds); an older one is "
+        "sent again and the new answer kept beside it (default: any age)",
+        "AGE",
+    ),
     "merge_wait": OptionFlag(
         "at the end, how long to wait for a reader holding the cache file to let go of it "
         "(default: 30; 0: no wait); answers not merged stay in the journal, still cache hits, "

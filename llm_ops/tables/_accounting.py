@@ -95,6 +95,7 @@ def table_report(
         rows=plan.rows,
         distinct=plan.distinct,
         cache_hits=plan.cache_hits,
+        refreshed=plan.refreshed,
         statuses=statuses,
         counters=counters,
         stopped=None,

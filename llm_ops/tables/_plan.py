@@ -55,6 +55,9 @@ class TablePlan:
         Rows not sent: a column the prompt reads is null.
     chunks
         The chunk files of the requests to send, for :meth:`Table.run_chunk`.
+    refreshed
+        Of the requests to send, those the cache holds an answer to older than its
+        ``max_age`` (see :class:`~llm_ops.Cache`).
     misses
         Distinct requests to send: ``distinct - cache_hits``.
 
@@ -70,6 +73,7 @@ class TablePlan:
     cache_hits: int
     skipped: int = 0
     chunks: list[str] = field(default_factory=list)
+    refreshed: int = 0
 
     @property
     def misses(self) -> int:
@@ -132,12 +136,21 @@ def plan_table(
             pq.write_table(pa.Table.from_batches([chunk]), path)
             chunks.append(str(path))
         misses = int(con.execute("SELECT count(*) FROM misses").fetchall()[0][0])
+        refreshed = 0
+        if cache.max_age is not None and misses:
+            with cache.answers_view(con, name="stale", columns=["key"], any_age=True):
+                refreshed = int(
+                    con.execute(
+                        "SELECT count(*) FROM misses SEMI JOIN stale USING (key)"
+                    ).fetchall()[0][0]
+                )
     return TablePlan(
         rows=rows,
         distinct=int(distinct),
         cache_hits=int(distinct) - misses,
         skipped=rows - int(keyed_rows),
         chunks=chunks,
+        refreshed=refreshed,
     )
 
 

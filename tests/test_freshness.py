@@ -1,0 +1,123 @@
+"""Freshness (issue 39): ``Cache(path, max_age=...)`` reuses answers at most that old; an older
+one is sent again, and the new answer is kept beside it (over HTTP, a real cache file)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import duckdb
+import polars as pl
+import pytest
+from pydantic import ValidationError
+
+from flows.enrich import EnrichConfig
+from llm_ops import Cache, ConfigError, open_cache, options_from_settings, parse_duration
+from llm_ops.cli import main
+
+TEXTS = pl.DataFrame({"text": ["alpha", "beta"]})
+
+
+def _backdate(cache, days):
+    with duckdb.connect(str(cache)) as con:
+        con.execute(f"UPDATE llm_cache SET created_at = created_at - INTERVAL {days} DAY")
+
+
+@pytest.fixture
+def aged(complete, cache, endpoint):
+    """The texts answered two days ago, and the endpoint's counters zeroed since."""
+    TEXTS.pipe(complete, prompt="{text}")
+    _backdate(cache, 2)
+    endpoint.reset()
+    return Cache(cache, max_age=timedelta(days=1))
+
+
+def test_an_answer_younger_than_the_max_age_is_reused(complete, cache, endpoint):
+    TEXTS.pipe(complete, prompt="{text}")
+    endpoint.reset()
+    out = TEXTS.pipe(complete, prompt="{text}", cache=Cache(cache, max_age=3600))
+    assert out["completion_status"].to_list() == ["cached", "cached"]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_an_older_answer_is_sent_again_once(complete, aged, endpoint):
+    out = TEXTS.pipe(complete, prompt="{text}", cache=aged)
+    assert out["completion_status"].to_list() == ["ok", "ok"]
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_the_report_counts_the_answers_refreshed_for_age(complete, aged):
+    _, report = TEXTS.pipe(complete, prompt="{text}", cache=aged, return_report=True)
+    assert (report.cache_hits, report.refreshed_for_age, report.requests_sent) == (0, 2, 2)
+    assert "refreshed for age           2" in str(report)
+
+
+def test_the_cache_keeps_the_old_answer_as_history(complete, cache, aged):
+    TEXTS.pipe(complete, prompt="{text}", cache=aged)
+    with open_cache(cache) as con:
+        history = con.sql(
+            "SELECT key, created_at FROM llm_cache UNION ALL "
+            "SELECT key, created_at FROM llm_cache_history ORDER BY key, created_at"
+        ).fetchall()
+        assert con.sql("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
+    assert len(history) == 4 and history[0][0] == history[1][0]
+    assert history[1][1] - history[0][1] > timedelta(days=1)
+
+
+def test_a_later_job_without_max_age_reuses_the_newest(complete, cache, aged, endpoint):
+    TEXTS.pipe(complete, prompt="{text}", cache=aged)
+    endpoint.reset()
+    TEXTS.pipe(complete, prompt="{text}", cache=Cache(cache, max_age=timedelta(days=1)))
+    out = TEXTS.pipe(complete, prompt="{text}")
+    assert out["completion_status"].to_list() == ["cached", "cached"]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_job_without_max_age_reuses_an_old_answer(complete, aged, endpoint):
+    out = TEXTS.pipe(complete, prompt="{text}")
+    assert out["completion_status"].to_list() == ["cached", "cached"]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_refresh_merged_twice_adds_no_history(complete, cache, aged):
+    TEXTS.pipe(complete, prompt="{text}", cache=aged)
+    TEXTS.pipe(complete, prompt="{text}", cache=aged)  # fresh now: reused, nothing added
+    with open_cache(cache) as con:
+        assert con.sql("SELECT count(*) FROM llm_cache_history").fetchall() == [(2,)]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1d", 86400), ("6h", 21600), ("30m", 1800), ("45s", 45), ("90", 90)]
+)
+def test_a_duration_is_read_as_the_cli_and_the_flow_spell_it(text, seconds):
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("age", [0, -1, "soon", "1w", True, timedelta(0)])
+def test_a_max_age_that_is_no_positive_duration_is_refused(cache, age):
+    with pytest.raises(ConfigError, match=r"max_age|duration"):
+        Cache(cache, max_age=age)
+
+
+def test_the_cli_takes_max_age(cache, aged, endpoint, tmp_path, capsys):
+    TEXTS.write_parquet(tmp_path / "in.parquet")
+    job = [str(tmp_path / "in.parquet"), "--prompt", "{text}", "--model", "sim", "--cache"]
+    job += [str(cache), "--base-url", endpoint.base_url, "--output", str(tmp_path / "o.parquet")]
+    assert main(["run", *job, "--max-age", "1d", "--no-progress"]) == 0
+    assert endpoint.stats()["requests"] == 2
+    assert "refreshed for age" in capsys.readouterr().out
+
+
+def test_the_cli_refuses_a_max_age_it_cannot_read(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "in.parquet", "--prompt", "{text}", "--model", "sim", "--max-age", "1w"])
+    assert "--max-age" in capsys.readouterr().err
+
+
+def test_the_flow_passes_max_age_on_as_a_setting():
+    config = EnrichConfig(max_age="6h")
+    assert options_from_settings(config.settings())["cache"].max_age == timedelta(hours=6)
+
+
+def test_the_flow_refuses_a_max_age_it_cannot_read():
+    with pytest.raises(ValidationError, match="max_age"):
+        EnrichConfig(max_age="soon")
