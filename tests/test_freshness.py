@@ -3,6 +3,8 @@ one is sent again, and the new answer is kept beside it (over HTTP, a real cache
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import timedelta
 
 import duckdb
@@ -11,7 +13,15 @@ import pytest
 from pydantic import ValidationError
 
 from flows.enrich import EnrichConfig
-from llm_ops import Cache, ConfigError, open_cache, options_from_settings, parse_duration
+from llm_ops import (
+    Cache,
+    ConfigError,
+    SemanticCache,
+    estimate,
+    open_cache,
+    options_from_settings,
+    parse_duration,
+)
 from llm_ops.cli import main
 
 TEXTS = pl.DataFrame({"text": ["alpha", "beta"]})
@@ -121,3 +131,67 @@ def test_the_flow_passes_max_age_on_as_a_setting():
 def test_the_flow_refuses_a_max_age_it_cannot_read():
     with pytest.raises(ValidationError, match="max_age"):
         EnrichConfig(max_age="soon")
+
+
+def test_estimate_prices_the_answers_too_old_as_requests_to_send(aged, endpoint):
+    found = estimate(TEXTS, prompt="{text}", model="sim", endpoint=endpoint.base_url, cache=aged)
+    assert (found.cache_hits, found.requests, found.refreshed_for_age) == (0, 2, 2)
+    assert "refreshed for age" in str(found)
+
+
+REFRESH = """
+import os, sys, time
+import polars as pl
+from llm_ops import Cache, llm_complete
+base_url, cache, go = sys.argv[1:4]
+texts = pl.DataFrame({"text": [f"shared {i}" for i in range(300)]})
+while not os.path.exists(go):
+    time.sleep(0.005)
+out = texts.pipe(llm_complete, prompt="{text}", model="sim", endpoint=base_url, progress=False,
+                 cache=Cache(cache, max_age=3600), concurrency=16)
+print(sorted(set(out["completion_status"])))
+"""
+
+
+def test_two_jobs_refreshing_the_same_old_answers_pay_for_each_once(
+    complete, cache, endpoint, tmp_path
+):
+    pl.DataFrame({"text": [f"shared {i}" for i in range(300)]}).pipe(complete, prompt="{text}")
+    _backdate(cache, 2)
+    endpoint.reset()
+    endpoint.configure(latency=0.02, gather=17)  # no answer until both jobs have some in flight
+    (go := tmp_path / "go").touch()
+    command = [sys.executable, "-c", REFRESH, endpoint.base_url, str(cache), str(go)]
+    jobs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    assert all(
+        job.communicate(timeout=120)[0].strip() in {"['ok']", "['cached', 'ok']"} for job in jobs
+    )
+    assert endpoint.stats()["requests"] <= 300 + 2 * 16
+    assert endpoint.stats()["distinct_answered"] == 300
+
+
+def test_the_semantic_cache_reuses_no_similar_answer_older_than_the_max_age(
+    complete, cache, endpoint
+):
+    similar = SemanticCache("sim-embed", threshold=0.9)
+    pl.DataFrame({"text": ["the red dress is lovely"]}).pipe(
+        complete, prompt="{text}", semantic_cache=similar
+    )
+    _backdate(cache, 2)
+    near = pl.DataFrame({"text": ["The red dress is LOVELY!"]})
+    out = near.pipe(complete, prompt="{text}", semantic_cache=similar, cache=aged_cache(cache))
+    assert out["completion_status"].to_list() == ["ok"]
+
+
+def test_the_semantic_cache_reuses_a_similar_answer_younger_than_the_max_age(complete, cache):
+    similar = SemanticCache("sim-embed", threshold=0.9)
+    pl.DataFrame({"text": ["the red dress is lovely"]}).pipe(
+        complete, prompt="{text}", semantic_cache=similar
+    )
+    near = pl.DataFrame({"text": ["The red dress is LOVELY!"]})
+    out = near.pipe(complete, prompt="{text}", semantic_cache=similar, cache=aged_cache(cache))
+    assert out["completion_status"].to_list() == ["similar"]
+
+
+def aged_cache(cache):
+    return Cache(cache, max_age=timedelta(days=1))

@@ -3,6 +3,8 @@ over the cached embeddings, read a block at a time."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import numpy as np
 import polars as pl
 
@@ -11,8 +13,15 @@ from . import _reads
 from ._connection import Place
 
 
-def nearest(place: Place, queries: pl.DataFrame, *, embedding_model: str) -> pl.DataFrame:
-    """The most similar indexed answer of each query in its scope.
+def nearest(
+    place: Place,
+    queries: pl.DataFrame,
+    *,
+    embedding_model: str,
+    since: datetime | None = None,
+) -> pl.DataFrame:
+    """The most similar indexed answer of each query in its scope, of those that came from
+    ``since`` on (an older one is no answer to reuse: see ``Cache.max_age``).
 
     ``queries`` has ``key``, ``scope`` and ``embedding`` (a list of floats from
     ``embedding_model``); the result has ``key``, ``similar_to`` and ``similarity``, no
@@ -32,6 +41,7 @@ def nearest(place: Place, queries: pl.DataFrame, *, embedding_model: str) -> pl.
         embedding_model=embedding_model,
         dimensions=dimensions,
         batch_rows=CANDIDATE_BLOCK,
+        since=since,
     ):
         keys = np.asarray(batch.column("key").to_pylist(), dtype=object)
         scopes = np.asarray([codes[s] for s in batch.column("scope").to_pylist()])

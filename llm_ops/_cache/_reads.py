@@ -105,9 +105,11 @@ def similar_candidates(
     embedding_model: str,
     dimensions: int,
     batch_rows: int = 65_536,
+    since: datetime | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Cached ``ok`` answers in one of ``scopes`` with a vector from ``embedding_model``,
-    as batches of (key, scope, embedding), read a batch at a time."""
+    none that came before ``since``, as batches of (key, scope, embedding), read a batch at
+    a time."""
     if not place.path.exists() or not scopes:
         return
     with connect(place) as con:
@@ -117,8 +119,9 @@ def similar_candidates(
             "SEMI JOIN wanted_scopes w ON i.scope = w.scope "
             "JOIN llm_embeddings e ON e.key = i.embedding_key "
             "JOIN llm_cache c ON c.key = i.key "
-            "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions",
-            params={"model": embedding_model, "dimensions": dimensions},
+            "WHERE c.status = 'ok' AND e.model = $model AND e.dimensions = $dimensions "
+            "AND ($since IS NULL OR c.created_at >= $since)",
+            params={"model": embedding_model, "dimensions": dimensions, "since": since},
         ).to_arrow_reader(batch_rows)
         yield from batches
         con.unregister("wanted_scopes")

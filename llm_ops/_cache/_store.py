@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import polars as pl
 import pyarrow as pa
 
 from .._journal import JournalWriter
@@ -183,7 +184,14 @@ class Cache:
         return datetime.now(UTC) - self.max_age
 
     similar_candidates = _reads.similar_candidates
-    nearest = _nearest.nearest
+
+    def nearest(self, queries: pl.DataFrame, *, embedding_model: str) -> pl.DataFrame:
+        """The most similar cached answer of each query (see :func:`._nearest.nearest`),
+        none older than :attr:`max_age`."""
+        return _nearest.nearest(
+            self, queries, embedding_model=embedding_model, since=self._since(False)
+        )
+
     batch_parts = _reads.batch_parts
     learned_concurrency = _reads.learned_concurrency
     batch_keys = _reads.batch_keys

@@ -40,6 +40,7 @@ class Estimate:
     batch_cost_min: float | None = None
     batch_cost_max: float | None = None
     unpriced: tuple[str, ...] = ()  # the job's models without a price
+    refreshed_for_age: int = 0  # of the requests to send, those cached but older than max_age
 
     def __str__(self) -> str:
         output = (
@@ -59,6 +60,11 @@ class Estimate:
                 f"distinct requests    {self.distinct_requests:>12,}",
                 f"cache hits           {self.cache_hits:>12,}",
                 f"requests to send     {self.requests:>12,}{packing}",
+                *(
+                    [f"  refreshed for age  {self.refreshed_for_age:>12,}   (older than max_age)"]
+                    if self.refreshed_for_age
+                    else []
+                ),
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
                 f"output tokens (max)  {output:>12}",
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
@@ -79,6 +85,7 @@ def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estima
         keyed_rows=int(plan.distinct["rows"].sum()),
         distinct=plan.distinct.height,
         cache_hits=plan.hits.height,
+        refreshed=plan.refreshed,
     )
 
 
@@ -90,6 +97,7 @@ def price_plan(
     keyed_rows: int,
     distinct: int,
     cache_hits: int,
+    refreshed: int = 0,
 ) -> Estimate:
     """An :class:`Estimate` of sending the ``REQUESTS`` frames ``misses`` (a frame's, or a
     table's chunks), packed as the job packs them."""
@@ -118,6 +126,7 @@ def price_plan(
         output_tokens_max=output_max,
         cost_min=cost_min,
         cost_max=cost_max,
+        refreshed_for_age=refreshed,
         batch_cost_min=batch_min,
         batch_cost_max=batch_max,
         unpriced=tuple(

@@ -12,7 +12,7 @@ from .._cache import Cache
 from .._options import Job
 from .._outcome import Counters
 from .._pipeline.estimate import Estimate, price_plan
-from .._pipeline.plan import key_rows, lookup_answers
+from .._pipeline.plan import key_rows, lookup_answers, stale_answers
 from .._pipeline.savings import Tally, usage_report
 from .._report import RunFacts, RunReport
 from ._files import read_batches
@@ -44,6 +44,7 @@ def estimate_table(job: Job, cache: Cache, files: list[Path], *, rows_per_read: 
         keyed_rows=keyed,
         distinct=requests.height,
         cache_hits=hits.height,
+        refreshed=stale_answers(plan_cache, misses),
     )
 
 
