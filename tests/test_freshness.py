@@ -3,8 +3,10 @@ one is sent again, and the new answer is kept beside it (over HTTP, a real cache
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import duckdb
@@ -23,6 +25,7 @@ from llm_ops import (
     parse_duration,
 )
 from llm_ops.cli import main
+from llm_ops.sql import register
 
 TEXTS = pl.DataFrame({"text": ["alpha", "beta"]})
 
@@ -195,3 +198,36 @@ def test_the_semantic_cache_reuses_a_similar_answer_younger_than_the_max_age(com
 
 def aged_cache(cache):
     return Cache(cache, max_age=timedelta(days=1))
+
+
+KILLED_REFRESH = """
+import sys, polars as pl
+from llm_ops import Cache, llm_complete
+df = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(1200)]})
+df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1], progress=False,
+        cache=Cache(sys.argv[2], max_age=3600), concurrency=16)
+"""
+
+
+def test_a_killed_refresh_resumes_without_paying_twice(complete, cache, endpoint):
+    rows = pl.DataFrame({"text": [f"row {i} [[sim:latency=0.02]]" for i in range(1200)]})
+    rows.pipe(complete, prompt="{text}", concurrency=64)
+    _backdate(cache, 2)
+    endpoint.reset()
+    job = subprocess.Popen([sys.executable, "-c", KILLED_REFRESH, endpoint.base_url, str(cache)])
+    while endpoint.stats()["answered"] < 600 and job.poll() is None:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    answered = endpoint.stats()["answered"]
+    endpoint.reset()
+    out = rows.pipe(complete, prompt="{text}", cache=aged_cache(cache), concurrency=16)
+    assert set(out["completion_status"]) == {"ok", "cached"}  # the refreshes it kept
+    assert endpoint.stats()["requests"] - (1200 - answered) <= 16 + 64
+
+
+def test_sql_functions_refresh_answers_older_than_the_max_age(aged, endpoint):
+    con = duckdb.connect()
+    register(con, endpoint=endpoint.base_url, cache=aged, model="sim")
+    con.sql("SELECT llm_complete(text) FROM (VALUES ('alpha'), ('beta')) t(text)").fetchall()
+    assert endpoint.stats()["requests"] == 2
