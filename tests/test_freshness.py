@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import duckdb
 import polars as pl
@@ -25,6 +25,7 @@ from llm_ops import (
     parse_duration,
 )
 from llm_ops.cli import main
+from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 from llm_ops.sql import register
 
 TEXTS = pl.DataFrame({"text": ["alpha", "beta"]})
@@ -231,3 +232,29 @@ def test_sql_functions_refresh_answers_older_than_the_max_age(aged, endpoint):
     register(con, endpoint=endpoint.base_url, cache=aged, model="sim")
     con.sql("SELECT llm_complete(text) FROM (VALUES ('alpha'), ('beta')) t(text)").fetchall()
     assert endpoint.stats()["requests"] == 2
+
+
+def test_expressions_refresh_answers_older_than_the_max_age(aged, endpoint):
+    asked = pl.col("text").llm.complete("{}", model="sim", endpoint=endpoint.base_url, cache=aged)
+    TEXTS.select(asked)
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_expressions_without_max_age_reuse_the_old_answers(cache, aged, endpoint):
+    asked = pl.col("text").llm.complete("{}", model="sim", endpoint=endpoint.base_url, cache=cache)
+    TEXTS.select(asked)
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_snapshot_takes_a_refresh_still_in_the_journal(cache, aged, tmp_path):
+    with open_cache(cache) as con:
+        row = con.sql("SELECT * EXCLUDE (created_at) FROM llm_cache LIMIT 1").pl().to_dicts()[0]
+    writer = aged.writer()  # alive: what it journals waits there, unmerged
+    writer.answer({**row, "response_text": "new", "refresh": True, "created_at": datetime.now(UTC)})
+    writer.write()
+    aged.snapshot(tmp_path / "snap.duckdb")
+    writer.close(wait=None)
+    with duckdb.connect(str(tmp_path / "snap.duckdb"), read_only=True) as con:
+        now = con.execute("SELECT response_text FROM llm_cache WHERE key = ?", [row["key"]])
+        assert now.fetchall() == [("new",)]
+        assert con.sql("SELECT count(*) FROM llm_cache_history").fetchall() == [(1,)]

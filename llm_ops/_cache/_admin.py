@@ -14,8 +14,8 @@ import pyarrow as pa
 from ..exceptions import CacheError, ConfigError
 from ._connection import DUCKDB_CONFIG, NEW_FILE, Place, attached, connect, sql_string
 from ._journal_sql import journal_files, journal_sql
-from ._migrations import stored
-from ._writes import insert_new, merge_orphans
+from ._migrations import COLUMNS, stored
+from ._writes import insert_new, merge_orphans, replace_older
 
 
 def snapshot(place: Place, target: str | os.PathLike[str]) -> Path:
@@ -37,7 +37,9 @@ def snapshot(place: Place, target: str | os.PathLike[str]) -> Path:
             files = journal_files(place, table)
             if files:
                 names = stored(table)
-                rows = journal_sql(table, names, files)
+                rows = journal_sql(table, list(COLUMNS[table]), files)
+                if table == "llm_cache":  # a refresh still in the journal replaces as merging
+                    rows = replace_older(con, rows, schema="snapshot.")
                 con.execute(insert_new(table, names, rows, schema="snapshot."))
         con.execute("DETACH snapshot")
     return out

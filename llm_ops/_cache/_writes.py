@@ -165,18 +165,19 @@ def _insert(
                 )
             lines = f"SELECT * FROM ({lines}) WHERE {valid}"
         if table == "llm_cache":
-            lines = _replace_older(con, lines)
+            lines = replace_older(con, lines)
         inserted = con.execute(insert_new(table, names, lines)).fetchall()
         rows[table] = rows.get(table, 0) + int(inserted[0][0])
     con.execute("COMMIT")
     return rows
 
 
-def _replace_older(con: duckdb.DuckDBPyConnection, lines: str) -> str:
+def replace_older(con: duckdb.DuckDBPyConnection, lines: str, *, schema: str = "") -> str:
     """Of the answers in ``lines``, the one to keep per key: a refresh (sent by a job with a
     ``max_age``), the newest, else any. The answers of ``llm_cache`` a newer refresh
     replaces move to ``llm_cache_history``, and so do the journal's own answers to a key a
-    refresh replaces. Returns the query of the answers to insert."""
+    refresh replaces. Returns the query of the answers to insert. ``schema``: of an attached
+    database, say ``"snapshot."``."""
     listed = ", ".join(stored("llm_cache"))
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE merging AS SELECT *, "
@@ -185,17 +186,17 @@ def _replace_older(con: duckdb.DuckDBPyConnection, lines: str) -> str:
         f"FROM ({lines})"
     )
     con.execute(
-        "CREATE OR REPLACE TEMP TABLE replaced AS SELECT old.key FROM llm_cache old "
+        f"CREATE OR REPLACE TEMP TABLE replaced AS SELECT old.key FROM {schema}llm_cache old "
         "JOIN merging new ON old.key = new.key "
         "WHERE new.rank = 1 AND new.refresh AND new.created_at > old.created_at"
     )
     con.execute(
-        f"INSERT INTO llm_cache_history ({listed}) SELECT {listed} FROM llm_cache "
-        "WHERE key IN (SELECT key FROM replaced)"
+        f"INSERT INTO {schema}llm_cache_history ({listed}) SELECT {listed} "
+        f"FROM {schema}llm_cache WHERE key IN (SELECT key FROM replaced)"
     )
-    con.execute("DELETE FROM llm_cache WHERE key IN (SELECT key FROM replaced)")
+    con.execute(f"DELETE FROM {schema}llm_cache WHERE key IN (SELECT key FROM replaced)")
     con.execute(
-        f"INSERT INTO llm_cache_history ({listed}) SELECT {listed} FROM merging "
+        f"INSERT INTO {schema}llm_cache_history ({listed}) SELECT {listed} FROM merging "
         "WHERE rank > 1 AND refreshed"
     )
     return f"SELECT {listed} FROM merging WHERE rank = 1"
