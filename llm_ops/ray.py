@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,7 @@ def send_chunks(
         answers=str(store),
         flush_every=table.cache.flush_every,
         flush_seconds=table.cache.flush_seconds,
+        max_age=table.cache.max_age,
         quota=quota,
     )
     task = ray.remote(_send_chunk).options(num_cpus=1, max_retries=2)
@@ -259,6 +260,7 @@ class _Work:
     answers: str
     flush_every: int
     flush_seconds: float
+    max_age: timedelta | None
     quota: Any  # the Quota actor's handle
 
 
@@ -270,7 +272,10 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
     kills the worker."""
     client = Client(quota=_QuotaOfTheCluster(work.quota), **work.client_options)
     store = WorkerStore(
-        Path(work.answers), flush_every=work.flush_every, flush_seconds=work.flush_seconds
+        Path(work.answers),
+        flush_every=work.flush_every,
+        flush_seconds=work.flush_seconds,
+        max_age=work.max_age,
     )
     with client:
         return client.call_stopped_gently(lambda: send_chunk(client, work.job, store, chunk))

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from flows.enrich import EnrichConfig
 from llm_ops import (
     Cache,
+    Client,
     ConfigError,
     SemanticCache,
     estimate,
@@ -27,6 +28,7 @@ from llm_ops import (
 from llm_ops.cli import main
 from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 from llm_ops.sql import register
+from llm_ops.tables import Table, WorkerStore, send_chunk
 
 TEXTS = pl.DataFrame({"text": ["alpha", "beta"]})
 
@@ -258,3 +260,22 @@ def test_a_snapshot_takes_a_refresh_still_in_the_journal(cache, aged, tmp_path):
         now = con.execute("SELECT response_text FROM llm_cache WHERE key = ?", [row["key"]])
         assert now.fetchall() == [("new",)]
         assert con.sql("SELECT count(*) FROM llm_cache_history").fetchall() == [(1,)]
+
+
+def test_a_cluster_workers_refreshes_replace_the_old_answers_once_adopted(
+    aged, cache, endpoint, tmp_path
+):
+    TEXTS.write_parquet(tmp_path / "in.parquet")
+    with Client(endpoint=endpoint.base_url, cache=aged) as driver:
+        table = Table(
+            driver, tmp_path / "in.parquet", tmp_path / "o.parquet", prompt="{text}", model="sim"
+        )
+        chunk = table.plan().chunks[0]
+        store = WorkerStore(
+            table.answers_dir, flush_every=32, flush_seconds=2, max_age=aged.max_age
+        )
+        with Client(endpoint=endpoint.base_url, cache=False) as worker:
+            send_chunk(worker, table.job, store, chunk)
+        aged.adopt(table.answers_dir, wait=2.0)
+    with open_cache(cache) as con:
+        assert con.sql("SELECT count(*) FROM llm_cache_history").fetchall() == [(2,)]

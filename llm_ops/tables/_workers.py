@@ -4,6 +4,7 @@ wait in for the one process that writes the cache."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,21 @@ class WorkerStore(Cache):
     >>> work.cleanup()
     """
 
-    def __init__(self, directory: Path, *, flush_every: int, flush_seconds: float):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        flush_every: int,
+        flush_seconds: float,
+        max_age: timedelta | None = None,
+    ):
+        # max_age: the driver's cache's, so that a worker's answers to requests whose cached
+        # answer was too old are refreshes, which replace it when the driver merges them
         super().__init__(
-            directory / "never-opened.duckdb", flush_every=flush_every, flush_seconds=flush_seconds
+            directory / "never-opened.duckdb",
+            flush_every=flush_every,
+            flush_seconds=flush_seconds,
+            max_age=max_age,
         )
         self.journal = directory
 
