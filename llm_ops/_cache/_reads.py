@@ -1,6 +1,11 @@
 """Reading the cache for a job: answers and vectors by key, candidates for the semantic cache,
 provider batches, and the answers as a view for a join inside DuckDB. Every read takes what
-the journal holds too, so an answer is found as soon as it is journalled."""
+the journal holds too, so an answer is found as soon as it is journalled.
+
+Answers are read from ``llm_cache`` alone, one row per key: the answers a refresh for age
+replaced are in ``llm_cache_history`` (see :mod:`._writes`), so keeping history costs a
+lookup nothing. A cache's ``max_age`` reaches a read as ``since``: an answer that came before
+it is no answer."""
 
 from __future__ import annotations
 
