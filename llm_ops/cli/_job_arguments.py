@@ -56,6 +56,8 @@ def _flag(hint: object) -> dict[str, Any] | None:
     if get_origin(hint) is Literal:
         return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
+    if len(kinds) == 1 and get_origin(choice := next(iter(kinds))) is Literal:
+        return {"choices": list(get_args(choice))}  # an optional choice: reasoning_effort
     for kind in (int, float, str):
         if kind in kinds:
             return {"type": kind}
