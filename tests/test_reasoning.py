@@ -3,9 +3,22 @@
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Sampling, options_from_settings
+from llm_ops import ConfigError, Packing, Sampling, estimate, options_from_settings
+from llm_ops.testing import expected_reply
 
 DF = pl.DataFrame({"text": ["alpha", "beta"]})
+
+
+def _ask(complete, **options):
+    return DF.pipe(complete, prompt="{text}", model="sim-think", return_report=True, **options)
+
+
+def test_reasoning_effort_and_max_completion_tokens_are_sent(complete, endpoint):
+    sampling = Sampling(reasoning_effort="low", max_completion_tokens=3)
+    out, _ = _ask(complete, sampling=sampling)
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=3) for t in DF["text"]
+    ]
 
 
 def test_a_reasoning_effort_that_is_none_of_the_four_is_refused():
@@ -19,13 +32,54 @@ def test_max_completion_tokens_must_be_positive():
 
 
 def test_the_options_are_part_of_the_cache_key(complete):
-    DF.pipe(complete, prompt="{text}", sampling=Sampling(reasoning_effort="low"))
-    report = DF.pipe(
-        complete, prompt="{text}", sampling=Sampling(reasoning_effort="high"), return_report=True
-    )[1]
+    _ask(complete, sampling=Sampling(reasoning_effort="low"))
+    report = _ask(complete, sampling=Sampling(reasoning_effort="high"))[1]
     assert report.cache_hits == 0
 
 
 def test_the_flat_settings_make_a_sampling():
     options = options_from_settings({"reasoning_effort": "high", "max_completion_tokens": 9})
     assert options["sampling"] == Sampling(reasoning_effort="high", max_completion_tokens=9)
+
+
+def test_max_tokens_refused_is_resent_as_max_completion_tokens(complete):
+    out = _ask(complete, sampling=Sampling(max_tokens=2))[0]
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=2) for t in DF["text"]
+    ]
+    assert out["completion_status"].to_list() == ["truncated"] * 2
+
+
+def test_the_switch_is_remembered_for_the_rest_of_the_job(complete, endpoint):
+    _ask(complete, sampling=Sampling(max_tokens=3), concurrency=1)
+    assert endpoint.stats()["by_status"] == {"400": 1, "200": 2}
+
+
+def test_the_switch_leaves_the_cache_key_as_asked(complete):
+    _ask(complete, sampling=Sampling(max_tokens=3))
+    report = _ask(complete, sampling=Sampling(max_tokens=3))[1]
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+
+
+def test_other_models_are_still_sent_max_tokens(complete, endpoint):
+    out = DF.pipe(complete, prompt="{text}", sampling=Sampling(max_tokens=3))
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim", max_tokens=3) for t in DF["text"]
+    ]
+
+
+def test_the_thinking_is_never_mixed_into_the_answer(complete):
+    out = _ask(complete)[0]
+    assert out["completion"].to_list() == [expected_reply(t, model="sim-think") for t in DF["text"]]
+
+
+def test_an_estimate_is_bounded_by_max_completion_tokens(endpoint):
+    sampling = Sampling(max_completion_tokens=50)
+    plan = estimate(DF, prompt="{text}", model="sim-think", cache=False, sampling=sampling)
+    assert plan.output_tokens_max == 100
+
+
+def test_a_pack_refused_for_max_tokens_is_resent_too(complete):
+    packing = Packing(rows_per_request=2)
+    out = _ask(complete, sampling=Sampling(max_tokens=50), packing=packing)[0]
+    assert out["completion_status"].to_list() == ["ok", "ok"]

@@ -89,6 +89,19 @@ def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple
     return message, None
 
 
+def asks_for_max_completion_tokens(status: int, payload: bytes) -> bool:
+    """Whether an error answer refuses ``max_tokens`` for ``max_completion_tokens``, as
+    OpenAI's reasoning models do (HTTP 400, ``param: "max_tokens"``,
+    ``code: "unsupported_parameter"``)."""
+    if status != 400:
+        return False
+    error = error_body(payload)
+    said = f"{error.get('code')} {error.get('message')}"
+    return error.get("param") == "max_tokens" and (
+        "unsupported_parameter" in said or "max_completion_tokens" in said
+    )
+
+
 def redirection(status: int, headers: Mapping[str, str], base_url: str) -> tuple[str, str]:
     """A 3xx's message, and why the job stops: a redirect is never followed (it could carry
     the key to another host), and every request would be sent there too."""
