@@ -1,5 +1,6 @@
 """Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -66,6 +67,35 @@ def test_other_models_are_still_sent_max_tokens(complete, endpoint):
     assert out["completion"].to_list() == [
         expected_reply(t, model="sim", max_tokens=3) for t in DF["text"]
     ]
+
+
+def test_reasoning_tokens_are_summed_in_the_report(complete):
+    report = _ask(complete)[1]
+    assert report.reasoning_tokens == report.completion_tokens * 3 // 4 > 0
+
+
+def test_the_report_shows_the_share_of_output_that_was_thinking(complete):
+    assert "out reasoning, 75% of out" in str(_ask(complete)[1])
+
+
+def test_reasoning_tokens_are_kept_per_answer_in_the_cache(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_tokens, completion_tokens FROM llm_cache").fetchall()
+    assert [r * 4 == c * 3 for r, c in rows] == [True, True]
+
+
+def test_reasoning_tokens_are_recorded_in_llm_runs(complete, cache):
+    report = _ask(complete)[1]
+    with duckdb.connect(str(cache), read_only=True) as con:
+        runs = con.sql("SELECT reasoning_tokens FROM llm_runs").fetchall()
+    assert runs == [(report.reasoning_tokens,)]
+
+
+def test_a_model_that_does_not_reason_reports_none(complete):
+    report = DF.pipe(complete, prompt="{text}", return_report=True)[1]
+    assert report.reasoning_tokens == 0
+    assert "reasoning" not in str(report)
 
 
 def test_the_thinking_is_never_mixed_into_the_answer(complete):

@@ -218,6 +218,17 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_runs ADD COLUMN concurrency_why VARCHAR
         """,
     ),
+    (
+        11,
+        "add reasoning_tokens to llm_cache and llm_runs",
+        """
+        -- of completion_tokens, those a reasoning model spent thinking (usage.
+        -- completion_tokens_details.reasoning_tokens): billed as output, never seen;
+        -- NULL for answers and runs recorded before
+        ALTER TABLE llm_cache ADD COLUMN reasoning_tokens INTEGER;
+        ALTER TABLE llm_runs ADD COLUMN reasoning_tokens BIGINT
+        """,
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -268,6 +279,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "latency_ms": "DOUBLE",
         "attempts": "INTEGER",
         "cached_tokens": "INTEGER",
+        "reasoning_tokens": "INTEGER",
     },
     "llm_embeddings": {
         "key": "VARCHAR",
@@ -326,6 +338,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "cached_tokens": "BIGINT",
         "concurrency": "INTEGER",
         "concurrency_why": "VARCHAR",
+        "reasoning_tokens": "BIGINT",
     },
 }
 # The columns a journal line must hold (NOT NULL in its table): a line without them is one a
