@@ -1,10 +1,13 @@
 """Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
 
+import re
+
 import duckdb
 import polars as pl
 import pytest
 
 from llm_ops import ConfigError, Packing, Sampling, estimate, options_from_settings
+from llm_ops.cli import main
 from llm_ops.testing import expected_reply
 
 DF = pl.DataFrame({"text": ["alpha", "beta"]})
@@ -113,3 +116,11 @@ def test_a_pack_refused_for_max_tokens_is_resent_too(complete):
     packing = Packing(rows_per_request=2)
     out = _ask(complete, sampling=Sampling(max_tokens=50), packing=packing)[0]
     assert out["completion_status"].to_list() == ["ok", "ok"]
+
+
+def test_the_command_line_flags_reach_the_job(tmp_path, endpoint, cache, capsys):
+    DF.write_parquet(table := tmp_path / "rows.parquet")
+    flags = ["--max-completion-tokens", "50", "--reasoning-effort", "low"]
+    job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
+    assert main(["estimate", *job, "--base-url", endpoint.base_url, *flags]) == 0
+    assert re.search(r"output tokens \(max\) +100\n", capsys.readouterr().out)
