@@ -181,6 +181,12 @@ class EnrichConfig(BaseModel):
     tpm: float | None = Field(None, description="tokens per minute to stay under")
     max_tokens: int | None = Field(None, description="most tokens per answer")
     temperature: float | None = Field(None, description="sampling temperature")
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        None, description="how long a reasoning model thinks before it answers"
+    )
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="most tokens per answer, a reasoning model's thinking included"
+    )
     timeout: float | None = Field(None, gt=0, description="seconds per attempt (default: 60)")
     max_attempts: int | None = Field(None, ge=1, description="attempts per request (default: 5)")
     chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")

@@ -12,12 +12,13 @@ from types import TracebackType
 from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, overload
 
 import polars as pl
+import pyarrow as pa
 
 from ._cache import cache_of
 from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
-from ._frames import Frame, same_kind, schema_of, to_polars
+from ._frames import Frame, PolarsFrame, same_kind, schema_of, to_polars
 from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
     CallOptions,
@@ -145,25 +146,47 @@ class Client:
     @overload
     def complete(
         self,
-        df: Frame,
+        df: PolarsFrame,
         /,
         prompt: str,
         *,
         model: ModelOption,
         return_report: Literal[False] = ...,
         **options: Unpack[CallOptions],
-    ) -> Frame: ...
+    ) -> PolarsFrame: ...
     @overload
     def complete(
         self,
-        df: Frame,
+        df: PolarsFrame,
         /,
         prompt: str,
         *,
         model: ModelOption,
         return_report: Literal[True],
         **options: Unpack[CallOptions],
-    ) -> tuple[Frame, RunReport]: ...
+    ) -> tuple[PolarsFrame, RunReport]: ...
+    @overload
+    def complete(
+        self,
+        df: pa.Table,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[False] = ...,
+        **options: Unpack[CallOptions],
+    ) -> pa.Table: ...
+    @overload
+    def complete(
+        self,
+        df: pa.Table,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[True],
+        **options: Unpack[CallOptions],
+    ) -> tuple[pa.Table, RunReport]: ...
     def complete(
         self,
         df: Frame,
@@ -184,25 +207,47 @@ class Client:
     @overload
     async def complete_async(
         self,
-        df: Frame,
+        df: PolarsFrame,
         /,
         prompt: str,
         *,
         model: ModelOption,
         return_report: Literal[False] = ...,
         **options: Unpack[CallOptions],
-    ) -> Frame: ...
+    ) -> PolarsFrame: ...
     @overload
     async def complete_async(
         self,
-        df: Frame,
+        df: PolarsFrame,
         /,
         prompt: str,
         *,
         model: ModelOption,
         return_report: Literal[True],
         **options: Unpack[CallOptions],
-    ) -> tuple[Frame, RunReport]: ...
+    ) -> tuple[PolarsFrame, RunReport]: ...
+    @overload
+    async def complete_async(
+        self,
+        df: pa.Table,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[False] = ...,
+        **options: Unpack[CallOptions],
+    ) -> pa.Table: ...
+    @overload
+    async def complete_async(
+        self,
+        df: pa.Table,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[True],
+        **options: Unpack[CallOptions],
+    ) -> tuple[pa.Table, RunReport]: ...
     async def complete_async(
         self,
         df: Frame,

@@ -276,6 +276,8 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "top_p": ("sampling", "top_p"),
     "seed": ("sampling", "seed"),
     "stop": ("sampling", "stop"),
+    "reasoning_effort": ("sampling", "reasoning_effort"),
+    "max_completion_tokens": ("sampling", "max_completion_tokens"),
     "rows_per_request": ("packing", "rows_per_request"),
     "pack_tokens": ("packing", "pack_tokens"),
     "max_cost": ("budget", "max_cost"),
@@ -335,7 +337,7 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     --------
     >>> from llm_ops import options_from_settings
     >>> options_from_settings({"temperature": 0, "max_cost": 2.5, "output": "summary"})
-    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
+    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None, reasoning_effort=None, max_completion_tokens=None), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
     """  # noqa: E501
     given = {name: value for name, value in settings.items() if value is not None}
     options: dict[str, Any] = {k: v for k, v in given.items() if k not in SETTINGS}

@@ -107,6 +107,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache
+    reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's unseen thinking
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
@@ -129,6 +130,7 @@ class Counters:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
+    reasoning_tokens: int = 0  # of completion_tokens, billed but never seen (thinking)
     usage_unknown: int = 0  # answers whose usage could not be right: their tokens are not here
     # the embedding requests the semantic cache made for this job, and their tokens
     embedding_requests: int = 0

@@ -107,6 +107,7 @@ PRICES: dict[str, Price] = {
     "sim": Price(),
     "sim-small": Price(),
     "sim-embed": Price(),
+    "sim-think": Price(),
 }
 
 PricingOption = Price | Mapping[str, Price] | Literal["free"] | None

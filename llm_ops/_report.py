@@ -87,6 +87,11 @@ class RunReport:
         Of ``prompt_tokens``, those the server read from its own prefix cache (``usage.
         prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it), billed at the
         price's ``cached_input_per_million``; answers from llm-ops' cache add none.
+    reasoning_tokens
+        Of ``completion_tokens``, those a reasoning model spent thinking (``usage.
+        completion_tokens_details.reasoning_tokens``, as OpenAI's o-series and gpt-5 report
+        it): billed as output, though no answer shows them. The text gives their share of
+        the output tokens.
     usage_unknown
         Answers whose ``usage`` could not be right (a negative or absurd token count): their
         text is kept, their tokens are unknown (NULL in the cache) and left out of the tokens
@@ -144,6 +149,7 @@ class RunReport:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     usage_unknown: int = 0
     refreshed_for_age: int = 0
     wall_seconds: float = 0.0
@@ -183,6 +189,14 @@ class RunReport:
         unpriced = [model for model, usage in self.models.items() if usage.cost is None]
         return price_hint(unpriced) if self.cost is None and unpriced else None
 
+    def _token_notes(self) -> str:
+        """What of the tokens in and out was cached or thinking, when some was."""
+        notes = [f"{self.cached_tokens:,} in cached"] if self.cached_tokens else []
+        if self.reasoning_tokens:
+            share = self.reasoning_tokens / max(1, self.completion_tokens)
+            notes.append(f"{self.reasoning_tokens:,} out reasoning, {share:.0%} of out")
+        return f"  ({'; '.join(notes)})" if notes else ""
+
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
         return asdict(self)
@@ -202,7 +216,7 @@ class RunReport:
             ),
             f"  requests sent      {self.requests_sent:>10,}  ({self.retries:,} retries)",
             f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}"
-            + (f"  ({self.cached_tokens:,} in cached)" if self.cached_tokens else ""),
+            + self._token_notes(),
             f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
             f"  wall time          {self.wall_seconds:>10.2f} s",
             *(
@@ -282,6 +296,7 @@ def sum_reports(
         prompt_tokens=sum(r.prompt_tokens for r in reports),
         completion_tokens=sum(r.completion_tokens for r in reports),
         cached_tokens=sum(r.cached_tokens for r in reports),
+        reasoning_tokens=sum(r.reasoning_tokens for r in reports),
         usage_unknown=sum(r.usage_unknown for r in reports),
         refreshed_for_age=sum(r.refreshed_for_age for r in reports),
         wall_seconds=wall_seconds,
@@ -356,6 +371,7 @@ def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
         prompt_tokens=counters.prompt_tokens,
         completion_tokens=counters.completion_tokens,
         cached_tokens=counters.cached_tokens,
+        reasoning_tokens=counters.reasoning_tokens,
         usage_unknown=counters.usage_unknown,
         refreshed_for_age=facts.refreshed,
         wall_seconds=facts.wall_seconds,

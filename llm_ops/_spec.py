@@ -26,7 +26,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
@@ -52,6 +52,7 @@ MAX_SECONDS = 24 * 3600.0
 MAX_RESPONSE_BYTES = 2**31  # what one answer's body may be allowed to hold, at the most
 # An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 NO_KEY = "no-key-needed"  # what a loopback endpoint without a key is sent
 
 
@@ -538,12 +539,17 @@ class Sampling:
     ``max_tokens``: the most tokens per answer. ``temperature`` (0 to 2) and ``top_p``
     (0 to 1): the sampling's randomness. ``seed``: asks for reproducible sampling where the
     server offers it. ``stop``: a text, or texts, at which the answer stops.
+    ``reasoning_effort`` (``"minimal"``, ``"low"``, ``"medium"`` or ``"high"``): how long a
+    reasoning model (OpenAI's o-series, gpt-5) thinks before it answers.
+    ``max_completion_tokens``: the most tokens per answer, thinking included, as reasoning
+    models take it; a request with ``max_tokens`` that such a model refuses is resent with
+    ``max_completion_tokens`` instead, under the same cache key.
 
     Examples
     --------
     >>> from llm_ops import Sampling
-    >>> Sampling(temperature=0, max_tokens=200)
-    Sampling(max_tokens=200, temperature=0, top_p=None, seed=None, stop=None)
+    >>> Sampling(temperature=0, max_tokens=200)  # doctest: +ELLIPSIS
+    Sampling(max_tokens=200, temperature=0, top_p=None, seed=None, stop=None, ...)
     """
 
     max_tokens: int | None = None
@@ -551,10 +557,20 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
     stop: str | Sequence[str] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    max_completion_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
             positive_int("max_tokens", self.max_tokens)
+        if self.max_completion_tokens is not None:
+            positive_int("max_completion_tokens", self.max_completion_tokens)
+        effort = self.reasoning_effort
+        if effort is not None and effort not in get_args(ReasoningEffort):
+            raise ConfigError(
+                "reasoning_effort must be one of "
+                f"{', '.join(map(repr, get_args(ReasoningEffort)))}, got {effort!r}"
+            )
         for name, value, high in (
             ("temperature", self.temperature, 2.0),
             ("top_p", self.top_p, 1.0),

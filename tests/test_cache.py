@@ -37,7 +37,8 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (8, "add cached_tokens to llm_cache and llm_runs"),
         (9, "no primary key index on the tables that grow with the answers"),
         (10, "add concurrency to llm_runs"),
-        (11, "create llm_cache_history"),
+        (11, "add reasoning_tokens to llm_cache and llm_runs"),
+        (12, "create llm_cache_history"),
     ]
 
 
@@ -58,13 +59,15 @@ def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, ca
     shutil.copy(cache, old)
     with duckdb.connect(str(old)) as con:  # back to version 8: llm_cache with its index
         con.execute("ALTER TABLE llm_cache RENAME TO answers")
+        con.execute("ALTER TABLE answers DROP COLUMN reasoning_tokens")  # of version 11
         con.execute(MIGRATIONS[0][2])
         con.execute("ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER")
         con.execute("INSERT INTO llm_cache SELECT * FROM answers")
         con.execute("DROP TABLE answers")
         con.execute("ALTER TABLE llm_runs DROP COLUMN concurrency")  # and of version 10
         con.execute("ALTER TABLE llm_runs DROP COLUMN concurrency_why")
-        con.execute("DROP TABLE llm_cache_history")  # and of version 11
+        con.execute("ALTER TABLE llm_runs DROP COLUMN reasoning_tokens")  # and of version 11
+        con.execute("DROP TABLE llm_cache_history")  # and of version 12
         con.execute("ALTER TABLE llm_runs DROP COLUMN refreshed_for_age")
         con.execute("DELETE FROM llm_ops_migrations WHERE version >= 9")
     report = DF.pipe(complete, prompt="{text}", cache=old, return_report=True)[1]

@@ -31,8 +31,20 @@ CALLS = {
     "llm_filter": 'llm_filter({frame}, "Late? {{text}}", model="m"{more})',
     "llm_classify": 'llm_classify({frame}, "text", ["a", "b"], model="m"{more})',
     "llm_extract": 'llm_extract({frame}, "text", {{"type": "object"}}, model="m"{more})',
+    "Client.complete": 'client.complete({frame}, prompt="{{text}}", model="m"{more})',
+    "Client.complete_async": (
+        'await client.complete_async({frame}, prompt="{{text}}", model="m"{more})'
+    ),
 }
-REPORTED = ["llm_complete", "llm_complete_async", "llm_filter", "llm_classify", "llm_extract"]
+REPORTED = [
+    "llm_complete",
+    "llm_complete_async",
+    "llm_filter",
+    "llm_classify",
+    "llm_extract",
+    "Client.complete",
+    "Client.complete_async",
+]
 FRAMES = {"frame": DATAFRAME, "lazy": LAZYFRAME, "table": TABLE}
 
 HEADER = """\
@@ -40,6 +52,7 @@ import polars as pl
 import pyarrow as pa
 
 from llm_ops import (
+    Client,
     llm_classify,
     llm_complete,
     llm_complete_async,
@@ -51,6 +64,7 @@ from llm_ops import (
 frame = pl.DataFrame({"text": ["a"]})
 lazy = frame.lazy()
 table = pa.table({"text": ["a"]})
+client = Client(endpoint="http://127.0.0.1:9/v1", cache=False)
 
 
 async def main() -> None:

@@ -220,6 +220,17 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         11,
+        "add reasoning_tokens to llm_cache and llm_runs",
+        """
+        -- of completion_tokens, those a reasoning model spent thinking (usage.
+        -- completion_tokens_details.reasoning_tokens): billed as output, never seen;
+        -- NULL for answers and runs recorded before
+        ALTER TABLE llm_cache ADD COLUMN reasoning_tokens INTEGER;
+        ALTER TABLE llm_runs ADD COLUMN reasoning_tokens BIGINT
+        """,
+    ),
+    (
+        12,
         "create llm_cache_history",
         # llm_cache keeps one row per key, the answer jobs reuse, so every reader of it (a
         # lookup, `llm-ops cache stats`, people's SQL) stays as it was; an answer a newer one
@@ -240,6 +251,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             attempts INTEGER,
             created_at TIMESTAMPTZ NOT NULL,  -- when the answer came
             cached_tokens INTEGER,
+            reasoning_tokens INTEGER,
             replaced_at TIMESTAMPTZ NOT NULL DEFAULT current_timestamp  -- when it was replaced
         );
         -- of the requests a job sent, those to which the cache held an answer too old
@@ -296,6 +308,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "latency_ms": "DOUBLE",
         "attempts": "INTEGER",
         "cached_tokens": "INTEGER",
+        "reasoning_tokens": "INTEGER",
         "created_at": "TIMESTAMPTZ",  # when the answer came; lines written before: merge time
         "refresh": "BOOLEAN",  # sent by a job with a max_age: it replaces an older answer
     },
@@ -356,6 +369,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "cached_tokens": "BIGINT",
         "concurrency": "INTEGER",
         "concurrency_why": "VARCHAR",
+        "reasoning_tokens": "BIGINT",
         "refreshed_for_age": "BIGINT",
     },
 }

@@ -89,6 +89,19 @@ def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple
     return message, None
 
 
+def asks_for_max_completion_tokens(status: int, payload: bytes) -> bool:
+    """Whether an error answer refuses ``max_tokens`` for ``max_completion_tokens``, as
+    OpenAI's reasoning models do (HTTP 400, ``param: "max_tokens"``,
+    ``code: "unsupported_parameter"``)."""
+    if status != 400:
+        return False
+    error = error_body(payload)
+    said = f"{error.get('code')} {error.get('message')}"
+    return error.get("param") == "max_tokens" and (
+        "unsupported_parameter" in said or "max_completion_tokens" in said
+    )
+
+
 def redirection(status: int, headers: Mapping[str, str], base_url: str) -> tuple[str, str]:
     """A 3xx's message, and why the job stops: a redirect is never followed (it could carry
     the key to another host), and every request would be sent there too."""
@@ -162,7 +175,7 @@ class Reader:
         """The outcome of an answer; :class:`Retryable` or :class:`Final` when it is none."""
         raise NotImplementedError
 
-    def count(self, usage: object) -> tuple[int, int, int] | None:
+    def count(self, usage: object) -> tuple[int, int, int, int] | None:
         """Count an answer (billed, whatever becomes of it) and its tokens, when they can be
         right; tokens that cannot (negative, absurd) are counted as unknown instead."""
         tokens = read_usage(usage)
@@ -173,6 +186,7 @@ class Reader:
         self.counters.prompt_tokens += tokens[0]
         self.counters.completion_tokens += tokens[1]
         self.counters.cached_tokens += tokens[2]
+        self.counters.reasoning_tokens += tokens[3]
         return tokens
 
 
@@ -200,7 +214,7 @@ class CompletionReader(Reader):
             ) from exc
         usage = self.count(body.get("usage"))
         self._check(body, text, finish_reason)
-        prompt_tokens, completion_tokens, cached_tokens = usage or (0, 0, 0)
+        prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens = usage or (0, 0, 0, 0)
         truncated = finish_reason == "length"
         outcome = Outcome(
             key=request.key,
@@ -211,6 +225,7 @@ class CompletionReader(Reader):
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
+            reasoning_tokens=reasoning_tokens,
             usage_known=usage is not None,
         )
         if truncated:
@@ -261,6 +276,7 @@ def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Ou
                 prompt_tokens=outcome.prompt_tokens // share,
                 completion_tokens=outcome.completion_tokens // share,
                 cached_tokens=outcome.cached_tokens // share,
+                reasoning_tokens=outcome.reasoning_tokens // share,
                 usage_known=outcome.usage_known,
             ),
         )
@@ -333,31 +349,36 @@ def _finite_vectors(vectors: list[Any]) -> bool:
 # -- usage and bodies ---------------------------------------------------------------------------
 
 
-def read_usage(usage: object) -> tuple[int, int, int] | None:
-    """(prompt, completion, cached) tokens of an answer's ``usage``, or ``None`` when they
-    cannot be right. No usage is none billed; cached tokens that make no sense are none."""
+def read_usage(usage: object) -> tuple[int, int, int, int] | None:
+    """(prompt, completion, cached, reasoning) tokens of an answer's ``usage``, or ``None``
+    when they cannot be right. No usage is none billed; cached tokens (of the prompt's) and
+    reasoning tokens (``completion_tokens_details.reasoning_tokens``, of the completion's)
+    that make no sense are none."""
     if usage is None:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens", 0) if type(details) is dict else 0
+    thought = usage.get("completion_tokens_details")
+    reasoning = thought.get("reasoning_tokens", 0) if type(thought) is dict else 0
     if (  # the common shape, checked without a call per count
         type(prompt) is int
         and type(completion) is int
         and type(cached) is int
+        and type(reasoning) is int
         and 0 <= cached <= prompt <= MAX_TOKENS_BELIEVED
-        and 0 <= completion <= MAX_TOKENS_BELIEVED
+        and 0 <= reasoning <= completion <= MAX_TOKENS_BELIEVED
     ):
-        return prompt, completion, cached
+        return prompt, completion, cached, reasoning
     prompt = token_count(usage.get("prompt_tokens"))
     completion = token_count(usage.get("completion_tokens"))
     if prompt is None or completion is None:
         return None
-    details = usage.get("prompt_tokens_details")
     cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    return prompt, completion, min(prompt, cached or 0)
+    reasoning = token_count(thought.get("reasoning_tokens")) if isinstance(thought, dict) else 0
+    return prompt, completion, min(prompt, cached or 0), min(completion, reasoning or 0)
 
 
 def token_count(value: object) -> int | None:

@@ -33,6 +33,7 @@ from .answers import (
     Final,
     Reader,
     Retryable,
+    asks_for_max_completion_tokens,
     duration,
     redirection,
     refusal,
@@ -55,6 +56,7 @@ OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
 MALFORMED_RETRIES = 1  # a malformed answer is sent again once (see answers.Retryable)
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
+ANSWER_LIMITS = ("max_tokens", "max_completion_tokens")  # the most tokens of an answer
 EMBEDDING_BYTES_PER_INPUT = 128 * 1024  # room for one vector of up to ~6,000 floats as JSON
 REPAIR_PROMPT = (
     "That answer did not match the required JSON schema ({}). Reply again with "
@@ -98,7 +100,11 @@ class Dispatcher:
         self._drawn = False  # every request was drawn
         self._work: Iterator[Request] = iter(())
         self._on_outcome: OnOutcome = _nothing
-        self._completion_budget = int(self.params.get("max_tokens") or DEFAULT_COMPLETION_TOKENS)
+        self._completion_budget = int(
+            self.params.get("max_tokens")
+            or self.params.get("max_completion_tokens")
+            or DEFAULT_COMPLETION_TOKENS
+        )
         self.url = engine.url(self.path)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
@@ -365,19 +371,24 @@ class Dispatcher:
     def expected_tokens(self, request: Request, estimate: int) -> tuple[int, int]:
         """(input, output) tokens a request is projected to cost, for budgets."""
         answers = len(request.members) if isinstance(request, Pack) else 1
-        if "max_tokens" in self.params or not self.counters.answered:
+        if any(name in self.params for name in ANSWER_LIMITS) or not self.counters.answered:
             output = self._completion_budget * answers
         else:  # what answers have cost so far
             output = answers * self.counters.completion_tokens // self.counters.answered
         return max(0, estimate - self._completion_budget * answers), output
 
     def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """The JSON body of ``request``, asking with ``messages``."""
+        """The JSON body of ``request``, asking with ``messages``; ``max_tokens`` is sent as
+        ``max_completion_tokens`` to a model that refused it (unless that is set too)."""
         body = {"model": self.model, "messages": messages, **self.params}
         if isinstance(request, Pack):
             body["response_format"] = PACK_FORMAT
-            if "max_tokens" in body:  # room for every member's answer, plus the JSON around it
-                body["max_tokens"] = body["max_tokens"] * len(request.members) + 16
+            for name in ANSWER_LIMITS:  # room for every member's answer, and the JSON around
+                if name in body:
+                    body[name] = body[name] * len(request.members) + 16
+        if self.model in self.engine.max_completion_tokens_models and "max_tokens" in body:
+            body.setdefault("max_completion_tokens", body["max_tokens"])
+            del body["max_tokens"]
         return body
 
     def max_bytes(self, request: Request) -> int:
@@ -427,6 +438,10 @@ class Dispatcher:
         elif answer.status not in RETRYABLE_STATUS:
             engine.connected.set()  # reachable, and the credentials are accepted
         engine.limiter.observe(answer.headers)
+        if asks_for_max_completion_tokens(answer.status, answer.body):
+            resent = self._with_max_completion_tokens(body)
+            if resent is not None:  # not an attempt of its own: the request was not refused
+                return await self._send(request, resent, estimate)
         if answer.status >= 300:
             raise self._refused(answer)
         outcome = self.reader.read(request, answer.body)
@@ -436,6 +451,19 @@ class Dispatcher:
         used = outcome.prompt_tokens + outcome.completion_tokens
         engine.limiter.settle(estimate, used if outcome.usage_known else estimate)
         return outcome
+
+    def _with_max_completion_tokens(self, body: bytes) -> bytes | None:
+        """``body`` with ``max_tokens`` as ``max_completion_tokens``, and the model noted so
+        that every later body is sent so (see :meth:`body`); ``None`` when ``body`` had no
+        ``max_tokens``, so that a model refusing both is not asked forever. The request's
+        key is unchanged: it is the request as it was asked for."""
+        sent = orjson.loads(body)
+        if "max_tokens" not in sent:
+            return None
+        self.engine.max_completion_tokens_models.add(self.model)
+        sent.setdefault("max_completion_tokens", sent["max_tokens"])
+        del sent["max_tokens"]
+        return orjson.dumps(sent)
 
     def _no_answer(self, exc: TransportError) -> Retryable | Final:
         """An attempt that got no answer is retried, but for a body too large to read; a

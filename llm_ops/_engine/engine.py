@@ -83,6 +83,9 @@ class Engine:
         self.refusal_seconds: float | None = None
         self.connect_failures = 0  # attempts in a row that could not connect
         self.long_waits = 0  # answers in a row that asked for a wait over max_retry_after
+        # Models that refused max_tokens for max_completion_tokens (OpenAI's reasoning models):
+        # asked with the latter from then on, rather than refused row after row.
+        self.max_completion_tokens_models: set[str] = set()
         self._announced_until = 0.0  # the end of the last pause logged
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()

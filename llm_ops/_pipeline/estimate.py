@@ -109,7 +109,8 @@ def price_plan(
             chars += sum(len(m["content"]) for m in request.messages)
             messages += len(request.messages)
     input_tokens = approx_tokens(chars, messages)
-    max_tokens = job.spec.params.get("max_tokens")
+    # a reasoning model's thinking counts against max_completion_tokens, not max_tokens
+    max_tokens = job.spec.params.get("max_completion_tokens") or job.spec.params.get("max_tokens")
     output_max = None if max_tokens is None else max_tokens * singles
     live = [job.spending.price(model) for model in job.models]
     batch = [None if price is None else price.for_batch() for price in live]

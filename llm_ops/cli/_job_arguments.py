@@ -60,6 +60,8 @@ def _flag(hint: object) -> dict[str, Any] | None:
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
     if timedelta in kinds:  # max_age: 1d, 6h, 30m, 45s or seconds
         return {"type": parse_duration}
+    if len(kinds) == 1 and get_origin(choice := next(iter(kinds))) is Literal:
+        return {"choices": list(get_args(choice))}  # an optional choice: reasoning_effort
     for kind in (int, float, str):
         if kind in kinds:
             return {"type": kind}

@@ -40,6 +40,13 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
     "stop": OptionFlag(
         "a text that ends the answer; again for another; part of the cache key", "TEXT"
     ),
+    "reasoning_effort": OptionFlag(
+        "how long a reasoning model thinks before it answers; part of the cache key"
+    ),
+    "max_completion_tokens": OptionFlag(
+        "most tokens per answer, a reasoning model's thinking included; part of the cache key",
+        "TOKENS",
+    ),
     "base_url": OptionFlag("endpoint (default: $OPENAI_BASE_URL, then OpenAI's)", "URL"),
     "endpoint_name": OptionFlag(
         "the endpoint's name in cache keys instead of its URL, so one server reached under "

@@ -49,6 +49,14 @@ prefix cache (OpenAI's prompt caching, vLLM's ``--enable-prefix-caching``): a pr
 like a recent one reports the shared part in ``usage.prompt_tokens_details.cached_tokens`` and,
 with ``prefill_seconds_per_1k_tokens``, is answered sooner (see :class:`PrefixCache`).
 
+The models of ``SimulatorConfig.reasoning_models`` (``sim-think`` by default) play a reasoning
+model, as OpenAI's o-series and DeepSeek-R1 behind vLLM do: they refuse ``max_tokens`` with
+OpenAI's HTTP 400 ``unsupported_parameter`` (asking for ``max_completion_tokens``, which caps
+the answer as ``max_tokens`` does), report :data:`REASONING_TOKENS_PER_TOKEN` thinking tokens
+per answer token in ``usage.completion_tokens_details.reasoning_tokens`` (counted in
+``completion_tokens`` too) and return their thinking as the message's ``reasoning_content``
+(see :func:`expected_reasoning`).
+
 With ``SimulatorConfig.step_base`` set, the simulator models a server with continuous batching
 (vLLM, TGI, llama.cpp, ``transformers serve``): at most ``slots`` requests decode together, a
 token each per step, and the rest queue, so its throughput rises with the requests in flight
@@ -87,6 +95,13 @@ PREFIX_BLOCK_TOKENS = 16
 """Tokens in one block of the modelled prefix cache (vLLM's default block size)."""
 PREFIX_BLOCK_CHARS = 64
 """Characters of the prompt in one block: about four characters a token."""
+REASONING_TOKENS_PER_TOKEN = 3
+"""Thinking tokens a simulated reasoning model reports per token of its answer."""
+MAX_TOKENS_REFUSED = (
+    "Unsupported parameter: 'max_tokens' is not supported with this model. "
+    "Use 'max_completion_tokens' instead."
+)
+"""OpenAI's message when a reasoning model is sent ``max_tokens``."""
 
 
 FAULT_KINDS = ("500", "503", "429", "drop", "truncated_json", "html")
@@ -201,6 +216,9 @@ class SimulatorConfig:
     batch_create_stall
         ``"before"`` or ``"after"``: ``POST /v1/batches`` never answers, before or after it
         made the batch.
+    reasoning_models
+        The models that play a reasoning model (see the module's documentation): they refuse
+        ``max_tokens``, report thinking tokens and return ``reasoning_content``.
     """
 
     latency: float = 0.0
@@ -228,7 +246,7 @@ class SimulatorConfig:
     pack_shuffle: bool = False
     api_key: str | None = None
     api_key_header: str = "Authorization"
-    models: tuple[str, ...] = ("sim", "sim-small", "sim-embed")
+    models: tuple[str, ...] = ("sim", "sim-small", "sim-embed", "sim-think")
     batch_seconds: float = 1.0
     batch_validation_seconds: float = 0.1
     batch_expire_share: float | None = None
@@ -244,12 +262,13 @@ class SimulatorConfig:
     batch_hostile_first: int | None = None
     batch_list_status: int | None = None
     batch_create_stall: str | None = None
+    reasoning_models: tuple[str, ...] = ("sim-think",)
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
         """The config whose :func:`dataclasses.asdict` was sent as JSON (lists for tuples)."""
         given: dict[str, Any] = dict(fields)
-        for name in ("fault_kinds", "models"):
+        for name in ("fault_kinds", "models", "reasoning_models"):
             if name in given:
                 given[name] = tuple(given[name])
         return cls(**given)
@@ -524,6 +543,18 @@ def embed(text: str, dimensions: int = 256) -> list[float]:
     if norm == 0:
         vector[0], norm = 1.0, 1.0
     return [v / norm for v in vector]
+
+
+def expected_reasoning(prompt: str, *, model: str, system: str | None = None) -> str:
+    """The thinking a simulated reasoning model returns as ``reasoning_content`` for this
+    prompt: never part of its answer."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": prompt})
+    return _reasoning_for(messages, model)
+
+
+def _reasoning_for(messages: list[dict[str, Any]], model: str) -> str:
+    return f"{model} thinks over #{_digest(messages)[:8]} before it answers"
 
 
 def expected_reply(
@@ -902,13 +933,29 @@ class Simulator:
                 ),
                 bad_body=True,
             )
+        reasoning = model in self.config.reasoning_models
+        if reasoning and "max_tokens" in body:
+            return _Reply(
+                400,
+                {
+                    "error": {
+                        "message": MAX_TOKENS_REFUSED,
+                        "type": "invalid_request_error",
+                        "param": "max_tokens",
+                        "code": "unsupported_parameter",
+                    }
+                },
+                bad_body=True,
+            )
         self.by_model[model] += 1
         digest = _digest(messages)
         self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
         unsure = model in directives.get("unsure_for", "").split(",")
         reply, finish_reason, completion_tokens = reply_for(
-            messages, model=model, max_tokens=body.get("max_tokens")
+            messages,
+            model=model,
+            max_tokens=body.get("max_completion_tokens" if reasoning else "max_tokens"),
         )
         if unsure:
             reply, completion_tokens = f"unsure: {reply}", completion_tokens + 1
@@ -927,6 +974,8 @@ class Simulator:
             completion_tokens = len(reply.split())
         if self.config.step_base is not None:
             completion_tokens = self._answer_tokens(body, directives)
+        reasoning_tokens = REASONING_TOKENS_PER_TOKEN * completion_tokens if reasoning else 0
+        completion_tokens += reasoning_tokens  # billed as output, as OpenAI counts them
         prompt_tokens = _estimate_tokens(messages)
         blocks = PrefixCache.blocks(messages, model) if self.prefix_cache.capacity else []
         cached_tokens = min(prompt_tokens, self.prefix_cache.cached_tokens(blocks))
@@ -973,6 +1022,8 @@ class Simulator:
             "message": {"role": "assistant", "content": reply},
             "finish_reason": finish_reason,
         }
+        if reasoning:
+            choice["message"]["reasoning_content"] = _reasoning_for(messages, model)
         if early and "finish_reason" in directives:
             choice["finish_reason"] = directives["finish_reason"]
             if directives["finish_reason"] == "none":
@@ -992,6 +1043,10 @@ class Simulator:
                 "prompt_tokens_details": {"cached_tokens": cached_tokens},
             },
         }
+        if reasoning:
+            answer.body["usage"]["completion_tokens_details"] = {
+                "reasoning_tokens": reasoning_tokens
+            }
         if early and "error_in_200" in directives:
             answer.body["error"] = {
                 "message": "simulated: the generation failed midway",

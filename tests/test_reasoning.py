@@ -1,0 +1,126 @@
+"""Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
+
+import re
+
+import duckdb
+import polars as pl
+import pytest
+
+from llm_ops import ConfigError, Packing, Sampling, estimate, options_from_settings
+from llm_ops.cli import main
+from llm_ops.testing import expected_reply
+
+DF = pl.DataFrame({"text": ["alpha", "beta"]})
+
+
+def _ask(complete, **options):
+    return DF.pipe(complete, prompt="{text}", model="sim-think", return_report=True, **options)
+
+
+def test_reasoning_effort_and_max_completion_tokens_are_sent(complete, endpoint):
+    sampling = Sampling(reasoning_effort="low", max_completion_tokens=3)
+    out, _ = _ask(complete, sampling=sampling)
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=3) for t in DF["text"]
+    ]
+
+
+def test_a_reasoning_effort_that_is_none_of_the_four_is_refused():
+    with pytest.raises(ConfigError, match="reasoning_effort must be one of"):
+        Sampling(reasoning_effort="extreme")  # type: ignore[arg-type]
+
+
+def test_max_completion_tokens_must_be_positive():
+    with pytest.raises(ConfigError, match="max_completion_tokens"):
+        Sampling(max_completion_tokens=0)
+
+
+def test_the_options_are_part_of_the_cache_key(complete):
+    _ask(complete, sampling=Sampling(reasoning_effort="low"))
+    report = _ask(complete, sampling=Sampling(reasoning_effort="high"))[1]
+    assert report.cache_hits == 0
+
+
+def test_the_flat_settings_make_a_sampling():
+    options = options_from_settings({"reasoning_effort": "high", "max_completion_tokens": 9})
+    assert options["sampling"] == Sampling(reasoning_effort="high", max_completion_tokens=9)
+
+
+def test_max_tokens_refused_is_resent_as_max_completion_tokens(complete):
+    out = _ask(complete, sampling=Sampling(max_tokens=2))[0]
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=2) for t in DF["text"]
+    ]
+    assert out["completion_status"].to_list() == ["truncated"] * 2
+
+
+def test_the_switch_is_remembered_for_the_rest_of_the_job(complete, endpoint):
+    _ask(complete, sampling=Sampling(max_tokens=3), concurrency=1)
+    assert endpoint.stats()["by_status"] == {"400": 1, "200": 2}
+
+
+def test_the_switch_leaves_the_cache_key_as_asked(complete):
+    _ask(complete, sampling=Sampling(max_tokens=3))
+    report = _ask(complete, sampling=Sampling(max_tokens=3))[1]
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+
+
+def test_other_models_are_still_sent_max_tokens(complete, endpoint):
+    out = DF.pipe(complete, prompt="{text}", sampling=Sampling(max_tokens=3))
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim", max_tokens=3) for t in DF["text"]
+    ]
+
+
+def test_reasoning_tokens_are_summed_in_the_report(complete):
+    report = _ask(complete)[1]
+    assert report.reasoning_tokens == report.completion_tokens * 3 // 4 > 0
+
+
+def test_the_report_shows_the_share_of_output_that_was_thinking(complete):
+    assert "out reasoning, 75% of out" in str(_ask(complete)[1])
+
+
+def test_reasoning_tokens_are_kept_per_answer_in_the_cache(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_tokens, completion_tokens FROM llm_cache").fetchall()
+    assert [r * 4 == c * 3 for r, c in rows] == [True, True]
+
+
+def test_reasoning_tokens_are_recorded_in_llm_runs(complete, cache):
+    report = _ask(complete)[1]
+    with duckdb.connect(str(cache), read_only=True) as con:
+        runs = con.sql("SELECT reasoning_tokens FROM llm_runs").fetchall()
+    assert runs == [(report.reasoning_tokens,)]
+
+
+def test_a_model_that_does_not_reason_reports_none(complete):
+    report = DF.pipe(complete, prompt="{text}", return_report=True)[1]
+    assert report.reasoning_tokens == 0
+    assert "reasoning" not in str(report)
+
+
+def test_the_thinking_is_never_mixed_into_the_answer(complete):
+    out = _ask(complete)[0]
+    assert out["completion"].to_list() == [expected_reply(t, model="sim-think") for t in DF["text"]]
+
+
+def test_an_estimate_is_bounded_by_max_completion_tokens(endpoint):
+    sampling = Sampling(max_completion_tokens=50)
+    plan = estimate(DF, prompt="{text}", model="sim-think", cache=False, sampling=sampling)
+    assert plan.output_tokens_max == 100
+
+
+def test_a_pack_refused_for_max_tokens_is_resent_too(complete):
+    packing = Packing(rows_per_request=2)
+    out = _ask(complete, sampling=Sampling(max_tokens=50), packing=packing)[0]
+    assert out["completion_status"].to_list() == ["ok", "ok"]
+
+
+def test_the_command_line_flags_reach_the_job(tmp_path, endpoint, cache, capsys):
+    DF.write_parquet(table := tmp_path / "rows.parquet")
+    flags = ["--max-completion-tokens", "50", "--reasoning-effort", "low"]
+    job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
+    assert main(["estimate", *job, "--base-url", endpoint.base_url, *flags]) == 0
+    assert re.search(r"output tokens \(max\) +100\n", capsys.readouterr().out)
