@@ -16,12 +16,15 @@ import time
 from collections.abc import Mapping
 from typing import Protocol
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float | None:
-    """OpenAI's reset durations: ``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1.5"`` → seconds."""
+    """A duration in seconds, or ``None`` when ``text`` is none: OpenAI's reset durations
+    (``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1.5"``) and the ``max_age`` a user writes (``"1d"``,
+    ``"6h"``). Written here, not taken from a library (pytimeparse and the like), because this
+    small grammar is all either needs and a dependency would not be smaller."""
     text = text.strip()
     try:
         return float(text)

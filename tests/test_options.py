@@ -118,3 +118,16 @@ def test_the_command_line_and_the_flow_build_the_same_objects():
     )  # fmt: skip
     groups = ("sampling", "budget", "batch", "rate_limit", "retries", "endpoint", "pricing")
     assert {g: from_cli[g] for g in groups} == {g: from_flow[g] for g in groups}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("endpoint", 8000, "endpoint takes a URL"),
+        ("cache", 123, "cache takes a file path"),
+        ("batch", "yes", "batch takes True, False or a BatchMode"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_says_what_it_takes(complete, option, value, said):
+    with pytest.raises(ConfigError, match=said):
+        DF.pipe(complete, prompt="{text}", **{option: value})

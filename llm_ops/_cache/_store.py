@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +17,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from .. import _limits
 from .._journal import JournalWriter
 from ..exceptions import CacheError, ConfigError
 from . import _admin, _connection, _nearest, _reads, _writes
@@ -38,9 +38,6 @@ def _seconds(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str) -> timedelta:
     """A duration as the command line and the flow spell it: ``1d``, ``6h``, ``30m``, ``45s``
     or a number of seconds.
@@ -48,13 +45,13 @@ def parse_duration(text: str) -> timedelta:
     >>> parse_duration("6h"), parse_duration("90")
     (datetime.timedelta(seconds=21600), datetime.timedelta(seconds=90))
     """
-    found = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*", text.lower())
-    if found is None or float(found[1]) <= 0:
+    seconds = _limits.parse_duration(text.lower()) if isinstance(text, str) else None
+    if seconds is None or not 0 < seconds < float("inf"):
         raise ConfigError(
             f"a duration is a positive number with s, m, h or d (1d, 6h, 30m, 45s) or a "
             f"number of seconds, got {text!r}"
         )
-    return timedelta(seconds=float(found[1]) * _UNITS[found[2] or "s"])
+    return timedelta(seconds=seconds)
 
 
 def max_age_of(value: object) -> timedelta | None:
