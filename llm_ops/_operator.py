@@ -111,9 +111,6 @@ def llm_complete(
         answer, and make ``<output>`` a struct column with typed fields. An answer that is not
         valid JSON or does not match gets status ``invalid``; its raw text is kept in
         ``<output>_raw`` (added with ``schema``), never replaced by defaults.
-    repair
-        With ``schema``: resend an invalid answer once, with the validation error (counted as
-        a retry).
     sampling
         A :class:`~llm_ops.Sampling`: ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
         ``stop``; each is sent when set, and is part of the cache key.
@@ -136,8 +133,9 @@ def llm_complete(
         server queues. Either way the first request goes alone, so a wrong key or endpoint
         costs one request.
     retries
-        :class:`~llm_ops.Retries`: attempts per request, seconds per attempt, and the longest
-        ``Retry-After`` an endpoint may ask for.
+        :class:`~llm_ops.Retries`: attempts per request, seconds per attempt, the longest
+        ``Retry-After`` an endpoint may ask for, and whether an invalid structured answer is
+        asked again with its validation error (``repair``).
     rate_limit
         :class:`~llm_ops.RateLimit`: requests and tokens per minute to stay under. The
         endpoint's ``x-ratelimit-*`` headers are followed too; the tighter limit wins.
@@ -153,7 +151,8 @@ def llm_complete(
         everything answered is cached, and the report's ``budget_stop`` says why.
     packing
         A :class:`~llm_ops.Packing`: several distinct prompts in one request, useful where a
-        provider prices per request; no row ever gets another's answer.
+        provider prices per request (no row ever gets another's answer), and the order the
+        uncached requests are sent in (``send_order``, by shared prefix by default).
     pricing
         A :class:`~llm_ops.Price`, or a dict of model name to Price, overriding
         :data:`llm_ops.PRICES` for the report's cost and for the budget's ``max_cost``;
@@ -165,13 +164,6 @@ def llm_complete(
         reaches the threshold; near-duplicates within the job are sent once. Such rows get
         status ``similar``; ``<output>_similar_to`` (the reused request's cache key) and
         ``<output>_similarity`` are added. Off by default.
-    send_order
-        The order the uncached requests are sent in: ``"prefix"`` (the default) by system
-        message, then prompt text (in one run per concurrent request, taken in turn), so
-        requests sharing a prefix go out close together and the server's prefix cache (vLLM,
-        SGLang, llama.cpp, OpenAI prompt caching) reuses it; ``"input"``: in the order of
-        their first rows. Only when a request is sent changes: every row's answer, status
-        and position are the same either way.
     on_error
         ``"null"``: failed rows get a null answer and their status. ``"raise"``: after the job
         finished and every answer was cached, raise :class:`~llm_ops.RowsFailedError`.

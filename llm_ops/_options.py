@@ -113,20 +113,30 @@ class Packing:
     request. Every id must come back exactly once, else the pack is split in halves and
     resent, down to single rows, so no row gets another's answer. Answers are cached per row.
 
+    ``send_order`` is the other lever on shared prefixes, and the one on by default: the
+    order the uncached requests are sent in. ``"prefix"`` sends them by system message, then
+    prompt text (in one run per concurrent request, taken in turn), so requests sharing a
+    prefix go out close together and the server's prefix cache (vLLM, SGLang, llama.cpp,
+    OpenAI prompt caching) reuses it; ``"input"`` in the order of their first rows. Only
+    when a request is sent changes: every row's answer, status and position are the same.
+
     Examples
     --------
     >>> from llm_ops import Packing
     >>> Packing(rows_per_request=8)
-    Packing(rows_per_request=8, pack_tokens=None)
+    Packing(rows_per_request=8, pack_tokens=None, send_order='prefix')
     """
 
     rows_per_request: int = 1
     pack_tokens: int | None = None
+    send_order: SendOrder = "prefix"
 
     def __post_init__(self) -> None:
         positive_int("rows_per_request", self.rows_per_request)
         if self.pack_tokens is not None:
             positive_int("pack_tokens", self.pack_tokens)
+        if self.send_order not in SEND_ORDERS:
+            raise ConfigError(f"send_order must be 'prefix' or 'input', got {self.send_order!r}")
 
 
 @dataclass(frozen=True)
@@ -221,13 +231,11 @@ class AskOptions(ResultOptions, total=False):
 
     system: str | None
     sampling: Sampling
-    repair: bool
     packing: Packing
     pricing: PricingOption
     budget: Budget
     semantic_cache: SemanticCache | None
     batch: bool | BatchMode
-    send_order: SendOrder
 
 
 class RequestOptions(AskOptions, total=False):
@@ -269,6 +277,7 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "max_attempts": ("retries", "max_attempts"),
     "timeout": ("retries", "timeout"),
     "max_retry_after": ("retries", "max_retry_after"),
+    "repair": ("retries", "repair"),
     "rpm": ("rate_limit", "rpm"),
     "tpm": ("rate_limit", "tpm"),
     "max_tokens": ("sampling", "max_tokens"),
@@ -280,6 +289,7 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "max_completion_tokens": ("sampling", "max_completion_tokens"),
     "rows_per_request": ("packing", "rows_per_request"),
     "pack_tokens": ("packing", "pack_tokens"),
+    "send_order": ("packing", "send_order"),
     "max_cost": ("budget", "max_cost"),
     "max_requests": ("budget", "max_requests"),
     "max_tokens_total": ("budget", "max_tokens_total"),
@@ -527,9 +537,7 @@ class Job:
     packing: Packing = Packing()
     cascade: Cascade | None = None  # its escalate a Polars expression: see escalation_rule
     semantic: SemanticCache | None = None
-    repair: bool = False
     batching: BatchMode | None = None  # None: live requests
-    send_order: SendOrder = "prefix"  # see llm_ops._order
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
     spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
@@ -617,14 +625,10 @@ def make_job(
         raise ConfigError(
             "batch takes True, False or a BatchMode, e.g. batch=BatchMode(poll_seconds=30)"
         )
-    repair = options.get("repair", False)
     on_error = options.get("on_error", "null")
-    send_order = options.get("send_order", "prefix")
-    _check_together(structured is not None, semantic, packing, batching, repair, cached=cached)
+    _check_together(structured is not None, semantic, packing, batching, cached=cached)
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
-    if send_order not in SEND_ORDERS:
-        raise ConfigError(f"send_order must be 'prefix' or 'input', got {send_order!r}")
     pricing = options.get("pricing")
     priced = [*models, *([semantic.model] if semantic is not None else [])]
     rule = (
@@ -651,9 +655,7 @@ def make_job(
         packing=packing,
         cascade=replace(cascade, escalate=rule) if len(models) > 1 else None,
         semantic=semantic,
-        repair=repair,
         batching=batching,
-        send_order=send_order,
         on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )
@@ -664,7 +666,6 @@ def _check_together(
     semantic: SemanticCache | None,
     packing: Packing,
     batching: BatchMode | None,
-    repair: bool,
     *,
     cached: bool,
 ) -> None:
@@ -676,8 +677,6 @@ def _check_together(
         )
     if packing.rows_per_request > 1 and structured:
         raise ConfigError("packing cannot be combined with schema= yet; use one or the other")
-    if repair and not structured:
-        raise ConfigError("repair=True only applies to structured output; pass schema= too")
     if batching is not None and not cached:
         raise ConfigError(
             "batch mode records its batches in the cache database, so a rerun never pays "

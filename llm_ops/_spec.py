@@ -447,20 +447,25 @@ class Retries:
     attempt. ``max_retry_after``: the seconds an endpoint may ask every sender to wait
     (``Retry-After``); a request asked to wait longer fails instead of stalling the job, and
     when every request is, the job stops with :class:`~llm_ops.JobAbortedError`.
+    ``repair``: with ``schema=``, an invalid structured answer is asked again once, with the
+    validation error shown to the model (the attempt counts as a retry).
 
     Examples
     --------
     >>> from llm_ops import Retries
     >>> Retries(max_attempts=3, timeout=20)
-    Retries(max_attempts=3, timeout=20.0, max_retry_after=120.0)
+    Retries(max_attempts=3, timeout=20.0, max_retry_after=120.0, repair=False)
     """
 
     max_attempts: int = 5
     timeout: float = 60.0
     max_retry_after: float = 120.0
+    repair: bool = False
 
     def __post_init__(self) -> None:
         positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
+        if not isinstance(self.repair, bool):
+            raise ConfigError(f"repair must be True or False, got {self.repair!r}")
         object.__setattr__(self, "timeout", seconds("timeout", self.timeout))
         object.__setattr__(
             self, "max_retry_after", seconds("max_retry_after", self.max_retry_after)

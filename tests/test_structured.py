@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
-from llm_ops import ConfigError
+from llm_ops import ConfigError, Retries
 
 
 class Aspect(BaseModel):
@@ -67,7 +67,7 @@ def test_invalid_answers_are_not_cached(complete, endpoint):
 
 def test_repair_resends_once_with_the_error(complete, endpoint):
     out, report = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]}).pipe(
-        complete, prompt="{text}", schema=Review, repair=True, return_report=True
+        complete, prompt="{text}", schema=Review, retries=Retries(repair=True), return_report=True
     )
     assert out["completion_status"].to_list() == ["ok"]
     assert (report.requests_sent, report.retries) == (2, 1)
@@ -93,6 +93,6 @@ def test_schemas_that_cannot_become_columns_are_refused(complete):
         )
 
 
-def test_repair_needs_a_schema(complete):
-    with pytest.raises(ConfigError, match="repair=True only applies"):
+def test_repair_is_a_field_of_retries_now(complete):
+    with pytest.raises(ConfigError, match=r"repair is Retries\(repair=...\) as retries= now"):
         pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", repair=True)
