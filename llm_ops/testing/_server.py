@@ -219,6 +219,13 @@ class SimulatorConfig:
     reasoning_models
         The models that play a reasoning model (see the module's documentation): they refuse
         ``max_tokens``, report thinking tokens and return ``reasoning_content``.
+    max_request_bytes
+        The largest request body accepted (chat requests, batch file uploads, ...); a larger
+        one is answered HTTP 413. Images and PDFs travel inside the JSON as base64, so a body
+        is far larger than its text (aiohttp's own default, 1 MiB, would refuse one photo).
+    max_image_bytes
+        The largest image one ``image_url`` part may carry, decoded (OpenAI: 20 MB); a larger
+        one is refused with HTTP 400 naming the limit.
     """
 
     latency: float = 0.0
@@ -263,6 +270,8 @@ class SimulatorConfig:
     batch_list_status: int | None = None
     batch_create_stall: str | None = None
     reasoning_models: tuple[str, ...] = ("sim-think",)
+    max_request_bytes: int = 64 * 2**20
+    max_image_bytes: int = 20 * 2**20
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
@@ -585,11 +594,21 @@ def _error(status: int, message: str, kind: str, code: str | None = None) -> web
     return web.json_response(_error_body(message, kind, code), status=status)
 
 
+def _too_large(limit: int) -> web.Response:
+    return _error(
+        413,
+        f"Request body too large: the limit is {limit} bytes (SimulatorConfig.max_request_bytes).",
+        "invalid_request_error",
+        "request_too_large",
+    )
+
+
 class Simulator:
     """The request handlers and the counters they keep."""
 
     def __init__(self, config: SimulatorConfig):
         self.prefix_cache = PrefixCache()
+        self._app_max_size = config.max_request_bytes  # the limit app() gave aiohttp
         self.decoder = DecodeBatch(lambda: self.config)
         self.configure(config)
         self.reset()
@@ -655,8 +674,11 @@ class Simulator:
         }
 
     def app(self) -> web.Application:
+        # at least aiohttp's default, for the /_sim/ calls: _limit_body applies the config's
+        self._app_max_size = max(self.config.max_request_bytes, 2**20)
         app = web.Application(
-            client_max_size=64 * 1024 * 1024, middlewares=[self._count_connections]
+            client_max_size=self._app_max_size,
+            middlewares=[self._count_connections, self._limit_body],
         )
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -678,6 +700,26 @@ class Simulator:
         if request.transport is not None and not request.path.startswith("/_sim/"):
             self.peers.add(request.transport.get_extra_info("peername"))
         return await handler(request)
+
+    @web.middleware
+    async def _limit_body(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Refuse a body over ``max_request_bytes`` with a JSON 413, as the config says now:
+        the application's own limit is fixed when it is made, and :meth:`configure` may have
+        changed it since. The simulator's own ``/_sim/`` calls are exempt, so that a small
+        limit cannot lock out the ``configure`` that would lift it."""
+        if request.path.startswith("/_sim/"):
+            return await handler(request)
+        limit = self.config.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return _too_large(limit)
+        if limit != self._app_max_size:
+            request = request.clone(client_max_size=limit)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:  # a chunked body: no length to check up front
+            return _too_large(limit)
 
     async def _close(self, app: web.Application) -> None:
         self.decoder.close()
