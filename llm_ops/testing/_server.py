@@ -97,6 +97,7 @@ from aiohttp import web
 
 from .._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
 from .._pack import parse_pack_request
+from ..exceptions import LlmOpsError
 from ._batches import BatchesApi
 from ._decode import DecodeBatch, Durations
 
@@ -474,8 +475,9 @@ def media_tag(data: bytes | str) -> str:
     return "media:" + hashlib.sha256(data).hexdigest()[:12]
 
 
-class _Refused(ValueError):
-    """A request OpenAI refuses with HTTP 400 ``invalid_request_error``."""
+class _Refused(LlmOpsError, ValueError):
+    """A request OpenAI refuses with HTTP 400 ``invalid_request_error`` (a ValueError too, for
+    callers of :func:`reply_for` who give it parts it refuses)."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
