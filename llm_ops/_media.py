@@ -452,6 +452,29 @@ def sent_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[d
     return parts
 
 
+def unsent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as sent, with each inlined image or file part back to the sha256 of its
+    bytes: what a request read back from a batch file is stored as, so the cache never holds
+    the bytes. (A PDF sent as pages comes back as its page images' hashes.)"""
+    return [
+        {**message, "content": [_reference(part) for part in message["content"]]}
+        if isinstance(message.get("content"), list)
+        else message
+        for message in messages
+    ]
+
+
+def _reference(part: dict[str, Any]) -> dict[str, Any]:
+    inner = part.get("image_url") if part.get("type") == "image_url" else part.get("file")
+    field = "url" if part.get("type") == "image_url" else "file_data"
+    if not isinstance(inner, dict) or not str(inner.get(field, "")).startswith("data:"):
+        return part
+    payload = str(inner[field]).partition(",")[2]
+    digest = hashlib.sha256(base64.b64decode(payload)).hexdigest()
+    kept = {k: v for k, v in inner.items() if k not in (field, "filename")}
+    return {**part, part["type"]: {**kept, field: f"sha256:{digest}"}}
+
+
 def _reread(item: Mapping[str, Any]) -> bytes:
     path = item["path"]
     try:
