@@ -15,6 +15,7 @@ from ._escalate import ConfidenceBelow, confidence_below
 from ._expr import ExprOptions, ExtractOptions, LlmNamespace, last_report
 from ._expr.frames import llm_classify, llm_extract, llm_filter
 from ._key import canonical_json, request_key
+from ._media import Documents, Images
 from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
 from ._options import (
     SETTINGS,
@@ -74,11 +75,13 @@ __all__ = [
     "ClientOptions",
     "ConfidenceBelow",
     "ConfigError",
+    "Documents",
     "EmbedOptions",
     "Endpoint",
     "Estimate",
     "ExprOptions",
     "ExtractOptions",
+    "Images",
     "JobAbortedError",
     "JobInterruptedError",
     "LlmNamespace",

@@ -26,6 +26,21 @@ ports (80 for http, 443 for https) dropped, trailing slashes removed.
 :func:`request_key` is the reference implementation. For whole tables the same keys are
 computed vectorised in DuckDB (:func:`key_sql`); a test holds the two to agreement.
 
+**Media.** A request with image or PDF columns (``images=``, ``documents=``) has a list for its
+user message's content: the text part first, then one part per image or document, in the order
+of the columns, each keyed by the sha256 of its bytes rather than by its base64 text::
+
+    {"content": [{"text": "...", "type": "text"},
+                 {"image_url": {"detail": "low", "url": "sha256:9f86d08..."}, "type": "image_url"},
+                 {"file": {"file_data": "sha256:2c26b46..."}, "type": "file"}],
+     "role": "user"}
+
+So the same photo read from a path, from bytes or from a data URL is one key, and a changed
+file is a new one; a remote image URL, passed through as it is, is keyed by the URL, and a PDF
+sent as page images (``send_as="pages"``) by ``"sha256:<pdf>#page=<n>"`` per page. A file name is
+not part of the key. Requests without media keep a string content, so their keys never change.
+(:mod:`llm_ops._media` makes the parts.)
+
 Keys are stored in users' caches, so these bytes must never change. :func:`canonical_json`
 writes them with ``orjson`` (from a half to an eighth of ``json``'s CPU per request, checks
 included; see ``benchmarks/keys.py``), but only where orjson's bytes are known to be json's:
@@ -56,6 +71,7 @@ KEY_VERSION = "v1"
 # Placeholders for the per-row message texts when the request is split around them.
 _SYSTEM_SLOT = "\x00llm-ops:system\x00"
 _PROMPT_SLOT = "\x00llm-ops:prompt\x00"
+_MEDIA_SLOT = "\x00llm-ops:media\x00"
 # Characters whose JSON escape DuckDB writes in upper-case hex (\u001F), Python in lower case.
 UPPERCASE_ESCAPE_PATTERN = "[\x0b\x0e\x0f\x1a-\x1f]"
 
@@ -176,11 +192,15 @@ def build_request(
     return request
 
 
-def messages_for(system: str | None, prompt: str) -> list[dict[str, str]]:
-    """The chat messages of one row."""
+def messages_for(
+    system: str | None, prompt: str, media: Sequence[Any] = ()
+) -> list[dict[str, Any]]:
+    """The chat messages of one row; with ``media`` (content parts), the user message's content
+    is the text part and then those parts."""
+    content: Any = [{"type": "text", "text": prompt}, *media] if media else prompt
     if system is None:
-        return [{"role": "user", "content": prompt}]
-    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        return [{"role": "user", "content": content}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": content}]
 
 
 def request_key(request: Mapping[str, Any]) -> str:
@@ -220,28 +240,42 @@ def embedding_key_sql(
 
 
 def key_sql(
-    *, endpoint: str, model: str, params: Mapping[str, Any], with_system: bool
+    *,
+    endpoint: str,
+    model: str,
+    params: Mapping[str, Any],
+    with_system: bool,
+    with_media: bool = False,
 ) -> tuple[str, list[str]]:
-    """A DuckDB expression over columns ``system`` and ``prompt`` computing the request key.
+    """A DuckDB expression over columns ``system`` and ``prompt`` (and ``media_key``: the
+    canonical JSON of a row's media parts, joined by commas) computing the request key.
 
     Returns the SQL text and its parameters. The canonical JSON of a request with placeholder
     texts is split around the placeholders; each row's texts are JSON-encoded by ``to_json``
-    and spliced back in. Rows with a character matching :data:`UPPERCASE_ESCAPE_PATTERN` get a
-    different hash than :func:`request_key` and must be recomputed by the caller.
+    and spliced back in, its media parts as they are. Rows with a character matching
+    :data:`UPPERCASE_ESCAPE_PATTERN` get a different hash than :func:`request_key` and must be
+    recomputed by the caller.
     """
     system = _SYSTEM_SLOT if with_system else None
     skeleton = canonical_json(
         build_request(
             endpoint=endpoint,
             model=model,
-            messages=messages_for(system, _PROMPT_SLOT),
+            messages=messages_for(system, _PROMPT_SLOT, [_MEDIA_SLOT] if with_media else ()),
             params=params,
         )
     )
-    before_prompt, after_prompt = skeleton.split(json.dumps(_PROMPT_SLOT))
-    if not with_system:
-        sql = "'v1:' || sha256(? || to_json(prompt) || ?)"
-        return sql, [before_prompt, after_prompt]
-    before_system, between = before_prompt.split(json.dumps(_SYSTEM_SLOT))
-    sql = "'v1:' || sha256(? || to_json(system) || ? || to_json(prompt) || ?)"
-    return sql, [before_system, between, after_prompt]
+    pieces: list[str] = []
+    columns: list[str] = []
+    rest = skeleton
+    for slot, column in (
+        (_SYSTEM_SLOT, "to_json(system)"),
+        (_PROMPT_SLOT, "to_json(prompt)"),
+        (_MEDIA_SLOT, "media_key"),
+    ):
+        if json.dumps(slot) in rest:
+            before, rest = rest.split(json.dumps(slot))
+            pieces.append(before)
+            columns.append(column)
+    spliced = " || ".join(f"? || {column}" for column in columns)
+    return f"'v1:' || sha256({spliced} || ?)", [*pieces, rest]

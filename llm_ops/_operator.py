@@ -111,6 +111,17 @@ def llm_complete(
         answer, and make ``<output>`` a struct column with typed fields. An answer that is not
         valid JSON or does not match gets status ``invalid``; its raw text is kept in
         ``<output>_raw`` (added with ``schema``), never replaced by defaults.
+    images
+        Image column(s) sent with each row's prompt, after its text: a column name, a list of
+        them, or an :class:`~llm_ops.Images` with OpenAI's ``detail``. A ``Binary`` column
+        holds image bytes (PNG, JPEG, WebP, GIF); a ``String`` column a path, a ``file://``,
+        ``data:`` or ``http(s)://`` URL. An image is keyed by the sha256 of its bytes, and
+        the cache keeps that reference, never the bytes. A null image skips its row; one
+        that cannot be read, is not an image or is over 20 MB makes it ``rejected``, unsent.
+    documents
+        PDF column(s) sent the same way: a column name, a list, or a
+        :class:`~llm_ops.Documents` (sent as OpenAI ``file`` parts, or as page images with
+        ``send_as="pages"``; at most ``max_pages`` pages).
     sampling
         A :class:`~llm_ops.Sampling`: ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
         ``stop``; each is sent when set, and is part of the cache key.

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from ._cache import Cache, cache_of
 from ._escalate import EscalateOption, check_escalation, escalation_rule
+from ._media import Documents, DocumentsOption, Images, ImagesOption, Media
 from ._order import SEND_ORDERS, SendOrder
 from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_for
 from ._progress import ProgressCallback, resolve_progress
@@ -231,6 +232,8 @@ class AskOptions(ResultOptions, total=False):
 
     system: str | None
     sampling: Sampling
+    images: ImagesOption | None
+    documents: DocumentsOption | None
     packing: Packing
     pricing: PricingOption
     budget: Budget
@@ -297,6 +300,9 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "batch_max_bytes": ("batch", "max_bytes"),
     "batch_poll_seconds": ("batch", "poll_seconds"),
     "on_expired": ("batch", "on_expired"),
+    "image_detail": ("images", "detail"),
+    "documents_as": ("documents", "send_as"),
+    "max_pages": ("documents", "max_pages"),
     "escalate": ("model", "escalate"),
     "semantic_cache_threshold": ("semantic_cache", "threshold"),
 }
@@ -315,6 +321,8 @@ _GROUPS: Mapping[str, type] = {
     "batch": BatchMode,
     "model": Cascade,
     "semantic_cache": SemanticCache,
+    "images": Images,
+    "documents": Documents,
 }
 
 
@@ -366,6 +374,10 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         elif option == "semantic_cache":
             if "semantic_cache" in options:  # the threshold alone is no semantic cache
                 options["semantic_cache"] = SemanticCache(options["semantic_cache"], **values)
+        elif option in ("images", "documents"):
+            if option not in options:
+                raise ConfigError(f"{', '.join(sorted(values))} only apply with {option}")
+            options[option] = _GROUPS[option](options[option], **values)
         elif option == "batch" and options.get("batch") is not True:
             raise ConfigError(f"{', '.join(sorted(values))} only apply to batch mode")
         else:
@@ -384,6 +396,8 @@ def setting_names() -> set[str]:
         "cache",
         "batch",
         "semantic_cache",
+        "images",
+        "documents",
     }
 
 
@@ -626,7 +640,8 @@ def make_job(
             "batch takes True, False or a BatchMode, e.g. batch=BatchMode(poll_seconds=30)"
         )
     on_error = options.get("on_error", "null")
-    _check_together(structured is not None, semantic, packing, batching, cached=cached)
+    media = Media.of(options.get("images"), options.get("documents"))
+    _check_together(structured is not None, semantic, packing, batching, media, cached=cached)
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
     pricing = options.get("pricing")
@@ -644,6 +659,7 @@ def make_job(
             system=None if system is None else parse_template(system, argument="system"),
             sampling=sampling,
             schema=structured,
+            media=media,
         ),
         columns=Columns(
             output,
@@ -666,10 +682,21 @@ def _check_together(
     semantic: SemanticCache | None,
     packing: Packing,
     batching: BatchMode | None,
+    media: Media | None,
     *,
     cached: bool,
 ) -> None:
     """What depends on more than one option."""
+    if media is not None and packing.rows_per_request > 1:
+        raise ConfigError(
+            "packing cannot carry images or PDFs: a packed request's rows would share one "
+            "message; drop packing= or images=/documents="
+        )
+    if media is not None and semantic is not None:
+        raise ConfigError(
+            "the semantic cache compares texts, and cannot tell two images apart: drop "
+            "semantic_cache= or images=/documents="
+        )
     if semantic is not None and not cached:
         raise ConfigError(
             "the semantic cache lives in the cache database: pass a cache path "
@@ -696,6 +723,8 @@ def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
     if job.escalate_rule is not None:
         check_escalation(job.escalate_rule, columns, job.columns.output, job.spec.schema)
     check_columns(job.spec.prompt, columns, argument="prompt")
+    if job.spec.media is not None:
+        job.spec.media.check(columns)
     if job.spec.system is not None:
         check_columns(job.spec.system, columns, argument="system")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 from ._pack import pack_messages
 from ._status import Status
@@ -23,14 +23,22 @@ STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
 
 
+def text_of(content: str | list[dict[str, Any]]) -> str:
+    """The text of a message's content: itself, or its text parts (a request with media)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content if part.get("type") == "text")
+
+
 @dataclass(frozen=True)
 class Request:
     """One distinct request: its key, the chat messages and the canonical request JSON."""
 
     key: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]  # a content is a text, or a list of parts with media
     request_json: str
     rows: int = 1  # input rows waiting for this answer
+    media_tokens: int = 0  # the images' and PDFs' prompt tokens, estimated
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from ._key import (
     normalize_base_url,
     request_key,
 )
+from ._media import Media, keyed_parts
 from ._schema import OutputSchema
 from ._template import Template
 from .exceptions import ConfigError, MissingApiKeyError
@@ -613,6 +614,7 @@ class RequestSpec:
     system: Template | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # set ones only
     schema: OutputSchema | None = None
+    media: Media | None = None  # image and PDF columns, keyed by their bytes' sha256
 
     @classmethod
     def build(
@@ -624,6 +626,7 @@ class RequestSpec:
         system: Template | None = None,
         sampling: Sampling = Sampling(),
         schema: OutputSchema | None = None,
+        media: Media | None = None,
     ) -> RequestSpec:
         """The spec of these parts, with the sampling parameters that are set."""
         params = dict(sampling.params)
@@ -636,30 +639,37 @@ class RequestSpec:
             system=system,
             params=params,
             schema=schema,
+            media=media,
         )
 
     def with_model(self, model: str) -> RequestSpec:
         return dataclasses.replace(self, model=model)
 
-    def request(self, system: str | None, prompt: str) -> dict[str, Any]:
-        """The request of one row (its canonical JSON is what is hashed)."""
+    def request(
+        self, system: str | None, prompt: str, media: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """The request of one row, with its media's descriptors (see :mod:`llm_ops._media`);
+        its canonical JSON is what is hashed."""
+        parts = keyed_parts(media, self.media) if media and self.media else ()
         return build_request(
             endpoint=self.endpoint,
             model=self.model,
-            messages=messages_for(system, prompt),
+            messages=messages_for(system, prompt, parts),
             params=self.params,
         )
 
-    def key(self, system: str | None, prompt: str) -> str:
-        return request_key(self.request(system, prompt))
+    def key(self, system: str | None, prompt: str, media: Sequence[Mapping[str, Any]] = ()) -> str:
+        return request_key(self.request(system, prompt, media))
 
     def key_sql(self) -> tuple[str, list[str]]:
-        """The DuckDB expression computing keys over columns ``system`` and ``prompt``."""
+        """The DuckDB expression computing keys over columns ``system`` and ``prompt`` (and
+        ``media_key``, with media)."""
         return key_sql(
             endpoint=self.endpoint,
             model=self.model,
             params=self.params,
             with_system=self.system is not None,
+            with_media=self.media is not None,
         )
 
 

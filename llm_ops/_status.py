@@ -14,7 +14,8 @@ skipped
     a referenced column was null, a budget stopped sending, or the request is too large for
     the cache to keep its answer; nothing sent
 rejected
-    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429); not retried
+    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429), or, before
+    anything was sent, its image or PDF could not be read or is over a limit; not retried
 filtered
     the endpoint's content filter stopped the answer (finish_reason ``content_filter``); the
     partial answer is not kept, not cached and not retried
@@ -66,8 +67,10 @@ RESULTS: Final = pl.Schema(
 """One row per settled distinct request: its answer (or why not), tokens and, for a
 ``similar`` answer, which request it came from. What join-back gives the rows."""
 
-ROW_KEYS: Final = pl.Schema({"key": pl.String, "skip_reason": pl.String})
-"""One row per input row, in order: its request key (null when it is not sent) and why not."""
+ROW_KEYS: Final = pl.Schema({"key": pl.String, "skip_reason": pl.String, "skip_status": pl.String})
+"""One row per input row, in order: its request key (null when it is not sent), why not, and
+the status that gives the row: ``skipped`` (a null input), or ``rejected`` (an image or PDF
+that cannot be sent)."""
 
 REQUESTS: Final = pl.Schema(
     {"key": pl.String, "system": pl.String, "prompt": pl.String, "rows": pl.Int64}

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request
+from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
@@ -364,9 +364,10 @@ class Dispatcher:
 
     def estimate_tokens(self, request: Request) -> int:
         """Admission cost: the prompt's approximate tokens, plus the completion budget."""
-        chars = sum(len(m["content"]) for m in request.messages)
+        chars = sum(len(text_of(m["content"])) for m in request.messages)
         answers = len(request.members) if isinstance(request, Pack) else 1
-        return approx_tokens(chars, len(request.messages)) + self._completion_budget * answers
+        prompt = approx_tokens(chars, len(request.messages)) + request.media_tokens
+        return prompt + self._completion_budget * answers
 
     def expected_tokens(self, request: Request, estimate: int) -> tuple[int, int]:
         """(input, output) tokens a request is projected to cost, for budgets."""

@@ -21,6 +21,7 @@ import polars as pl
 from .._claims import Claims
 from .._engine.dispatcher import Dispatcher
 from .._key import canonical_json
+from .._media import Unusable, media_of, media_tokens, sent_parts
 from .._options import Job
 from .._order import send_order
 from .._outcome import Counters, Outcome, Request, make_pack
@@ -40,11 +41,15 @@ def requests_for(
     *,
     checked: frozenset[str] = frozenset(),
     refuse: Callable[[Request], bool] | None = None,
+    reject: Callable[[Request, str], None] | None = None,
+    inline_media: bool = True,
 ) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
     ``rows_per_request`` of them (grouped by system message, which packs share). With
     ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
-    ``refuse``, only those it returns ``False`` for (it settles the others)."""
+    ``refuse``, only those it returns ``False`` for (it settles the others). A request whose
+    image or PDF can no longer be read as it was keyed goes to ``reject`` with the reason;
+    without ``inline_media`` (an estimate), media stay the references that were keyed."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -55,13 +60,26 @@ def requests_for(
     distinct: Iterable[tuple[Any, ...]] = misses.iter_rows()
     if claims is not None:
         distinct = claims.take(distinct, key=itemgetter(0), checked=checked)
-    for key, system, prompt, rows in distinct:
-        request = job.spec.request(system, prompt)
+    spec = job.spec
+    for key, system, prompt, rows, *more in distinct:
+        media = media_of(more[0]) if more and spec.media else []
+        request = spec.request(system, prompt, media)
         single = Request(
-            key=key, messages=request["messages"], request_json=canonical_json(request), rows=rows
+            key=key,
+            messages=request["messages"],
+            request_json=canonical_json(request),
+            rows=rows,
+            media_tokens=media_tokens(media, spec.media, spec.model) if spec.media else 0,
         )
         if refuse is not None and refuse(single):
             continue
+        if spec.media and media and inline_media:
+            try:
+                single = with_media(single, sent_parts(media, spec.media))
+            except Unusable as exc:
+                if reject is not None:
+                    reject(single, f"{exc}; row not sent")
+                continue
         if per_request == 1:
             yield single
             continue
@@ -73,6 +91,14 @@ def requests_for(
         pack_system, pack_chars = system, pack_chars + len(prompt)
     if pack:
         yield make_pack(tuple(pack), pack_system)
+
+
+def with_media(request: Request, parts: list[dict[str, Any]]) -> Request:
+    """``request`` as sent: its user message's keyed media parts (sha256 references) replaced
+    by ``parts``, the bytes themselves."""
+    *before, user = request.messages
+    text = user["content"][0]
+    return replace(request, messages=[*before, {**user, "content": [text, *parts]}])
 
 
 @dataclass
@@ -217,6 +243,11 @@ async def _send(
             tracker.settled(member.rows, answer.status, answer.error)
             answers.keep(member, answer)
 
+    def reject(request: Request, why: str) -> None:
+        """Settle, unsent, a request whose media could not be read again as keyed."""
+        tracker.settled(request.rows, "rejected", why)
+        answers.keep(request, Outcome(key=request.key, status="rejected", error=why))
+
     def refuse(request: Request) -> bool:
         """Settle, unsent, a request whose answer the cache could not keep."""
         why = answers.unkeepable(request)
@@ -231,7 +262,7 @@ async def _send(
     ordered = await asyncio.to_thread(send_order, misses, job.packing.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse),
+        requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse, reject=reject),
         on_outcome,
         cache_writer=answers.cache,
         tracker=tracker,

@@ -96,7 +96,7 @@ def _join_back(
     # An Array column even when no row got a vector, so frames of reruns line up.
     width = int(widths[0]) if len(widths) == 1 else (dimensions or 0)
     skip_reason = pl.when(skipped).then(pl.lit(f"column {column!r} is null; row not sent"))
-    return joined.with_columns(skip_reason=skip_reason).select(
+    return joined.with_columns(skip_reason=skip_reason, skip_status=pl.lit("skipped")).select(
         pl.col("embedding").list.to_array(width).alias(columns.output),
         *status_and_error(columns),
     )

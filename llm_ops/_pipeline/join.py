@@ -86,12 +86,13 @@ def join_back(
 
 
 def status_and_error(columns: Columns) -> list[pl.Expr]:
-    """The status and error columns from a joined frame's ``skip_reason`` (why a row was not
-    sent), ``status`` and ``error`` (of its request; null when it was never dispatched)."""
+    """The status and error columns from a joined frame's ``skip_reason`` and ``skip_status``
+    (why a row was not sent, and its status then), ``status`` and ``error`` (of its request;
+    null when it was never dispatched)."""
     never_dispatched = pl.col("status").is_null()
     return [
         pl.when(pl.col("skip_reason").is_not_null())
-        .then(pl.lit("skipped"))
+        .then(pl.col("skip_status").fill_null("skipped"))
         .when(never_dispatched)
         .then(pl.lit("failed"))
         .otherwise(pl.col("status"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -19,8 +18,9 @@ import polars as pl
 
 from .._cache import DUCKDB_CONFIG, Cache
 from .._key import UPPERCASE_ESCAPE_PATTERN
+from .._media import describe_values, media_of
 from .._outcome import TRUNCATED_MESSAGE
-from .._spec import RequestSpec
+from .._spec import EmbeddingSpec, RequestSpec
 from .._status import RESULTS
 from .._template import render
 
@@ -55,16 +55,18 @@ class Plan(Keyed):
 
 
 def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
-    """Group the rows by the values the templates read, render and key each group once, and
-    dedupe the rendered requests by key.
+    """Group the rows by the values the templates (and media columns) read, render and key
+    each group once, and dedupe the rendered requests by key.
 
     Rendering and hashing happen once per group and no per-row text is made, so a table of
     many repeats costs little more than its distinct prompts; see :mod:`llm_ops._key` for the
     key's definition. A row with a null in a referenced column gets no key and a
-    ``skip_reason``.
+    ``skip_reason``; so does a row whose image or PDF cannot be sent, with ``skip_status``
+    ``rejected`` (see :mod:`llm_ops._media`).
     """
+    media = spec.media.columns if spec.media else ()
     referenced = list(
-        dict.fromkeys([*spec.prompt.columns, *(spec.system.columns if spec.system else ())])
+        dict.fromkeys([*spec.prompt.columns, *(spec.system.columns if spec.system else ()), *media])
     )
     row_group, values, counts = group_rows(frame, referenced)
     system = (
@@ -74,10 +76,10 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
     )
     # with_columns broadcasts a template without column references to every group
     texts = values.with_columns(prompt=spec.prompt.expr(values.schema), system=system)
+    if spec.media:
+        texts = pl.concat([texts, describe_values(values, spec.media)], how="horizontal")
     expression, parameters = spec.key_sql()
-    keys, grouped = key_texts(
-        texts, counts, expression, parameters, spec.key, with_system=spec.system is not None
-    )
+    keys, grouped = key_texts(texts, counts, expression, parameters, spec)
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
     for column in reversed(referenced):
         skip_reason = (
@@ -85,9 +87,18 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
             .then(pl.lit(f"column {column!r} is null; row not sent"))
             .otherwise(skip_reason)
         )
-    skipped = values.with_columns(skip_reason=skip_reason)["skip_reason"]
+    skip_status = pl.lit("skipped")
+    if spec.media:
+        unusable = pl.col("media_error").is_not_null()
+        skip_reason = pl.when(unusable).then(pl.col("media_error")).otherwise(skip_reason)
+        skip_status = pl.when(unusable).then(pl.lit("rejected")).otherwise(skip_status)
+    skipped = (texts if spec.media else values).select(
+        skip_reason.alias("skip_reason"), skip_status.alias("skip_status")
+    )
     return Keyed(
-        groups=pl.DataFrame([keys.alias("key"), skipped]), row_group=row_group, distinct=grouped
+        groups=pl.concat([keys.alias("key").to_frame(), skipped], how="horizontal"),
+        row_group=row_group,
+        distinct=grouped,
     )
 
 
@@ -136,20 +147,26 @@ def key_texts(
     counts: pl.Series,
     expression: str,
     parameters: list[str],
-    reference_key: Callable[[str | None, str], str],
-    *,
-    with_system: bool,
+    spec: RequestSpec | EmbeddingSpec,
 ) -> tuple[pl.Series, pl.DataFrame]:
-    """Key the requests of ``texts`` (columns system and prompt, standing for ``counts`` rows
-    each) in DuckDB, one hash per row of ``texts``, and dedupe equal requests by key.
+    """Key the requests of ``texts`` (columns system and prompt, and media and media_key with
+    media, standing for ``counts`` rows each) in DuckDB, one hash per row of ``texts``, and
+    dedupe equal requests by key.
 
     Returns the key of each row of ``texts`` (null where a needed text is null: such rows are
-    not sent) and the distinct requests (key, system, prompt, rows), in order of first
-    appearance. ``reference_key`` recomputes the rare keys DuckDB's JSON escaping gets wrong
-    (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
+    not sent) and the distinct requests (``REQUESTS``: key, system, prompt, rows, and media
+    with media), in order of first appearance. ``spec.key`` recomputes the rare keys DuckDB's
+    JSON escaping gets wrong (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
     """
-    sendable = "prompt IS NOT NULL" + (" AND system IS NOT NULL" if with_system else "")
-    table = pl.DataFrame([texts["system"], texts["prompt"]]).with_row_index("text")
+    with_media = "media_key" in texts.columns
+    needed = [
+        "prompt",
+        *(["system"] if spec_has_system(spec) else []),
+        *(["media_key"] if with_media else []),
+    ]
+    sendable = " AND ".join(f"{column} IS NOT NULL" for column in needed)
+    carried = ["system", "prompt", *(["media_key", "media"] if with_media else [])]
+    table = texts.select(carried).with_row_index("text")
     with _memory_db() as con:
         con.register("texts", table.to_arrow())
         keys = (
@@ -171,24 +188,30 @@ def key_texts(
     if odd.any():
         fixed = keys.to_list()
         for index in odd.arg_true().to_list():
-            fixed[index] = reference_key(table["system"][index], table["prompt"][index])
+            row = table.row(index, named=True)
+            if with_media:
+                assert isinstance(spec, RequestSpec)
+                fixed[index] = spec.key(row["system"], row["prompt"], media_of(row["media"]))
+            else:
+                fixed[index] = spec.key(row["system"], row["prompt"])
         keys = pl.Series("key", fixed, dtype=pl.String)
+    kept = ["system", "prompt", *(["media"] if with_media else [])]
     grouped = (
-        table.select(keys.alias("key"), "system", "prompt", counts.cast(pl.Int64).alias("rows"))
+        table.select(keys.alias("key"), *kept, counts.cast(pl.Int64).alias("rows"))
         .drop_nulls("key")
         .group_by("key", maintain_order=True)
-        .agg(pl.col("system", "prompt").first(), pl.col("rows").sum())
+        .agg(pl.col(kept).first(), pl.col("rows").sum())
+        .select("key", "system", "prompt", "rows", *(["media"] if with_media else []))
     )
     return keys, grouped
 
 
+def spec_has_system(spec: RequestSpec | EmbeddingSpec) -> bool:
+    return isinstance(spec, RequestSpec) and spec.system is not None
+
+
 def group_and_key(
-    texts: pl.DataFrame,
-    expression: str,
-    parameters: list[str],
-    reference_key: Callable[[str | None, str], str],
-    *,
-    with_system: bool,
+    texts: pl.DataFrame, expression: str, parameters: list[str], spec: RequestSpec | EmbeddingSpec
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Dedupe ``texts`` (columns system, prompt) and key each distinct pair once.
 
@@ -196,9 +219,7 @@ def group_and_key(
     the distinct requests (key, system, prompt, rows); see :func:`key_texts`.
     """
     row_group, values, counts = group_rows(texts, ["system", "prompt"])
-    keys, grouped = key_texts(
-        values, counts, expression, parameters, reference_key, with_system=with_system
-    )
+    keys, grouped = key_texts(values, counts, expression, parameters, spec)
     return keys.gather(row_group).to_frame("key"), grouped
 
 

@@ -34,7 +34,7 @@ def distinct_texts(
         pl.lit(None, dtype=pl.String).alias("system"),
     )
     expression, parameters = spec.key_sql()
-    row_keys, grouped = group_and_key(texts, expression, parameters, spec.key, with_system=False)
+    row_keys, grouped = group_and_key(texts, expression, parameters, spec)
     return row_keys, grouped.select("key", "prompt", "rows")
 
 

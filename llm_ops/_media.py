@@ -1,0 +1,536 @@
+"""Image and PDF columns: what each value is, how it is keyed, and what is sent.
+
+A media value is a ``Binary`` column's bytes, or a ``String`` column's local path, ``file://``
+URL, ``data:`` URL or (images only) ``http(s)://`` URL. Each distinct value is read once when a
+job is planned (:func:`describe_values`): its format is told from its bytes (never from a file
+name), its size, pixel dimensions or page count are checked against the limits, and its
+sha256 is taken. What comes out is a *descriptor* (a small JSON object) that says where to find
+the bytes again and what they are; a bad value comes out as the reason its row is
+``rejected``, before anything is sent.
+
+* The request key holds :func:`keyed_parts`: the sha256 of the bytes (see :mod:`llm_ops._key`),
+  so the cache stores that reference and never the bytes.
+* What is sent is :func:`sent_parts`: the bytes read again (a path whose bytes changed since
+  they were keyed is refused rather than sent under the old key), as ``data:`` URLs in OpenAI
+  ``image_url`` and ``file`` content parts; a remote image URL is passed through as it is.
+* A ``Binary`` value's descriptor carries its bytes (base64), as the value itself held them:
+  chunk files and batch files need them to stand alone. A path keeps only the path.
+
+Pillow reads image headers and pypdfium2 counts (and renders) PDF pages: the ``media`` extra.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+from urllib.parse import unquote, urlsplit
+from urllib.request import url2pathname
+
+import polars as pl
+
+from ._key import canonical_json
+from ._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
+from .exceptions import ConfigError
+
+SendAs = Literal["file", "pages"]
+IMAGE_TYPES: Mapping[str, str] = {
+    "PNG": "image/png",
+    "JPEG": "image/jpeg",
+    "WEBP": "image/webp",
+    "GIF": "image/gif",
+}
+"""The image formats OpenAI-compatible endpoints take, and their MIME types."""
+PDF = "application/pdf"
+MAX_IMAGE_BYTES = 20 * 2**20  # OpenAI's limit per image
+MAX_DOCUMENT_BYTES = 32 * 2**20  # OpenAI's limit per file part
+PAGE_PIXELS = 1536  # the longest side of a page rendered as an image
+REMOTE_SIZE = (1024, 1024)  # what a remote image is counted as: it is never fetched here
+
+
+def _columns(name: str, columns: object) -> tuple[str, ...]:
+    names = [columns] if isinstance(columns, str) else columns
+    if (
+        not isinstance(names, Sequence)
+        or not names
+        or not all(isinstance(column, str) and column for column in names)
+    ):
+        raise ConfigError(f"{name} takes a column name or a list of them, got {columns!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{name} names each column once, got {list(names)!r}")
+    return tuple(names)
+
+
+def _limit(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Images:
+    """Image columns sent with each row's prompt: ``images=`` of a completion call (a column
+    name or a list of them stands for ``Images(columns)``).
+
+    A ``Binary`` column holds image bytes; a ``String`` column a local path, a ``file://``
+    URL, a ``data:`` URL or an ``http(s)://`` URL (passed through, and keyed by the URL).
+    PNG, JPEG, WebP and GIF are sent, told apart by their bytes.
+
+    Parameters
+    ----------
+    columns
+        The image column(s), sent in this order after the prompt's text.
+    detail
+        OpenAI's ``"low"``, ``"high"`` or ``"auto"``: how closely the model looks, and what
+        an image costs; part of the cache key. Unset, the endpoint's default.
+    max_bytes
+        The largest image sent; a larger one makes its row ``rejected`` (OpenAI: 20 MB).
+
+    Examples
+    --------
+    >>> from llm_ops import Images
+    >>> Images("photo", detail="low")
+    Images(columns=('photo',), detail='low', max_bytes=20971520)
+    """
+
+    columns: str | Sequence[str]
+    detail: ImageDetail | None = None
+    max_bytes: int = MAX_IMAGE_BYTES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", _columns("images", self.columns))
+        if self.detail is not None and self.detail not in get_args(ImageDetail):
+            raise ConfigError(f"detail must be 'low', 'high' or 'auto', got {self.detail!r}")
+        _limit("images max_bytes", self.max_bytes)
+
+
+@dataclass(frozen=True)
+class Documents:
+    """PDF columns sent with each row's prompt: ``documents=`` of a completion call (a column
+    name or a list of them stands for ``Documents(columns)``).
+
+    A ``Binary`` column holds PDF bytes; a ``String`` column a local path, a ``file://`` URL
+    or a ``data:`` URL. llm-ops fetches nothing but the endpoint, so a remote PDF must be
+    downloaded first.
+
+    Parameters
+    ----------
+    columns
+        The PDF column(s), sent after the images, in this order.
+    send_as
+        ``"file"``: each PDF as an OpenAI ``file`` content part (the model reads its text and
+        its pages). ``"pages"``: its pages rendered to PNG images (by pypdfium2), for endpoints
+        that take images but no files.
+    max_pages
+        The most pages a PDF may have; a longer one makes its row ``rejected``.
+    max_bytes
+        The largest PDF sent; a larger one makes its row ``rejected`` (OpenAI: 32 MB).
+
+    Examples
+    --------
+    >>> from llm_ops import Documents
+    >>> Documents("contract", send_as="pages", max_pages=20)
+    Documents(columns=('contract',), send_as='pages', max_pages=20, max_bytes=33554432)
+    """
+
+    columns: str | Sequence[str]
+    send_as: SendAs = "file"
+    max_pages: int = 100
+    max_bytes: int = MAX_DOCUMENT_BYTES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", _columns("documents", self.columns))
+        if self.send_as not in get_args(SendAs):
+            raise ConfigError(f"send_as must be 'file' or 'pages', got {self.send_as!r}")
+        _limit("max_pages", self.max_pages)
+        _limit("documents max_bytes", self.max_bytes)
+
+
+ImagesOption = str | Sequence[str] | Images
+DocumentsOption = str | Sequence[str] | Documents
+
+
+@dataclass(frozen=True)
+class Media:
+    """A job's media columns: what its requests carry besides text (part of the key)."""
+
+    images: Images | None = None
+    documents: Documents | None = None
+
+    @classmethod
+    def of(cls, images: object, documents: object) -> Media | None:
+        """The media of ``images=`` and ``documents=``, or ``None`` without either."""
+        if images is None and documents is None:
+            return None
+        if images is not None and not isinstance(images, Images):
+            images = Images(images)  # type: ignore[arg-type]  # Images checks what it is
+        if documents is not None and not isinstance(documents, Documents):
+            documents = Documents(documents)  # type: ignore[arg-type]
+        media = cls(images, documents)
+        both = set(media.image_columns) & set(media.document_columns)
+        if both:
+            raise ConfigError(f"column(s) {sorted(both)} are named by both images= and documents=")
+        _require_libraries(media)
+        return media
+
+    @property
+    def image_columns(self) -> tuple[str, ...]:
+        return tuple(self.images.columns) if self.images else ()
+
+    @property
+    def document_columns(self) -> tuple[str, ...]:
+        return tuple(self.documents.columns) if self.documents else ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every media column, in the order its parts are sent."""
+        return (*self.image_columns, *self.document_columns)
+
+    def check(self, schema: Mapping[str, pl.DataType]) -> None:
+        """Each media column is in the input, and holds bytes or text."""
+        for column in self.columns:
+            if column not in schema:
+                raise ConfigError(
+                    f"media column {column!r} is not in the table; available columns: "
+                    f"{', '.join(schema)}"
+                )
+            if schema[column] not in (pl.Binary(), pl.String()):
+                raise ConfigError(
+                    f"media column {column!r} is {schema[column]}: it must hold bytes (Binary) "
+                    "or paths and URLs (String)"
+                )
+
+
+def _require_libraries(media: Media) -> None:
+    missing = []
+    for module, needed in (("PIL", media.images), ("pypdfium2", media.documents)):
+        if needed is None:
+            continue
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ConfigError(
+            f"image and PDF columns need {' and '.join(missing)}: pip install 'llm-ops[media]'"
+        )
+
+
+# -- reading a value --------------------------------------------------------------------------
+
+
+class Unusable(Exception):
+    """A media value that cannot be sent; its message is the row's error."""
+
+
+def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
+    """:func:`read_value`, remembered for a local file while its size and modification time
+    stay the same: a table job keys its rows when it plans and again when it writes, and a
+    rerun keys them all again, so a file is read and hashed once per process, not three times.
+    """
+    if isinstance(value, str) and "://" not in value[:12] and not value.startswith("data:"):
+        try:
+            stat = os.stat(os.path.expanduser(value))
+        except OSError:
+            pass  # read_value says why
+        else:
+            return dict(_described_file(value, stat.st_size, stat.st_mtime_ns, document, media))
+    return read_value(value, document=document, media=media)
+
+
+@functools.lru_cache(maxsize=2**17)  # a descriptor is a few hundred bytes
+def _described_file(
+    value: str, size: int, mtime_ns: int, document: bool, media: Media
+) -> Mapping[str, Any]:
+    return read_value(value, document=document, media=media)
+
+
+def read_value(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
+    """The descriptor of one media value, or :class:`Unusable` saying why it cannot be sent.
+
+    A descriptor holds ``kind`` (``"image"`` or ``"document"``), ``sha256``, ``mime``,
+    ``bytes``, ``width``/``height`` (images) or ``pages`` (documents), and where its bytes are:
+    ``path``, ``data`` (base64) or ``url`` (a remote image, with none of the rest).
+    """
+    limit = media.documents.max_bytes if document and media.documents else None
+    limit = limit or (media.images.max_bytes if media.images else MAX_IMAGE_BYTES)
+    source: dict[str, Any]
+    if isinstance(value, str):
+        data, source = _read(value, document=document, limit=limit)
+        if data is None:
+            return {"kind": "image", **source}
+    else:
+        data, source = value, {"data": base64.b64encode(value).decode()}
+    if len(data) > limit:
+        raise Unusable(f"{_size(len(data))}, over the {_size(limit)} limit")
+    facts = _document(data, media) if document else _image(data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), **facts, **source}
+
+
+def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict[str, Any]]:
+    """The bytes a text value names (``None`` for a remote image) and where they came from."""
+    scheme = urlsplit(value).scheme.lower() if ":" in value[:12] else ""
+    if scheme == "data":
+        header, _, payload = value.partition(",")
+        if not header.endswith(";base64"):
+            raise Unusable("a data: URL must be base64 (data:<type>;base64,...)")
+        try:
+            return base64.b64decode(payload, validate=True), {"data": payload}
+        except (binascii.Error, ValueError):
+            raise Unusable("a data: URL whose base64 is broken") from None
+    if scheme in ("http", "https"):
+        if document:
+            raise Unusable(
+                "a remote PDF: llm-ops fetches nothing but the endpoint; download it and "
+                "pass its path or bytes"
+            )
+        return None, {"url": value}
+    if scheme == "file":
+        path = Path(url2pathname(unquote(urlsplit(value).path)))
+    elif scheme and len(scheme) > 1:  # not a Windows drive letter
+        raise Unusable(f"a {scheme}: URL; give a path, a file:, data: or http(s): URL")
+    else:
+        path = Path(value).expanduser()
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise Unusable(f"{_size(size)}, over the {_size(limit)} limit")
+        return path.read_bytes(), {"path": str(path.absolute())}
+    except FileNotFoundError:
+        raise Unusable(f"no such file: {value}") from None
+    except IsADirectoryError:
+        raise Unusable(f"a directory, not a file: {value}") from None
+    except PermissionError:
+        raise Unusable(f"cannot read {value}: permission denied") from None
+    except OSError as exc:
+        raise Unusable(f"cannot read {value}: {exc.strerror or exc}") from None
+
+
+def _image(data: bytes) -> dict[str, Any]:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # reads the header only
+            kind, (width, height) = image.format, image.size
+    except (UnidentifiedImageError, OSError, ValueError):
+        if data.startswith(b"%PDF-"):
+            raise Unusable("a PDF, not an image: pass its column as documents=") from None
+        raise Unusable("not an image Pillow can read (PNG, JPEG, WebP or GIF)") from None
+    if kind is None or kind not in IMAGE_TYPES:
+        raise Unusable(f"a {kind} image; endpoints take PNG, JPEG, WebP or GIF")
+    return {"kind": "image", "mime": IMAGE_TYPES[kind], "width": width, "height": height}
+
+
+def _document(data: bytes, media: Media) -> dict[str, Any]:
+    import pypdfium2
+
+    if not data.startswith(b"%PDF-"):
+        raise Unusable("not a PDF (its bytes do not start with %PDF-)")
+    try:
+        pdf = pypdfium2.PdfDocument(data)
+    except pypdfium2.PdfiumError as exc:
+        raise Unusable(f"a damaged PDF: pdfium cannot open it ({exc})") from None
+    try:
+        pages = len(pdf)
+    finally:
+        pdf.close()
+    assert media.documents is not None
+    if pages > media.documents.max_pages:
+        raise Unusable(f"{pages} pages, over max_pages={media.documents.max_pages}")
+    return {"kind": "document", "mime": PDF, "pages": pages}
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.1f} MB" if count >= 2**20 else f"{count:,} bytes"
+
+
+def describe_values(values: pl.DataFrame, media: Media) -> pl.DataFrame:
+    """For each row of ``values`` (one per group of input rows, holding the media columns):
+    ``media`` (the JSON list of its descriptors, in :attr:`Media.columns` order), ``media_key``
+    (the canonical JSON of its keyed parts, joined by commas) and ``media_error`` (why its row
+    cannot be sent; then the other two are null). A null value leaves all three null: its row is
+    skipped like a row with a null template column."""
+    described: dict[tuple[str, bytes | str], dict[str, Any] | str] = {}
+    lists: list[str | None] = []
+    keys: list[str | None] = []
+    errors: list[str | None] = []
+    documents = set(media.document_columns)
+    columns = [values[column].to_list() for column in media.columns]
+    for row in zip(*columns, strict=True):
+        found: list[dict[str, Any]] = []
+        error = None
+        for column, value in zip(media.columns, row, strict=True):
+            if value is None:
+                found = []
+                break
+            seen = described.get((column, value))
+            if seen is None:
+                try:
+                    seen = describe(value, document=column in documents, media=media)
+                except Unusable as exc:
+                    seen = f"{column}: {exc}; row not sent"
+                described[(column, value)] = seen
+            if isinstance(seen, str):
+                error = seen
+                break
+            found.append(seen)
+        if error is None and len(found) == len(media.columns):
+            lists.append(json.dumps(found))
+            keys.append(",".join(canonical_json(part) for part in keyed_parts(found, media)))
+        else:
+            lists.append(None)
+            keys.append(None)
+        errors.append(error)
+    return pl.DataFrame(
+        {"media": lists, "media_key": keys, "media_error": errors},
+        schema={"media": pl.String, "media_key": pl.String, "media_error": pl.String},
+    )
+
+
+# -- keyed and sent parts ---------------------------------------------------------------------
+
+
+def _image_url(url: str, detail: str | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"url": url}
+    if detail is not None:
+        part["detail"] = detail
+    return {"type": "image_url", "image_url": part}
+
+
+def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[dict[str, Any]]:
+    """The content parts a request key hashes (see :mod:`llm_ops._key`): bytes by sha256."""
+    detail = media.images.detail if media.images else None
+    pages = media.documents is not None and media.documents.send_as == "pages"
+    parts = []
+    for item in descriptors:
+        if item["kind"] == "image":
+            parts.append(_image_url(item.get("url") or f"sha256:{item['sha256']}", detail))
+        elif pages:
+            parts += [
+                _image_url(f"sha256:{item['sha256']}#page={n}", None)
+                for n in range(1, item["pages"] + 1)
+            ]
+        else:
+            parts.append({"type": "file", "file": {"file_data": f"sha256:{item['sha256']}"}})
+    return parts
+
+
+def sent_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[dict[str, Any]]:
+    """The content parts sent: each value's bytes read again and inlined as a ``data:`` URL
+    (:class:`Unusable` when a file changed or went since it was keyed); remote images as
+    their URL."""
+    detail = media.images.detail if media.images else None
+    pages = media.documents is not None and media.documents.send_as == "pages"
+    parts = []
+    for item in descriptors:
+        if "url" in item:
+            parts.append(_image_url(item["url"], detail))
+            continue
+        payload = item.get("data") or base64.b64encode(_reread(item)).decode()
+        if item["kind"] == "image":
+            parts.append(_image_url(f"data:{item['mime']};base64,{payload}", detail))
+        elif pages:
+            parts += [
+                _image_url(f"data:image/png;base64,{page}", None)
+                for page in _render_pages(base64.b64decode(payload))
+            ]
+        else:
+            name = Path(item["path"]).name if "path" in item else f"{item['sha256'][:16]}.pdf"
+            parts.append(
+                {
+                    "type": "file",
+                    "file": {"filename": name, "file_data": f"data:{PDF};base64,{payload}"},
+                }
+            )
+    return parts
+
+
+def unsent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as sent, with each inlined image or file part back to the sha256 of its
+    bytes: what a request read back from a batch file is stored as, so the cache never holds
+    the bytes. (A PDF sent as pages comes back as its page images' hashes.)"""
+    return [
+        {**message, "content": [_reference(part) for part in message["content"]]}
+        if isinstance(message.get("content"), list)
+        else message
+        for message in messages
+    ]
+
+
+def _reference(part: dict[str, Any]) -> dict[str, Any]:
+    inner = part.get("image_url") if part.get("type") == "image_url" else part.get("file")
+    field = "url" if part.get("type") == "image_url" else "file_data"
+    if not isinstance(inner, dict) or not str(inner.get(field, "")).startswith("data:"):
+        return part
+    payload = str(inner[field]).partition(",")[2]
+    digest = hashlib.sha256(base64.b64decode(payload)).hexdigest()
+    kept = {k: v for k, v in inner.items() if k not in (field, "filename")}
+    return {**part, part["type"]: {**kept, field: f"sha256:{digest}"}}
+
+
+def _reread(item: Mapping[str, Any]) -> bytes:
+    path = item["path"]
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise Unusable(f"{path} could not be read again to send: {exc.strerror or exc}") from None
+    if hashlib.sha256(data).hexdigest() != item["sha256"]:
+        raise Unusable(
+            f"{path} changed after the job keyed it; run the job again to key its new bytes"
+        )
+    return data
+
+
+def _render_pages(data: bytes) -> list[str]:
+    """Each page of a PDF as base64 PNG, its longest side :data:`PAGE_PIXELS`."""
+    import pypdfium2
+
+    pdf = pypdfium2.PdfDocument(data)
+    try:
+        rendered = []
+        for page in pdf:
+            width, height = page.get_size()  # in points, 72 a inch
+            bitmap = page.render(scale=PAGE_PIXELS / max(width, height, 1.0))
+            buffer = io.BytesIO()
+            bitmap.to_pil().save(buffer, format="PNG")
+            rendered.append(base64.b64encode(buffer.getvalue()).decode())
+            page.close()
+        return rendered
+    finally:
+        pdf.close()
+
+
+def media_tokens(descriptors: Iterable[Mapping[str, Any]], media: Media, model: str) -> int:
+    """About how many prompt tokens a request's media cost ``model`` (see
+    :mod:`llm_ops._media_tokens`)."""
+    detail = media.images.detail if media.images else None
+    pages = media.documents is not None and media.documents.send_as == "pages"
+    total = 0
+    for item in descriptors:
+        if item["kind"] == "image":
+            width, height = (item["width"], item["height"]) if "width" in item else REMOTE_SIZE
+            total += image_tokens(width, height, detail=detail, model=model)
+        elif pages:
+            total += item["pages"] * image_tokens(
+                PAGE_PIXELS, PAGE_PIXELS * 3 // 4, detail=None, model=model
+            )
+        else:
+            total += item["pages"] * DOCUMENT_TOKENS_PER_PAGE
+    return total
+
+
+def sent_bytes(descriptors: Iterable[Mapping[str, Any]]) -> int:
+    """The media bytes a request carries (before base64)."""
+    return sum(int(item.get("bytes", 0)) for item in descriptors)
+
+
+def media_of(value: str | None) -> list[dict[str, Any]]:
+    """The descriptors of a ``media`` value of :func:`describe_values`."""
+    return [] if value is None else list(json.loads(value))
