@@ -10,6 +10,7 @@ import duckdb
 import polars as pl
 import pytest
 
+import llm_ops.polars  # noqa: F401  (the .llm namespace)
 from llm_ops import (
     ConfigError,
     Documents,
@@ -20,6 +21,7 @@ from llm_ops import (
     request_key,
 )
 from llm_ops._media_tokens import image_tokens
+from llm_ops.testing import expected_reply
 from tests.media_files import image, pdf
 
 PNG, JPEG, WEBP = image("PNG", color=1), image("JPEG", color=2), image("WEBP", color=3)
@@ -48,6 +50,27 @@ def test_an_image_path_column_is_sent_with_each_rows_prompt(complete, endpoint, 
     out = df.pipe(complete, prompt="What is on the label? {sku}", images="photo")
     assert status(out) == ["ok", "ok", "ok"]
     assert endpoint.stats()["requests"] == 3
+
+
+def test_each_row_gets_the_answer_to_its_own_image(complete, photos):
+    df = pl.DataFrame({"sku": ["A", "B"], "photo": [str(photos / "b.jpg"), str(photos / "c.webp")]})
+    out = df.pipe(complete, prompt="Label {sku}?", images="photo")
+    assert out["completion"].to_list() == [
+        expected_reply("Label A?", model="sim", media=[JPEG]),
+        expected_reply("Label B?", model="sim", media=[WEBP]),
+    ]
+
+
+def test_a_binary_expression_is_sent_as_an_image(endpoint, cache):
+    df = pl.DataFrame({"photo": [PNG, JPEG]})
+    out = df.select(
+        pl.col("photo").llm.complete(
+            "What is on this label?", model="sim", endpoint=endpoint.base_url, cache=cache
+        )
+    )
+    assert out["photo"].to_list() == [
+        expected_reply("What is on this label?", model="sim", media=[data]) for data in (PNG, JPEG)
+    ]
 
 
 def test_a_rerun_is_answered_by_the_cache_and_sends_nothing(complete, endpoint, photos):
@@ -164,14 +187,13 @@ def test_a_remote_image_url_is_passed_through_and_keyed_by_the_url(complete, end
 
 
 def test_a_pdf_column_is_sent_as_a_file_and_keyed_by_its_bytes(complete, endpoint, cache, tmp_path):
-    (tmp_path / "contract.pdf").write_bytes(pdf(pages=2))
+    contract = pdf(pages=2)  # made once: a PDF holds the time it was made
+    (tmp_path / "contract.pdf").write_bytes(contract)
     out = pl.DataFrame({"contract": [str(tmp_path / "contract.pdf")]}).pipe(
         complete, prompt="Who signs?", documents="contract"
     )
     assert status(out) == ["ok"]
-    assert (
-        f'"file_data":"sha256:{hashlib.sha256(pdf(pages=2)).hexdigest()}"' in requests_in(cache)[0]
-    )
+    assert f'"file_data":"sha256:{hashlib.sha256(contract).hexdigest()}"' in requests_in(cache)[0]
 
 
 def test_a_pdf_can_be_sent_as_page_images(complete, endpoint, cache):
@@ -180,6 +202,7 @@ def test_a_pdf_can_be_sent_as_page_images(complete, endpoint, cache):
     )
     assert status(out) == ["ok"]
     assert requests_in(cache)[0].count("#page=") == 3
+    assert endpoint.stats()["media_parts"] == 3
 
 
 def test_a_pdf_over_the_page_limit_is_rejected(complete, endpoint):
