@@ -1,14 +1,17 @@
 """Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
 
 import re
+from datetime import timedelta
 
 import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Packing, Sampling, estimate, options_from_settings
+from flows.enrich import EnrichConfig, open_table
+from llm_ops import Cache, ConfigError, Packing, Sampling, estimate, options_from_settings
+from llm_ops._engine.answers import thinking
 from llm_ops.cli import main
-from llm_ops.testing import expected_reply
+from llm_ops.testing import expected_reasoning, expected_reply
 
 DF = pl.DataFrame({"text": ["alpha", "beta"]})
 
@@ -124,3 +127,90 @@ def test_the_command_line_flags_reach_the_job(tmp_path, endpoint, cache, capsys)
     job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
     assert main(["estimate", *job, "--base-url", endpoint.base_url, *flags]) == 0
     assert re.search(r"output tokens \(max\) +100\n", capsys.readouterr().out)
+
+
+KEEP = Sampling(keep_reasoning=True)
+THOUGHTS = [expected_reasoning(t, model="sim-think") for t in DF["text"]]
+
+
+def test_keep_reasoning_adds_the_thinking_beside_the_answer(complete):
+    out = _ask(complete, sampling=KEEP)[0]
+    assert out["completion_reasoning"].to_list() == THOUGHTS
+    assert out["completion"].to_list() == [expected_reply(t, model="sim-think") for t in DF["text"]]
+
+
+def test_without_keep_reasoning_there_is_no_reasoning_column(complete):
+    assert "completion_reasoning" not in _ask(complete)[0].columns
+
+
+def test_keep_reasoning_is_neither_sent_nor_keyed():
+    assert Sampling(keep_reasoning=True).params == Sampling().params == {}
+
+
+def test_the_thinking_comes_back_from_the_cache(complete):
+    _ask(complete)  # not asked to keep it: the cache stores it all the same
+    out, report = _ask(complete, sampling=KEEP)
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+    assert out["completion_reasoning"].to_list() == THOUGHTS
+
+
+def test_the_thinking_is_stored_in_llm_cache(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_text FROM llm_cache ORDER BY reasoning_text").fetchall()
+    assert rows == [(t,) for t in sorted(THOUGHTS)]
+
+
+def test_an_answer_refreshed_for_age_keeps_its_thinking_in_history(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache)) as con:
+        con.execute("UPDATE llm_cache SET created_at = created_at - INTERVAL 2 DAY")
+    _ask(complete, cache=Cache(cache, max_age=timedelta(days=1)))
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_text FROM llm_cache_history ORDER BY 1").fetchall()
+    assert rows == [(t,) for t in sorted(THOUGHTS)]
+
+
+def test_a_model_that_does_not_reason_gets_null_thinking(complete):
+    out = DF.pipe(complete, prompt="{text}", sampling=KEEP)
+    assert out["completion_reasoning"].to_list() == [None, None]
+
+
+def test_a_server_that_names_it_reasoning_is_read_too():
+    assert thinking({"content": "4", "reasoning": "2 + 2"}) == "2 + 2"
+
+
+def test_thinking_that_is_not_text_is_none():
+    assert thinking({"content": "4", "reasoning_content": {"steps": 2}}) is None
+
+
+def test_keep_reasoning_must_be_a_bool():
+    with pytest.raises(ConfigError, match="keep_reasoning"):
+        Sampling(keep_reasoning="yes")  # type: ignore[arg-type]
+
+
+def test_the_flat_setting_keeps_reasoning():
+    assert options_from_settings({"keep_reasoning": True})["sampling"] == KEEP
+
+
+def test_a_table_job_keeps_the_thinking(tmp_path, endpoint, cache):
+    DF.write_parquet(source := tmp_path / "in.parquet")
+    config = EnrichConfig(
+        input=str(source),
+        output=str(output := tmp_path / "out.parquet"),
+        prompt="{text}",
+        model=["sim-think"],
+        base_url=endpoint.base_url,
+        cache=str(cache),
+        keep_reasoning=True,
+    )
+    open_table(config).run()
+    assert pl.read_parquet(output)["summary_reasoning"].to_list() == THOUGHTS
+
+
+def test_the_command_line_keeps_reasoning(tmp_path, endpoint, cache):
+    DF.write_parquet(table := tmp_path / "rows.parquet")
+    job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
+    out = ["--output", str(output := tmp_path / "out.parquet"), "--no-progress"]
+    assert main(["run", *job, "--base-url", endpoint.base_url, "--keep-reasoning", *out]) == 0
+    assert pl.read_parquet(output)["completion_reasoning"].to_list() == THOUGHTS

@@ -285,4 +285,5 @@ def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
         pl.col("completion_tokens").cast(pl.Int64),
         pl.lit(None, pl.String).alias("similar_to"),
         pl.lit(None, pl.Float64).alias("similarity"),
+        pl.col("reasoning_text").alias("reasoning"),
     )

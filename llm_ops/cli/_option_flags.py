@@ -47,6 +47,10 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "most tokens per answer, a reasoning model's thinking included; part of the cache key",
         "TOKENS",
     ),
+    "keep_reasoning": OptionFlag(
+        "add <output>_reasoning: a reasoning model's thinking beside each answer; not sent, "
+        "not part of the cache key"
+    ),
     "base_url": OptionFlag("endpoint (default: $OPENAI_BASE_URL, then OpenAI's)", "URL"),
     "endpoint_name": OptionFlag(
         "the endpoint's name in cache keys instead of its URL, so one server reached under "
