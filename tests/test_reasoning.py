@@ -8,7 +8,15 @@ import polars as pl
 import pytest
 
 from flows.enrich import EnrichConfig, open_table
-from llm_ops import Cache, ConfigError, Packing, Sampling, estimate, options_from_settings
+from llm_ops import (
+    Cache,
+    ConfigError,
+    Packing,
+    Price,
+    Sampling,
+    estimate,
+    options_from_settings,
+)
 from llm_ops._engine.answers import thinking
 from llm_ops.cli import main
 from llm_ops.testing import expected_reasoning, expected_reply
@@ -214,3 +222,24 @@ def test_the_command_line_keeps_reasoning(tmp_path, endpoint, cache):
     out = ["--output", str(output := tmp_path / "out.parquet"), "--no-progress"]
     assert main(["run", *job, "--base-url", endpoint.base_url, "--keep-reasoning", *out]) == 0
     assert pl.read_parquet(output)["completion_reasoning"].to_list() == THOUGHTS
+
+
+PRICED = Price(input_per_million=1.0, output_per_million=10.0)
+
+
+def test_the_report_prices_the_thinking_at_the_output_price(complete):
+    report = _ask(complete, pricing=PRICED)[1]
+    assert report.reasoning_cost == pytest.approx(report.reasoning_tokens * 10.0 / 1e6)
+    assert 0 < report.reasoning_cost < report.cost
+
+
+def test_the_report_text_shows_the_thinkings_share_of_the_cost(complete):
+    report = _ask(complete, pricing=PRICED)[1]
+    share = round(100 * report.reasoning_cost / report.cost)
+    assert re.search(rf"reasoning cost +\$0\.\d{{4}}  \({share}% of cost, ", str(report))
+
+
+def test_a_model_that_does_not_reason_costs_no_thinking(complete):
+    report = DF.pipe(complete, prompt="{text}", pricing=PRICED, return_report=True)[1]
+    assert report.reasoning_cost == 0
+    assert "reasoning cost" not in str(report)
