@@ -18,6 +18,7 @@ from llm_ops import (
     options_from_settings,
 )
 from llm_ops._engine.answers import thinking
+from llm_ops._pipeline.estimate import REASONING_MODEL
 from llm_ops.cli import main
 from llm_ops.testing import expected_reasoning, expected_reply
 
@@ -243,3 +244,61 @@ def test_a_model_that_does_not_reason_costs_no_thinking(complete):
     report = DF.pipe(complete, prompt="{text}", pricing=PRICED, return_report=True)[1]
     assert report.reasoning_cost == 0
     assert "reasoning cost" not in str(report)
+
+
+def _estimate(endpoint, model="sim-think", **sampling):
+    return estimate(
+        DF,
+        prompt="{text}",
+        model=model,
+        endpoint=endpoint.base_url,
+        cache=False,
+        sampling=Sampling(**sampling),
+        pricing=PRICED,
+    )
+
+
+def test_an_estimate_bounds_the_thinking_by_max_completion_tokens(endpoint):
+    plan = _estimate(endpoint, max_tokens=10, max_completion_tokens=50)
+    assert (plan.reasoning, plan.output_tokens_high) == (True, 100)
+
+
+def test_without_max_completion_tokens_the_thinking_is_a_multiple_of_the_answers(endpoint):
+    plan = _estimate(endpoint, max_tokens=10)
+    assert (plan.output_tokens_max, plan.output_tokens_high) == (20, 20 * 5)
+    assert plan.cost_high == pytest.approx(plan.cost_min + 100 * 10.0 / 1e6)
+
+
+def test_an_estimate_of_a_reasoning_model_shows_the_range(endpoint):
+    text = str(_estimate(endpoint, max_tokens=10))
+    assert re.search(r"output tokens \(max\) +20\n  with thinking +100 ", text)
+    assert re.search(r"cost with thinking +\$0\.\d{4} to \$0\.0010\n", text)
+
+
+def test_unbounded_thinking_says_how_to_bound_it(endpoint):
+    assert "set max_completion_tokens" in str(_estimate(endpoint))
+
+
+@pytest.mark.parametrize("model", ["o3-mini", "gpt-5", "openai/o4-mini", "deepseek-reasoner"])
+def test_a_reasoning_model_is_known_by_its_name(model):
+    assert REASONING_MODEL.search(model)
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "llama-3.1-8b", "sim"])
+def test_other_names_are_not_taken_for_one(model):
+    assert not REASONING_MODEL.search(model)
+
+
+def test_reasoning_effort_makes_any_model_a_reasoning_one(endpoint):
+    plan = _estimate(endpoint, model="sim", max_tokens=10, reasoning_effort="low")
+    assert (plan.reasoning, plan.output_tokens_high) == (True, 100)
+
+
+def test_a_model_that_does_not_reason_has_one_bound(endpoint):
+    plan = _estimate(endpoint, model="sim", max_tokens=10)
+    assert (plan.reasoning, plan.output_tokens_high, plan.cost_high) == (
+        False,
+        plan.output_tokens_max,
+        plan.cost_max,
+    )
+    assert "thinking" not in str(plan)
