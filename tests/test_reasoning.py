@@ -9,7 +9,9 @@ import pytest
 
 from flows.enrich import EnrichConfig, open_table
 from llm_ops import (
+    BatchMode,
     Cache,
+    Client,
     ConfigError,
     Packing,
     Price,
@@ -302,3 +304,39 @@ def test_a_model_that_does_not_reason_has_one_bound(endpoint):
         plan.cost_max,
     )
     assert "thinking" not in str(plan)
+
+
+@pytest.fixture
+def in_batches(endpoint):
+    """The simulator's batches end fast, and are polled every 0.05 s."""
+    endpoint.configure(batch_seconds=0.2, batch_validation_seconds=0.05)
+    return {"batch": BatchMode(poll_seconds=0.05), "sampling": Sampling(max_tokens=2)}
+
+
+def test_a_batch_line_refused_for_max_tokens_is_resent_with_max_completion_tokens(
+    complete, endpoint, in_batches
+):
+    out = _ask(complete, **in_batches)[0]
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=2) for t in DF["text"]
+    ]
+    assert out["completion_status"].to_list() == ["truncated"] * 2
+    assert endpoint.stats()["batches"] == 2
+
+
+def test_the_batch_switch_is_remembered_for_later_lines(endpoint, cache, in_batches):
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.complete(DF, prompt="{text}", model="sim-think", **in_batches)
+        later = client.complete(DF, prompt="again {text}", model="sim-think", **in_batches)
+    assert later["completion_status"].to_list() == ["truncated"] * 2
+    assert endpoint.stats()["batches"] == 3  # two for the first job, one for the later
+
+
+def test_a_batch_line_resent_keeps_its_key_as_asked(complete, in_batches):
+    _ask(complete, **in_batches)
+    report = _ask(complete, sampling=in_batches["sampling"])[1]
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+
+
+def test_a_batch_report_counts_a_resent_line_once(complete, in_batches):
+    assert _ask(complete, **in_batches)[1].requests_sent == 2
