@@ -22,6 +22,7 @@ from llm_ops import (
 from llm_ops._engine.answers import thinking
 from llm_ops._pipeline.estimate import REASONING_MODEL
 from llm_ops.cli import main
+from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 from llm_ops.testing import expected_reasoning, expected_reply
 
 DF = pl.DataFrame({"text": ["alpha", "beta"]})
@@ -180,6 +181,14 @@ def test_an_answer_refreshed_for_age_keeps_its_thinking_in_history(complete, cac
     with duckdb.connect(str(cache), read_only=True) as con:
         rows = con.sql("SELECT reasoning_text FROM llm_cache_history ORDER BY 1").fetchall()
     assert rows == [(t,) for t in sorted(THOUGHTS)]
+
+
+def test_an_expression_with_status_keeps_the_thinking_as_a_field(endpoint, cache):
+    asked = pl.col("text").llm.complete(
+        "{}", model="sim-think", with_status=True, endpoint=endpoint.base_url, cache=cache,
+        sampling=KEEP,
+    )  # fmt: skip
+    assert DF.select(asked)["text"].struct.field("reasoning").to_list() == THOUGHTS
 
 
 def test_a_model_that_does_not_reason_gets_null_thinking(complete):
