@@ -584,6 +584,8 @@ _CLI_METAVARS = {
     "ray_address": "ADDRESS",
     "pricing": "MODEL=IN,OUT",
     "max_cost": "USD",
+    "images": "COLUMN",
+    "documents": "COLUMN",
 }
 
 
@@ -604,7 +606,7 @@ def command_line() -> argparse.ArgumentParser:
         if name in _CLI_SKIPPED:
             continue
         how: dict[str, Any]
-        if name in ("model", "pricing"):
+        if name in ("model", "pricing", "images", "documents"):
             how = {"action": "append"}
         elif kinds == [bool]:
             how = {"action": "store_true", "default": None}
