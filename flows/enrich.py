@@ -181,6 +181,22 @@ class EnrichConfig(BaseModel):
     tpm: float | None = Field(None, description="tokens per minute to stay under")
     max_tokens: int | None = Field(None, description="most tokens per answer")
     temperature: float | None = Field(None, description="sampling temperature")
+    images: list[str] | None = Field(
+        None,
+        description="columns of images (bytes, or paths and URLs) sent with each row's prompt",
+    )
+    image_detail: Literal["low", "high", "auto"] | None = Field(
+        None, description="with images: how closely the model looks (part of the cache key)"
+    )
+    documents: list[str] | None = Field(
+        None, description="columns of PDFs (bytes or paths) sent with each row's prompt"
+    )
+    documents_as: Literal["file", "pages"] | None = Field(
+        None, description="with documents: 'file' parts (default) or page images ('pages')"
+    )
+    max_pages: int | None = Field(
+        None, ge=1, description="with documents: the most pages a PDF may have (default 100)"
+    )
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
         None, description="how long a reasoning model thinks before it answers"
     )
@@ -573,6 +589,8 @@ _CLI_METAVARS = {
     "ray_address": "ADDRESS",
     "pricing": "MODEL=IN,OUT",
     "max_cost": "USD",
+    "images": "COLUMN",
+    "documents": "COLUMN",
 }
 
 
@@ -593,7 +611,7 @@ def command_line() -> argparse.ArgumentParser:
         if name in _CLI_SKIPPED:
             continue
         how: dict[str, Any]
-        if name in ("model", "pricing"):
+        if name in ("model", "pricing", "images", "documents"):
             how = {"action": "append"}
         elif kinds == [bool]:
             how = {"action": "store_true", "default": None}

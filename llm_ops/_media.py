@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import io
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ import polars as pl
 
 from ._key import canonical_json
 from ._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
-from .exceptions import ConfigError
+from .exceptions import ConfigError, LlmOpsError
 
 SendAs = Literal["file", "pages"]
 IMAGE_TYPES: Mapping[str, str] = {
@@ -224,11 +226,34 @@ def _require_libraries(media: Media) -> None:
 # -- reading a value --------------------------------------------------------------------------
 
 
-class Unusable(Exception):
-    """A media value that cannot be sent; its message is the row's error."""
+class Unusable(LlmOpsError):
+    """A media value that cannot be sent; its message is the row's error. Caught where a row
+    is planned or sent: it never leaves llm-ops."""
 
 
 def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
+    """:func:`read_value`, remembered for a local file while its size and modification time
+    stay the same: a table job keys its rows when it plans and again when it writes, and a
+    rerun keys them all again, so a file is read and hashed once per process, not three times.
+    """
+    if isinstance(value, str) and "://" not in value[:12] and not value.startswith("data:"):
+        try:
+            stat = os.stat(os.path.expanduser(value))
+        except OSError:
+            pass  # read_value says why
+        else:
+            return dict(_described_file(value, stat.st_size, stat.st_mtime_ns, document, media))
+    return read_value(value, document=document, media=media)
+
+
+@functools.lru_cache(maxsize=2**17)  # a descriptor is a few hundred bytes
+def _described_file(
+    value: str, size: int, mtime_ns: int, document: bool, media: Media
+) -> Mapping[str, Any]:
+    return read_value(value, document=document, media=media)
+
+
+def read_value(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
     """The descriptor of one media value, or :class:`Unusable` saying why it cannot be sent.
 
     A descriptor holds ``kind`` (``"image"`` or ``"document"``), ``sha256``, ``mime``,
@@ -278,7 +303,7 @@ def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict
         size = path.stat().st_size
         if size > limit:
             raise Unusable(f"{_size(size)}, over the {_size(limit)} limit")
-        return path.read_bytes(), {"path": str(path.resolve())}
+        return path.read_bytes(), {"path": str(path.absolute())}
     except FileNotFoundError:
         raise Unusable(f"no such file: {value}") from None
     except IsADirectoryError:
@@ -426,6 +451,29 @@ def sent_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[d
                 }
             )
     return parts
+
+
+def unsent(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as sent, with each inlined image or file part back to the sha256 of its
+    bytes: what a request read back from a batch file is stored as, so the cache never holds
+    the bytes. (A PDF sent as pages comes back as its page images' hashes.)"""
+    return [
+        {**message, "content": [_reference(part) for part in message["content"]]}
+        if isinstance(message.get("content"), list)
+        else message
+        for message in messages
+    ]
+
+
+def _reference(part: dict[str, Any]) -> dict[str, Any]:
+    inner = part.get("image_url") if part.get("type") == "image_url" else part.get("file")
+    field = "url" if part.get("type") == "image_url" else "file_data"
+    if not isinstance(inner, dict) or not str(inner.get(field, "")).startswith("data:"):
+        return part
+    payload = str(inner[field]).partition(",")[2]
+    digest = hashlib.sha256(base64.b64decode(payload)).hexdigest()
+    kept = {k: v for k, v in inner.items() if k not in (field, "filename")}
+    return {**part, part["type"]: {**kept, field: f"sha256:{digest}"}}
 
 
 def _reread(item: Mapping[str, Any]) -> bytes:

@@ -397,6 +397,8 @@ def setting_names() -> set[str]:
         "cache",
         "batch",
         "semantic_cache",
+        "images",
+        "documents",
     }
 
 

@@ -20,6 +20,8 @@ from .exceptions import ConfigError
 class Price:
     """What a model costs: dollars per million tokens, and/or dollars per request.
 
+    ``per_image`` prices each image sent (a PDF sent as pages: each page), for providers
+    that bill images per picture rather than as input tokens.
     ``cached_input_per_million`` prices the input tokens a server read from its prefix cache
     (``usage.prompt_tokens_details.cached_tokens``, which OpenAI and vLLM report); without
     it they cost the input price. ``batch`` is the price through the provider's Batch API
@@ -46,6 +48,7 @@ class Price:
     cached_input_per_million: float | None = None
     per_request: float = 0.0
     batch: Price | None = None
+    per_image: float = 0.0
 
     def for_batch(self) -> Price:
         """The price of the same work sent through the Batch API."""
@@ -57,6 +60,7 @@ class Price:
             self.output_per_million / 2,
             None if cached is None else cached / 2,
             self.per_request / 2,
+            per_image=self.per_image / 2,
         )
 
     @classmethod
@@ -74,9 +78,15 @@ class Price:
         return cls(input_per_million or 0.0, output_per_million or 0.0, None, per_request or 0.0)
 
     def cost(
-        self, *, requests: int, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+        self,
+        *,
+        requests: int,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        images: int = 0,
     ) -> float:
-        """Dollars for this many requests and tokens; ``cached_input_tokens`` (part of
+        """Dollars for this many requests, tokens and images; ``cached_input_tokens`` (part of
         ``input_tokens``) at the cached-input price."""
         cached_rate = (
             self.input_per_million
@@ -85,6 +95,7 @@ class Price:
         )
         total = (
             self.per_request * requests
+            + self.per_image * images
             + self.input_per_million * (input_tokens - cached_input_tokens) / 1e6
             + cached_rate * cached_input_tokens / 1e6
             + self.output_per_million * output_tokens / 1e6
@@ -214,6 +225,7 @@ def cost_or_none(
     input_tokens: int,
     output_tokens: int,
     cached_input_tokens: int = 0,
+    images: int = 0,
 ) -> float | None:
     """:meth:`Price.cost`, or ``None`` when the price is unknown; nothing spent (no request,
     no token) costs $0 whatever the price, so a job the cache answered costs $0, not unknown."""
@@ -221,6 +233,7 @@ def cost_or_none(
         return 0.0 if not (requests or input_tokens or output_tokens) else None
     return price.cost(
         requests=requests,
+        images=images,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cached_input_tokens=cached_input_tokens,

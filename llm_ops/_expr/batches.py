@@ -16,6 +16,7 @@ import polars as pl
 
 from .._client import Client
 from .._failures import failure_reasons, warn_columns
+from .._media import Images
 from .._options import (
     CallOptions,
     EmbedOptions,
@@ -34,11 +35,11 @@ from .._progress import resolve_progress
 from .._report import RunReport
 from .._spec import EmbeddingSpec, positive_int
 from .._status import FAILED
-from ..exceptions import ConfigError, RowsFailedError
+from ..exceptions import ConfigError, RowsFailedError, TemplateError
 from .asks import Ask, Output, shaped, shaped_dtype
 from .reports import Reports, in_order, nothing_done, record_unrecorded
 from .runtime import client_for, close_runtimes, runtime_of
-from .values import VALUE, templates_for, value_name
+from .values import VALUE, escaped, templates_for, value_name, with_value
 
 T = TypeVar("T")
 
@@ -313,8 +314,38 @@ class Completions(ExprBatchFunction):
             options={**self.options, "system": system},
         )
 
+    def image_job(self, name: str) -> Job:
+        """The job for a batch whose value is an image (a ``Binary`` column): sent after the
+        prompt's text, which then cannot hold the value itself."""
+        if self.ask.prompt is None and with_value(self.prompt, name, argument="prompt")[1]:
+            raise TemplateError(
+                f"{self.caller}: the value is Binary, so it is sent as an image; the prompt "
+                "asks about it without {}, e.g. "
+                f"pl.col({name!r}).llm.{self.caller}('What is on this label?')"
+            )
+        given = self.options.get("images")
+        images = (
+            dataclasses.replace(given, columns=(name,))
+            if isinstance(given, Images)
+            else Images(name)
+        )
+        return make_job(
+            prompt=escaped(self.prompt),
+            model=self.model,
+            endpoint=self.client.endpoint.identity,
+            cached=self.client.cache is not None,
+            options={**self.options, "images": images},
+        )
+
     def prepare(self, values: pl.Series) -> tuple[pl.DataFrame, Job]:
         reserved = self.job.columns.names
+        if values.dtype == pl.Binary:
+            name = value_name(values.name, reserved)
+            image = self._jobs.get(f"image:{name}")
+            if image is None:
+                image = self._jobs[f"image:{name}"] = self.image_job(name)
+                check_job(image, values.alias(name).to_frame().schema)
+            return values.alias(name).to_frame(), image
         if isinstance(values.dtype, pl.Struct):
             frame, key, name = values.struct.unnest(), None, ""
             taken = [field for field in frame.columns if field in reserved]

@@ -67,6 +67,7 @@ from .._engine.answers import (
 from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
+from .._media import unsent
 from .._options import Job
 from .._outcome import Outcome, Request
 from .._pricing import SpendingCap
@@ -592,7 +593,7 @@ class BatchRunner:
             body = dict(item["body"])
             model, messages = body.pop("model"), body.pop("messages")
             request = build_request(
-                endpoint=part.endpoint, model=model, messages=messages, params=body
+                endpoint=part.endpoint, model=model, messages=unsent(messages), params=body
             )
             requests[item["custom_id"]] = (
                 Request(

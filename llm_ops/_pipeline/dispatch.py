@@ -42,12 +42,14 @@ def requests_for(
     checked: frozenset[str] = frozenset(),
     refuse: Callable[[Request], bool] | None = None,
     reject: Callable[[Request, str], None] | None = None,
+    inline_media: bool = True,
 ) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
     ``rows_per_request`` of them (grouped by system message, which packs share). With
     ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
     ``refuse``, only those it returns ``False`` for (it settles the others). A request whose
-    image or PDF can no longer be read as it was keyed goes to ``reject`` with the reason."""
+    image or PDF can no longer be read as it was keyed goes to ``reject`` with the reason;
+    without ``inline_media`` (an estimate), media stay the references that were keyed."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -71,7 +73,7 @@ def requests_for(
         )
         if refuse is not None and refuse(single):
             continue
-        if spec.media and media:
+        if spec.media and media and inline_media:
             try:
                 single = with_media(single, sent_parts(media, spec.media))
             except Unusable as exc:

@@ -9,7 +9,9 @@ from dataclasses import dataclass, replace
 import polars as pl
 
 from .._cache import Cache
+from .._media import media_of, media_tokens
 from .._options import Job
+from .._outcome import text_of
 from .._pricing import Price, add_costs, approx_tokens, cost_or_none, price_hint
 from .._report import dollars
 from .dispatch import requests_for
@@ -69,6 +71,10 @@ class Estimate:
     output_tokens_high: int | None = None
     cost_high: float | None = None
     batch_cost_high: float | None = None
+    media_rows: int = 0  # rows whose request to send carries images or PDFs
+    images: int = 0  # image parts to send (a PDF sent as pages: one per page)
+    documents: int = 0  # PDFs to send as files
+    media_tokens: int = 0  # of input_tokens, the images' and PDFs' (OpenAI's tile rule)
 
     def __str__(self) -> str:
         output = (
@@ -91,6 +97,15 @@ class Estimate:
                 *(
                     [f"  refreshed for age  {self.refreshed_for_age:>12,}   (older than max_age)"]
                     if self.refreshed_for_age
+                    else []
+                ),
+                *(
+                    [
+                        f"rows with media      {self.media_rows:>12,}   ({self.images:,} "
+                        f"images, {self.documents:,} PDFs: about {self.media_tokens:,} input "
+                        "tokens)"
+                    ]
+                    if self.media_rows
                     else []
                 ),
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
@@ -149,20 +164,22 @@ def price_plan(
     """An :class:`Estimate` of sending the ``REQUESTS`` frames ``misses`` (a frame's, or a
     table's chunks), packed as the job packs them."""
     requests = chars = messages = singles = 0
+    media = MediaCount()
     for part in misses:
         singles += part.height
-        for request in requests_for(part, job):
+        media.add(part, job)
+        for request in requests_for(part, job, inline_media=False):
             requests += 1
-            chars += sum(len(m["content"]) for m in request.messages)
+            chars += sum(len(text_of(m["content"])) for m in request.messages)
             messages += len(request.messages)
-    input_tokens = approx_tokens(chars, messages)
+    input_tokens = approx_tokens(chars, messages) + media.tokens
     # a reasoning model's thinking counts against max_completion_tokens, not max_tokens
     max_tokens = job.spec.params.get("max_completion_tokens") or job.spec.params.get("max_tokens")
     output_max = None if max_tokens is None else max_tokens * singles
     live = [job.spending.price(model) for model in job.models]
     batch = [None if price is None else price.for_batch() for price in live]
-    cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max)
-    batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max)
+    cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max, media.images)
+    batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max, media.images)
     estimated = Estimate(
         rows=rows,
         skipped_rows=rows - keyed_rows,
@@ -177,13 +194,17 @@ def price_plan(
         refreshed_for_age=refreshed,
         batch_cost_min=batch_min,
         batch_cost_max=batch_max,
+        media_rows=media.rows,
+        images=media.images,
+        documents=media.documents,
+        media_tokens=media.tokens,
         unpriced=tuple(
             model
             for model, price in zip(job.models, live, strict=True)
             if price is None and requests  # nothing to send costs $0, priced or not
         ),
     )
-    return with_thinking(estimated, job, live, batch, requests, input_tokens, singles)
+    return with_thinking(estimated, job, live, batch, requests, input_tokens, singles, media.images)
 
 
 def is_reasoning(job: Job) -> bool:
@@ -214,6 +235,7 @@ def with_thinking(
     requests: int,
     input_tokens: int,
     singles: int,
+    images: int,
 ) -> Estimate:
     """``estimated`` with its output and costs at the most thinking can make them: the same
     as without for a model that does not reason."""
@@ -229,27 +251,64 @@ def with_thinking(
         estimated,
         reasoning=True,
         output_tokens_high=high,
-        cost_high=_cost_range(live, requests, input_tokens, high)[1],
-        batch_cost_high=_cost_range(batch, requests, input_tokens, high)[1],
+        cost_high=_cost_range(live, requests, input_tokens, high, images)[1],
+        batch_cost_high=_cost_range(batch, requests, input_tokens, high, images)[1],
     )
 
 
+@dataclass
+class MediaCount:
+    """The images and PDFs of the requests to send, and what they cost in input tokens."""
+
+    rows: int = 0
+    images: int = 0
+    documents: int = 0
+    tokens: int = 0
+
+    def add(self, misses: pl.DataFrame, job: Job) -> None:
+        spec = job.spec
+        if spec.media is None or "media" not in misses.columns:
+            return
+        pages = spec.media.documents is not None and spec.media.documents.send_as == "pages"
+        for rows, value in misses.select("rows", "media").iter_rows():
+            items = media_of(value)
+            self.rows += rows
+            self.tokens += media_tokens(items, spec.media, spec.model)
+            for item in items:
+                if item["kind"] == "image":
+                    self.images += 1
+                elif pages:
+                    self.images += item["pages"]
+                else:
+                    self.documents += 1
+
+
 def _cost_range(
-    prices: list[Price | None], requests: int, input_tokens: int, output_max: int | None
+    prices: list[Price | None],
+    requests: int,
+    input_tokens: int,
+    output_max: int | None,
+    images: int = 0,
 ) -> tuple[float | None, float | None]:
     """From every request answered by the first model with no output, to every request sent
     to every model with ``output_max`` tokens (unknown without a bound); nothing to send
     costs $0."""
     if not requests:
         return 0.0, 0.0
-    low = cost_or_none(prices[0], requests=requests, input_tokens=input_tokens, output_tokens=0)
+    low = cost_or_none(
+        prices[0], requests=requests, input_tokens=input_tokens, output_tokens=0, images=images
+    )
     high: float | None = 0.0
     for price in prices:
         most = (
             None
             if output_max is None
             else cost_or_none(
-                price, requests=requests, input_tokens=input_tokens, output_tokens=output_max
+                price,
+                requests=requests,
+                input_tokens=input_tokens,
+                output_tokens=output_max,
+                images=images,
             )
         )
         high = add_costs(high, most)

@@ -51,6 +51,25 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "add <output>_reasoning: a reasoning model's thinking beside each answer; not sent, "
         "not part of the cache key"
     ),
+    "images": OptionFlag(
+        "a column of images (bytes, or paths and URLs) sent with each row's prompt; again for "
+        "another; keyed by the images' bytes",
+        "COLUMN",
+    ),
+    "image_detail": OptionFlag("with --images: how closely the model looks; part of the key"),
+    "documents": OptionFlag(
+        "a column of PDFs (bytes or paths) sent with each row's prompt; again for another",
+        "COLUMN",
+    ),
+    "documents_as": OptionFlag(
+        "with --documents: 'file' (default: OpenAI file parts) or 'pages' (page images, for "
+        "endpoints that take no files)"
+    ),
+    "max_pages": OptionFlag(
+        "with --documents: the most pages a PDF may have; a longer one's row is rejected "
+        "(default: 100)",
+        "N",
+    ),
     "base_url": OptionFlag("endpoint (default: $OPENAI_BASE_URL, then OpenAI's)", "URL"),
     "endpoint_name": OptionFlag(
         "the endpoint's name in cache keys instead of its URL, so one server reached under "

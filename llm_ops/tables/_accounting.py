@@ -30,10 +30,12 @@ def estimate_table(job: Job, cache: Cache, files: list[Path], *, rows_per_read: 
         rows += batch.height
         keyed += int(keyed_batch.distinct["rows"].sum())
         distinct.append(keyed_batch.distinct)
+    texts = [column for column in distinct[0].columns if column not in ("key", "rows")]
     requests = (
         pl.concat(distinct)
         .group_by("key", maintain_order=True)
-        .agg(pl.col("system", "prompt").first(), pl.col("rows").sum())
+        .agg(pl.col(texts).first(), pl.col("rows").sum())
+        .select(distinct[0].columns)
     )
     hits = lookup_answers(plan_cache, requests)
     misses = requests.join(hits.select("key"), on="key", how="anti")

@@ -102,9 +102,11 @@ def plan_table(
         # Counted up batch by batch, so the table never holds more than the distinct
         # requests.
         # first: the request's rank by its first row, for send_order="input"
+        # media: the descriptors of a request's images and PDFs (llm_ops._media), if any
+        media = ", media" if job.spec.media else ""
         con.execute(
             "CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
-            "prompt VARCHAR, rows BIGINT, first BIGINT)"
+            f"prompt VARCHAR, rows BIGINT, first BIGINT{media and ', media VARCHAR'})"
         )
         rows = seen = 0
         for batch in read_batches(files, rows_per_read):
@@ -113,7 +115,7 @@ def plan_table(
             seen += found.height
             con.register("batch_requests", found.to_arrow())
             con.execute(
-                "INSERT INTO requests SELECT key, system, prompt, rows, first "
+                f"INSERT INTO requests SELECT key, system, prompt, rows, first{media} "
                 "FROM batch_requests ON CONFLICT (key) DO UPDATE "
                 "SET rows = requests.rows + excluded.rows"
             )
@@ -129,7 +131,9 @@ def plan_table(
         distinct, keyed_rows = con.execute(
             "SELECT count(*), coalesce(sum(rows), 0) FROM requests"
         ).fetchall()[0]
-        reader = con.sql("SELECT key, system, prompt, rows FROM misses").to_arrow_reader(chunk_size)
+        reader = con.sql(f"SELECT key, system, prompt, rows{media} FROM misses").to_arrow_reader(
+            chunk_size
+        )
         chunks = []
         for number, chunk in enumerate(reader):
             path = work_dir / f"chunk-{number:05d}.parquet"

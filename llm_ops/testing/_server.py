@@ -57,6 +57,14 @@ per answer token in ``usage.completion_tokens_details.reasoning_tokens`` (counte
 ``completion_tokens`` too) and return their thinking as the message's ``reasoning_content``
 (see :func:`expected_reasoning`).
 
+A user message's content may be OpenAI's list of parts: ``text``, ``image_url`` (a base64
+data URL, or a remote URL it cannot fetch) and ``file`` (a PDF as a base64 data URL). Each image
+or PDF is named in the answer by :func:`media_tag` of its bytes, so a test can tell which file
+reached which row, and ``usage.prompt_tokens`` counts it as OpenAI bills it (an image by the tile
+rule of :func:`~llm_ops._media_tokens.image_tokens`, a PDF by its pages). Invalid base64, bytes
+that are not an image, an image over ``SimulatorConfig.max_image_bytes``, a file that is not a
+PDF and an unknown part type are refused with HTTP 400, as OpenAI does.
+
 With ``SimulatorConfig.step_base`` set, the simulator models a server with continuous batching
 (vLLM, TGI, llama.cpp, ``transformers serve``): at most ``slots`` requests decode together, a
 token each per step, and the rest queue, so its throughput rises with the requests in flight
@@ -67,24 +75,29 @@ up to a knee and then only latency grows (see :class:`~llm_ops.testing._decode.D
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import functools
 import gzip
 import hashlib
+import io
 import json
 import math
 import random
 import re
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any, cast
 
 from aiohttp import web
 
+from .._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
 from .._pack import parse_pack_request
+from ..exceptions import LlmOpsError
 from ._batches import BatchesApi
 from ._decode import DecodeBatch, Durations
 
@@ -219,6 +232,13 @@ class SimulatorConfig:
     reasoning_models
         The models that play a reasoning model (see the module's documentation): they refuse
         ``max_tokens``, report thinking tokens and return ``reasoning_content``.
+    max_request_bytes
+        The largest request body accepted (chat requests, batch file uploads, ...); a larger
+        one is answered HTTP 413. Images and PDFs travel inside the JSON as base64, so a body
+        is far larger than its text (aiohttp's own default, 1 MiB, would refuse one photo).
+    max_image_bytes
+        The largest image one ``image_url`` part may carry, decoded (OpenAI: 20 MB); a larger
+        one is refused with HTTP 400 naming the limit.
     """
 
     latency: float = 0.0
@@ -263,6 +283,8 @@ class SimulatorConfig:
     batch_list_status: int | None = None
     batch_create_stall: str | None = None
     reasoning_models: tuple[str, ...] = ("sim-think",)
+    max_request_bytes: int = 64 * 2**20
+    max_image_bytes: int = 20 * 2**20
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
@@ -436,8 +458,228 @@ def _content(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
+def media_tag(data: bytes | str) -> str:
+    """The name the simulator gives an image or PDF in its answers: ``media:`` and 12 hex
+    digits of the SHA-256 of its bytes, or ``url:`` and those of a remote URL (which it
+    cannot fetch), so a test can tell which file reached which row.
+
+    Examples
+    --------
+    >>> media_tag(b"%PDF-1.4")
+    'media:e16fa5d9b519'
+    >>> media_tag("https://example.com/cat.png")
+    'url:89f18b17905c'
+    """
+    if isinstance(data, str):
+        return "url:" + hashlib.sha256(data.encode()).hexdigest()[:12]
+    return "media:" + hashlib.sha256(data).hexdigest()[:12]
+
+
+class _Refused(LlmOpsError, ValueError):
+    """A request OpenAI refuses with HTTP 400 ``invalid_request_error`` (a ValueError too, for
+    callers of :func:`reply_for` who give it parts it refuses)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param, self.code = param, code
+
+    def body(self) -> dict[str, Any]:
+        body = _error_body(str(self), "invalid_request_error", self.code)
+        body["error"]["param"] = self.param
+        return body
+
+
+@dataclass(frozen=True)
+class _Media:
+    """One image or file part of a request, read: what it is called and what it costs."""
+
+    tag: str
+    size: tuple[int, int] | None = None  # an image's pixels; None: a remote URL, or a PDF
+    detail: ImageDetail | None = None
+    pages: int = 0  # a PDF's; 0 for an image
+
+    def tokens(self, model: str) -> int:
+        """Its prompt tokens, as OpenAI bills them."""
+        if self.pages:
+            return self.pages * DOCUMENT_TOKENS_PER_PAGE
+        if self.size is None:  # a remote URL: no network to fetch and measure it with
+            return image_tokens(0, 0, detail="low", model=model)
+        return image_tokens(*self.size, detail=self.detail, model=model)
+
+
+@dataclass
+class _Prompt:
+    """A request's messages with every list content made a string (see :func:`_normalise`)."""
+
+    messages: list[dict[str, Any]]
+    media: list[_Media] = field(default_factory=list)
+    echoed_tags: int = 0  # the media parts of the last user message: its answer names them all
+
+
+def _normalise(messages: list[dict[str, Any]], *, max_image_bytes: int | None = None) -> _Prompt:
+    """The messages with each list content (OpenAI's content parts) made one string: its text
+    parts joined by newlines, then `` [tag]`` (:func:`media_tag`) for each image or file part
+    in order. Answers and digests are made from this form, so they depend on the bytes of an
+    image, not on how it was encoded, named or typed. String contents are kept as they are, so
+    their answers stay what they always were.
+
+    Raises
+    ------
+    _Refused
+        For a part OpenAI would refuse: of an unknown type, an image that is not valid base64,
+        not an image or over ``max_image_bytes``, a file that is not a PDF.
+    """
+    if not any(isinstance(message.get("content"), list) for message in messages):
+        return _Prompt(messages)
+    prompt = _Prompt([])
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        tags: list[str] = []
+        if isinstance(content, list):
+            texts: list[str] = []
+            for j, part in enumerate(content):
+                read = _read_part(part, f"messages[{i}].content[{j}]", max_image_bytes)
+                if isinstance(read, str):
+                    texts.append(read)
+                else:
+                    prompt.media.append(read)
+                    tags.append(read.tag)
+            text = "\n".join(texts) + "".join(f" [{tag}]" for tag in tags)
+            message = {**message, "content": text}
+        prompt.messages.append(message)
+        if message.get("role") == "user":  # the message _user_text echoes is the last one
+            prompt.echoed_tags = len(tags)
+    return prompt
+
+
+def _read_part(part: Any, where: str, max_image_bytes: int | None) -> str | _Media:
+    """A text part's text, or an image or file part read and checked."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _Refused(f"Invalid '{where}.text': expected a string.", f"{where}.text")
+        return text
+    if kind == "image_url":
+        return _read_image(part.get("image_url"), f"{where}.image_url", max_image_bytes)
+    if kind == "file":
+        return _read_file(part.get("file"), f"{where}.file")
+    raise _Refused(
+        f"Invalid value: {kind!r}. Supported values are: 'text', 'image_url' and 'file'.",
+        f"{where}.type",
+        "invalid_value",
+    )
+
+
+def _read_image(spec: Any, where: str, max_image_bytes: int | None) -> _Media:
+    spec = {"url": spec} if isinstance(spec, str) else spec  # the older shorthand
+    url = spec.get("url") if isinstance(spec, dict) else None
+    detail = spec.get("detail") if isinstance(spec, dict) else None
+    if detail not in (None, "low", "high", "auto"):
+        raise _Refused(
+            f"Invalid value: {detail!r}. Supported values are: 'low', 'high' and 'auto'.",
+            f"{where}.detail",
+            "invalid_value",
+        )
+    if not isinstance(url, str):
+        raise _Refused("Invalid image: 'url' must be a string.", f"{where}.url", "invalid_image")
+    if url.startswith(("http://", "https://")):
+        return _Media(media_tag(url), detail=detail)
+    data = _data_url(url, f"{where}.url", "invalid_image_url", "Invalid image")
+    if max_image_bytes is not None and len(data) > max_image_bytes:
+        raise _Refused(
+            f"Invalid image: {len(data)} bytes, over the limit of {max_image_bytes} bytes "
+            f"({max_image_bytes / 2**20:g} MiB) per image.",
+            f"{where}.url",
+            "image_too_large",
+        )
+    size = _image_size(data)
+    if size is None:
+        raise _Refused(
+            "Invalid image: the bytes are not an image format that can be read.",
+            f"{where}.url",
+            "invalid_image_format",
+        )
+    return _Media(media_tag(data), size=size, detail=detail)
+
+
+def _read_file(spec: Any, where: str) -> _Media:
+    file_data = spec.get("file_data") if isinstance(spec, dict) else None
+    if not isinstance(file_data, str):
+        # the simulator keeps no uploaded files for chat, so a 'file_id' has nothing to name
+        raise _Refused(
+            "Invalid file: the simulator reads 'file_data' (a base64 data URL) only.",
+            f"{where}.file_data",
+            "invalid_file",
+        )
+    data = _data_url(file_data, f"{where}.file_data", "invalid_file", "Invalid file")
+    pages = _pdf_pages(data) if data.startswith(b"%PDF-") else None
+    if pages is None:
+        raise _Refused(
+            "Invalid file: only PDF files are supported, and these bytes are not a readable PDF.",
+            f"{where}.file_data",
+            "invalid_file_format",
+        )
+    return _Media(media_tag(data), pages=max(pages, 1))
+
+
+def _data_url(url: str, where: str, code: str, what: str) -> bytes:
+    """The bytes of a ``data:<type>;base64,<data>`` URL (the type is not checked: OpenAI reads
+    the bytes, whatever the URL says they are)."""
+    head, comma, payload = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64") and comma):
+        raise _Refused(
+            f"{what}: expected a URL or a base64 data URL ('data:<type>;base64,...').",
+            where,
+            code,
+        )
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise _Refused(f"{what}: the data URL is not valid base64.", where, code) from None
+
+
+def _image_size(data: bytes) -> tuple[int, int] | None:
+    """An image's width and height, read by Pillow; ``None`` if it cannot read them."""
+    from PIL import Image  # here: llm_ops imports without the media extra
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:  # Pillow raises many kinds for bytes it cannot read (OSError, SyntaxError)
+        return None
+
+
+def _pdf_pages(data: bytes) -> int | None:
+    """A PDF's page count, read by pypdfium2; ``None`` if it cannot read it."""
+    import pypdfium2  # here: llm_ops imports without the extra
+
+    try:
+        document = pypdfium2.PdfDocument(data)
+    except pypdfium2.PdfiumError:
+        return None
+    try:
+        return len(document)
+    finally:
+        document.close()
+
+
+def _count_media(messages: Any) -> int:
+    """The image and file parts in a request's messages, read or not."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") in ("image_url", "file")
+    )
+
+
 def _user_text(messages: list[dict[str, Any]]) -> str:
-    for message in reversed(messages):
+    """The last user message's text, media tags and all (of the normalised messages)."""
+    for message in reversed(_normalise(messages).messages):
         if message.get("role") == "user":
             content = message.get("content")
             return content if isinstance(content, str) else json.dumps(content)
@@ -445,7 +687,9 @@ def _user_text(messages: list[dict[str, Any]]) -> str:
 
 
 def _digest(messages: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+    """The digest of the normalised messages: of the media's bytes, not of their base64."""
+    normalised = _normalise(messages).messages
+    return hashlib.sha256(json.dumps(normalised, sort_keys=True).encode()).hexdigest()
 
 
 def reply_for(
@@ -454,9 +698,25 @@ def reply_for(
     """The simulator's answer: ``(text, finish_reason, completion_tokens)``.
 
     The text names the model, carries a digest of all the messages and echoes the first
-    words of the last user message; one word is one token.
+    words of the last user message; one word is one token. A message given as content parts
+    is read as its text parts joined by newlines, then `` [tag]`` (:func:`media_tag`) for each
+    image or file part, in order; the answer echoes the first words of that text and then
+    every tag, even those the cut to :data:`REPLY_WORDS` words would drop, so it always names
+    the media it was asked about.
+
+    Raises
+    ------
+    ValueError
+        For content parts the simulator refuses (an unknown type, an invalid image or PDF).
     """
-    words = [f"{model}", f"#{_digest(messages)[:8]}:", *_user_text(messages).split()[:REPLY_WORDS]]
+    return _reply_for(_normalise(messages), model=model, max_tokens=max_tokens)
+
+
+def _reply_for(prompt: _Prompt, *, model: str, max_tokens: int | None) -> tuple[str, str, int]:
+    said = _user_text(prompt.messages).split()
+    # the tags end the text: those the cut drops come after it, so none goes unanswered
+    echoed = said[:REPLY_WORDS] + said[max(REPLY_WORDS, len(said) - prompt.echoed_tags) :]
+    words = [f"{model}", f"#{_digest(prompt.messages)[:8]}:", *echoed]
     if max_tokens is not None and len(words) > max_tokens:
         return " ".join(words[:max_tokens]), "length", max_tokens
     return " ".join(words), "stop", len(words)
@@ -558,19 +818,41 @@ def _reasoning_for(messages: list[dict[str, Any]], model: str) -> str:
 
 
 def expected_reply(
-    prompt: str, *, model: str, system: str | None = None, max_tokens: int | None = None
+    prompt: str,
+    *,
+    model: str,
+    system: str | None = None,
+    max_tokens: int | None = None,
+    media: Sequence[bytes | str] = (),
 ) -> str:
     """The text the simulator answers to ``prompt`` (and ``system``), for assertions.
+
+    Parameters
+    ----------
+    prompt
+        The user message's text (its text parts joined by newlines, when sent as parts).
+    model, system, max_tokens
+        As sent.
+    media
+        The message's image and file parts, in order: each one's bytes (an image's or a
+        PDF's), or the URL of a remote image. Their ``detail``, file names and MIME types do
+        not change the answer.
 
     Examples
     --------
     >>> expected_reply("Summarize: nice dress", model="sim")
     'sim #c61cbfec: Summarize: nice dress'
+    >>> expected_reply("Describe:", model="sim", media=[b"%PDF-1.4"])
+    'sim #8de4e0f0: Describe: [media:e16fa5d9b519]'
     """
-    messages = [{"role": "user", "content": prompt}]
+    content = prompt + "".join(f" [{media_tag(item)}]" for item in media)
+    messages = [{"role": "user", "content": content}]
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
-    return reply_for(messages, model=model, max_tokens=max_tokens)[0]
+    reply = _reply_for(
+        _Prompt(messages, echoed_tags=len(media)), model=model, max_tokens=max_tokens
+    )
+    return reply[0]
 
 
 def _estimate_tokens(messages: list[dict[str, Any]]) -> int:
@@ -585,11 +867,21 @@ def _error(status: int, message: str, kind: str, code: str | None = None) -> web
     return web.json_response(_error_body(message, kind, code), status=status)
 
 
+def _too_large(limit: int) -> web.Response:
+    return _error(
+        413,
+        f"Request body too large: the limit is {limit} bytes (SimulatorConfig.max_request_bytes).",
+        "invalid_request_error",
+        "request_too_large",
+    )
+
+
 class Simulator:
     """The request handlers and the counters they keep."""
 
     def __init__(self, config: SimulatorConfig):
         self.prefix_cache = PrefixCache()
+        self._app_max_size = config.max_request_bytes  # the limit app() gave aiohttp
         self.decoder = DecodeBatch(lambda: self.config)
         self.configure(config)
         self.reset()
@@ -622,6 +914,7 @@ class Simulator:
         self.prefix_cache.clear()
         self.embedding_requests = 0
         self.embedding_inputs = 0
+        self.media_parts = 0
         self.cancelled = 0
         # the TCP connections requests came on (by the client's address and port): a client
         # with one keep-alive pool opens no more than it has requests in flight at once
@@ -650,13 +943,17 @@ class Simulator:
             "completion_tokens": self.completion_tokens,
             "embedding_requests": self.embedding_requests,
             "embedding_inputs": self.embedding_inputs,
+            "media_parts": self.media_parts,
             **self.batch_api.stats(),
             "config": asdict(self.config),
         }
 
     def app(self) -> web.Application:
+        # at least aiohttp's default, for the /_sim/ calls: _limit_body applies the config's
+        self._app_max_size = max(self.config.max_request_bytes, 2**20)
         app = web.Application(
-            client_max_size=64 * 1024 * 1024, middlewares=[self._count_connections]
+            client_max_size=self._app_max_size,
+            middlewares=[self._count_connections, self._limit_body],
         )
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
@@ -678,6 +975,26 @@ class Simulator:
         if request.transport is not None and not request.path.startswith("/_sim/"):
             self.peers.add(request.transport.get_extra_info("peername"))
         return await handler(request)
+
+    @web.middleware
+    async def _limit_body(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Refuse a body over ``max_request_bytes`` with a JSON 413, as the config says now:
+        the application's own limit is fixed when it is made, and :meth:`configure` may have
+        changed it since. The simulator's own ``/_sim/`` calls are exempt, so that a small
+        limit cannot lock out the ``configure`` that would lift it."""
+        if request.path.startswith("/_sim/"):
+            return await handler(request)
+        limit = self.config.max_request_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return _too_large(limit)
+        if limit != self._app_max_size:
+            request = request.clone(client_max_size=limit)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:  # a chunked body: no length to check up front
+            return _too_large(limit)
 
     async def _close(self, app: web.Application) -> None:
         self.decoder.close()
@@ -923,9 +1240,13 @@ class Simulator:
         (shared by live requests and the lines of a batch)."""
         try:
             model = body["model"]
-            messages = body["messages"]
+            self.media_parts += _count_media(body["messages"])
+            prompt = _normalise(body["messages"], max_image_bytes=self.config.max_image_bytes)
+            messages = prompt.messages  # from here on, media are their tags
             text = _user_text(messages)
-        except (KeyError, TypeError):
+        except _Refused as refused:
+            return _Reply(400, refused.body(), bad_body=True)
+        except (KeyError, TypeError, AttributeError):
             return _Reply(
                 400,
                 _error_body(
@@ -952,8 +1273,8 @@ class Simulator:
         self.prompts[digest] += 1
         directives = dict(_DIRECTIVE.findall(text))
         unsure = model in directives.get("unsure_for", "").split(",")
-        reply, finish_reason, completion_tokens = reply_for(
-            messages,
+        reply, finish_reason, completion_tokens = _reply_for(
+            prompt,
             model=model,
             max_tokens=body.get("max_completion_tokens" if reasoning else "max_tokens"),
         )
@@ -976,7 +1297,7 @@ class Simulator:
             completion_tokens = self._answer_tokens(body, directives)
         reasoning_tokens = REASONING_TOKENS_PER_TOKEN * completion_tokens if reasoning else 0
         completion_tokens += reasoning_tokens  # billed as output, as OpenAI counts them
-        prompt_tokens = _estimate_tokens(messages)
+        prompt_tokens = _estimate_tokens(messages) + sum(m.tokens(model) for m in prompt.media)
         blocks = PrefixCache.blocks(messages, model) if self.prefix_cache.capacity else []
         cached_tokens = min(prompt_tokens, self.prefix_cache.cached_tokens(blocks))
         latency = float(directives.get("latency", self.config.latency))

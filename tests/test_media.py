@@ -1,0 +1,274 @@
+"""Image and PDF columns (issue 38): over HTTP to the simulator, with real files and a real
+DuckDB cache file."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import duckdb
+import polars as pl
+import pytest
+
+import llm_ops.polars  # noqa: F401  (the .llm namespace)
+from llm_ops import (
+    ConfigError,
+    Documents,
+    Images,
+    Packing,
+    SemanticCache,
+    estimate,
+    request_key,
+)
+from llm_ops._media_tokens import image_tokens
+from llm_ops.testing import expected_reply
+from tests.media_files import image, pdf
+
+PNG, JPEG, WEBP = image("PNG", color=1), image("JPEG", color=2), image("WEBP", color=3)
+
+
+def status(out: pl.DataFrame) -> list[str]:
+    return out["completion_status"].cast(pl.String).to_list()
+
+
+def requests_in(cache_file) -> list[str]:
+    with duckdb.connect(str(cache_file), read_only=True) as con:
+        return [row[0] for row in con.sql("SELECT request FROM llm_cache").fetchall()]
+
+
+@pytest.fixture
+def photos(tmp_path):
+    for name, data in (("a.png", PNG), ("b.jpg", JPEG), ("c.webp", WEBP)):
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+def test_an_image_path_column_is_sent_with_each_rows_prompt(complete, endpoint, photos):
+    df = pl.DataFrame(
+        {"sku": ["A", "B", "C"], "photo": [str(photos / n) for n in ("a.png", "b.jpg", "c.webp")]}
+    )
+    out = df.pipe(complete, prompt="What is on the label? {sku}", images="photo")
+    assert status(out) == ["ok", "ok", "ok"]
+    assert endpoint.stats()["requests"] == 3
+
+
+def test_each_row_gets_the_answer_to_its_own_image(complete, photos):
+    df = pl.DataFrame({"sku": ["A", "B"], "photo": [str(photos / "b.jpg"), str(photos / "c.webp")]})
+    out = df.pipe(complete, prompt="Label {sku}?", images="photo")
+    assert out["completion"].to_list() == [
+        expected_reply("Label A?", model="sim", media=[JPEG]),
+        expected_reply("Label B?", model="sim", media=[WEBP]),
+    ]
+
+
+def test_a_binary_expression_is_sent_as_an_image(endpoint, cache):
+    df = pl.DataFrame({"photo": [PNG, JPEG]})
+    out = df.select(
+        pl.col("photo").llm.complete(
+            "What is on this label?", model="sim", endpoint=endpoint.base_url, cache=cache
+        )
+    )
+    assert out["photo"].to_list() == [
+        expected_reply("What is on this label?", model="sim", media=[data]) for data in (PNG, JPEG)
+    ]
+
+
+def test_a_rerun_is_answered_by_the_cache_and_sends_nothing(complete, endpoint, photos):
+    df = pl.DataFrame({"photo": [str(photos / "a.png"), str(photos / "b.jpg")]})
+    df.pipe(complete, prompt="Describe it", images="photo")
+    endpoint.reset()
+    assert status(df.pipe(complete, prompt="Describe it", images="photo")) == ["cached"] * 2
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_the_same_bytes_from_a_path_bytes_or_a_data_url_are_one_request(complete, endpoint, photos):
+    data_url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    (photos / "copy-under-another-name.bin").write_bytes(PNG)
+    paths = pl.DataFrame(
+        {"photo": [str(photos / "a.png"), data_url, str(photos / "copy-under-another-name.bin")]}
+    )
+    paths.pipe(complete, prompt="Describe it", images="photo")
+    out = pl.DataFrame({"photo": [PNG]}).pipe(complete, prompt="Describe it", images="photo")
+    assert status(out) == ["cached"]
+    assert endpoint.stats()["requests"] == 1
+
+
+def test_a_changed_file_is_a_new_request(complete, endpoint, photos):
+    df = pl.DataFrame({"photo": [str(photos / "a.png")]})
+    df.pipe(complete, prompt="Describe it", images="photo")
+    (photos / "a.png").write_bytes(image("PNG", color=200))
+    assert status(df.pipe(complete, prompt="Describe it", images="photo")) == ["ok"]
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_the_cache_keeps_the_images_hash_never_its_bytes(complete, cache, photos):
+    pl.DataFrame({"photo": [str(photos / "b.jpg")]}).pipe(complete, prompt="?", images="photo")
+    (request,) = requests_in(cache)
+    assert f"sha256:{hashlib.sha256(JPEG).hexdigest()}" in request
+    assert base64.b64encode(JPEG).decode()[:40] not in request
+
+
+def test_the_key_is_the_documented_request_with_the_image_by_its_hash(complete, endpoint, photos):
+    _, report = pl.DataFrame({"photo": [PNG]}).pipe(
+        complete, prompt="Describe it", images=Images("photo", detail="low"), return_report=True
+    )
+    part = {
+        "type": "image_url",
+        "image_url": {"url": f"sha256:{hashlib.sha256(PNG).hexdigest()}", "detail": "low"},
+    }
+    request = {
+        "endpoint": endpoint.base_url,
+        "model": "sim",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Describe it"}, part]}],
+    }
+    with duckdb.connect(str(report.cache), read_only=True) as con:
+        assert con.sql("SELECT key FROM llm_cache").fetchall() == [(request_key(request),)]
+
+
+def test_a_prompt_with_rare_control_characters_keys_alike_in_sql_and_python(complete, endpoint):
+    df = pl.DataFrame({"text": ["a\x1fb", "plain"], "photo": [PNG, PNG]})
+    df.pipe(complete, prompt="{text}", images="photo")
+    assert status(df.pipe(complete, prompt="{text}", images="photo")) == ["cached", "cached"]
+
+
+def test_a_missing_file_is_its_rows_rejected_status_and_nothing_is_sent(complete, endpoint, photos):
+    df = pl.DataFrame({"photo": [str(photos / "gone.png"), str(photos / "a.png")]})
+    out = df.pipe(complete, prompt="Describe it", images="photo")
+    assert status(out) == ["rejected", "ok"]
+    assert out["completion_error"][0] == f"photo: no such file: {photos / 'gone.png'}; row not sent"
+    assert endpoint.stats()["requests"] == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (b"plain text, not an image", "not an image Pillow can read"),
+        (pdf(), "a PDF, not an image: pass its column as documents="),
+        (image("BMP"), "a BMP image; endpoints take PNG, JPEG, WebP or GIF"),
+    ],
+)
+def test_bytes_that_are_no_image_the_endpoint_takes_are_rejected(complete, endpoint, value, says):
+    out = pl.DataFrame({"photo": [value]}).pipe(complete, prompt="Describe it", images="photo")
+    assert status(out) == ["rejected"]
+    assert says in out["completion_error"][0]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_an_image_over_the_limit_is_rejected_before_sending(complete, endpoint):
+    big = image("PNG", size=(400, 400))
+    out = pl.DataFrame({"photo": [big]}).pipe(
+        complete, prompt="Describe it", images=Images("photo", max_bytes=len(big) - 1)
+    )
+    assert "over the" in out["completion_error"][0]
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_null_image_skips_its_row(complete, endpoint):
+    out = pl.DataFrame({"photo": [None, PNG]}, schema={"photo": pl.Binary}).pipe(
+        complete, prompt="Describe it", images="photo"
+    )
+    assert status(out) == ["skipped", "ok"]
+
+
+def test_several_image_columns_go_in_one_request(complete, endpoint, cache):
+    df = pl.DataFrame({"front": [PNG], "back": [JPEG]})
+    assert status(df.pipe(complete, prompt="Compare", images=["front", "back"])) == ["ok"]
+    (request,) = requests_in(cache)
+    assert request.index(hashlib.sha256(PNG).hexdigest()) < request.index(
+        hashlib.sha256(JPEG).hexdigest()
+    )
+
+
+def test_a_remote_image_url_is_passed_through_and_keyed_by_the_url(complete, endpoint, cache):
+    url = "https://example.com/label.png"
+    out = pl.DataFrame({"photo": [url]}).pipe(complete, prompt="Describe it", images="photo")
+    assert status(out) == ["ok"]
+    assert url in requests_in(cache)[0]
+
+
+def test_a_pdf_column_is_sent_as_a_file_and_keyed_by_its_bytes(complete, endpoint, cache, tmp_path):
+    contract = pdf(pages=2)  # made once: a PDF holds the time it was made
+    (tmp_path / "contract.pdf").write_bytes(contract)
+    out = pl.DataFrame({"contract": [str(tmp_path / "contract.pdf")]}).pipe(
+        complete, prompt="Who signs?", documents="contract"
+    )
+    assert status(out) == ["ok"]
+    assert f'"file_data":"sha256:{hashlib.sha256(contract).hexdigest()}"' in requests_in(cache)[0]
+
+
+def test_a_pdf_can_be_sent_as_page_images(complete, endpoint, cache):
+    out = pl.DataFrame({"contract": [pdf(pages=3)]}).pipe(
+        complete, prompt="Who signs?", documents=Documents("contract", send_as="pages")
+    )
+    assert status(out) == ["ok"]
+    assert requests_in(cache)[0].count("#page=") == 3
+    assert endpoint.stats()["media_parts"] == 3
+
+
+def test_a_pdf_over_the_page_limit_is_rejected(complete, endpoint):
+    out = pl.DataFrame({"contract": [pdf(pages=3)]}).pipe(
+        complete, prompt="Who signs?", documents=Documents("contract", max_pages=2)
+    )
+    assert out["completion_error"][0] == "contract: 3 pages, over max_pages=2; row not sent"
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_a_damaged_pdf_is_rejected(complete, endpoint):
+    out = pl.DataFrame({"contract": [b"%PDF-1.4 and then nothing"]}).pipe(
+        complete, prompt="Who signs?", documents="contract"
+    )
+    assert "a damaged PDF" in out["completion_error"][0]
+
+
+def test_a_remote_pdf_is_rejected_with_what_to_do(complete, endpoint):
+    out = pl.DataFrame({"contract": ["https://example.com/c.pdf"]}).pipe(
+        complete, prompt="Who signs?", documents="contract"
+    )
+    assert "download it" in out["completion_error"][0]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"images": "nope"}, "media column 'nope' is not in the table"),
+        ({"images": "n"}, "it must hold bytes"),
+        ({"images": "photo", "packing": Packing(rows_per_request=4)}, "packing cannot carry"),
+        ({"images": "photo", "semantic_cache": SemanticCache("sim-embed")}, "semantic cache"),
+        ({"images": "photo", "documents": "photo"}, "named by both"),
+    ],
+)
+def test_bad_media_options_are_config_errors_before_sending(complete, endpoint, options, says):
+    with pytest.raises(ConfigError, match=says):
+        pl.DataFrame({"photo": [PNG], "n": [1]}).pipe(complete, prompt="?", **options)
+    assert endpoint.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: Images("photo", detail="huge"), "detail must be"),
+        (lambda: Images([]), "images takes a column name"),
+        (lambda: Documents("c", send_as="scan"), "send_as must be"),
+        (lambda: Documents("c", max_pages=0), "max_pages must be a positive integer"),
+    ],
+)
+def test_media_objects_check_their_fields(make, says):
+    with pytest.raises(ConfigError, match=says):
+        make()
+
+
+def test_estimate_counts_image_tokens_by_the_tile_rule(endpoint, cache):
+    big = image("PNG", size=(1024, 1024))
+    plan = estimate(
+        pl.DataFrame({"photo": [big, big, PNG]}),
+        prompt="Describe it",
+        images=Images("photo", detail="high"),
+        model="gpt-4o",
+        endpoint=endpoint.base_url,
+        cache=cache,
+    )
+    tokens = image_tokens(1024, 1024, detail="high", model="gpt-4o")
+    assert (plan.media_rows, plan.images) == (3, 2)
+    assert plan.media_tokens == tokens + image_tokens(8, 8, detail="high", model="gpt-4o")
+    assert "rows with media" in str(plan)
+    assert endpoint.stats()["requests"] == 0
