@@ -39,7 +39,7 @@ import polars as pl
 
 from ._key import canonical_json
 from ._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
-from .exceptions import ConfigError
+from .exceptions import ConfigError, LlmOpsError
 
 SendAs = Literal["file", "pages"]
 IMAGE_TYPES: Mapping[str, str] = {
@@ -226,8 +226,9 @@ def _require_libraries(media: Media) -> None:
 # -- reading a value --------------------------------------------------------------------------
 
 
-class Unusable(Exception):
-    """A media value that cannot be sent; its message is the row's error."""
+class Unusable(LlmOpsError):
+    """A media value that cannot be sent; its message is the row's error. Caught where a row
+    is planned or sent: it never leaves llm-ops."""
 
 
 def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:

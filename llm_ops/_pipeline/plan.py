@@ -92,9 +92,10 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
         unusable = pl.col("media_error").is_not_null()
         skip_reason = pl.when(unusable).then(pl.col("media_error")).otherwise(skip_reason)
         skip_status = pl.when(unusable).then(pl.lit("rejected")).otherwise(skip_status)
-    skipped = (texts if spec.media else values).select(
-        skip_reason.alias("skip_reason"), skip_status.alias("skip_status")
-    )
+    # with_columns, not select: literals broadcast to every group
+    skipped = (texts if spec.media else values).with_columns(
+        skip_reason=skip_reason, skip_status=skip_status
+    )[["skip_reason", "skip_status"]]
     return Keyed(
         groups=pl.concat([keys.alias("key").to_frame(), skipped], how="horizontal"),
         row_group=row_group,
@@ -285,4 +286,5 @@ def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
         pl.col("completion_tokens").cast(pl.Int64),
         pl.lit(None, pl.String).alias("similar_to"),
         pl.lit(None, pl.Float64).alias("similarity"),
+        pl.col("reasoning_text").alias("reasoning"),
     )
