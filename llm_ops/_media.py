@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
+import orjson
 import polars as pl
 
 from ._key import canonical_json
@@ -383,7 +384,7 @@ def describe_values(values: pl.DataFrame, media: Media) -> pl.DataFrame:
                 break
             found.append(seen)
         if error is None and len(found) == len(media.columns):
-            lists.append(json.dumps(found))
+            lists.append(orjson.dumps(found).decode())  # json's escape scan: 0.7 ms a photo
             keys.append(",".join(canonical_json(part) for part in keyed_parts(found, media)))
         else:
             lists.append(None)

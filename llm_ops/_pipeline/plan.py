@@ -166,7 +166,7 @@ def key_texts(
         *(["media_key"] if with_media else []),
     ]
     sendable = " AND ".join(f"{column} IS NOT NULL" for column in needed)
-    carried = ["system", "prompt", *(["media_key", "media"] if with_media else [])]
+    carried = ["system", "prompt", *(["media_key"] if with_media else [])]
     table = texts.select(carried).with_row_index("text")
     with _memory_db() as con:
         con.register("texts", table.to_arrow())
@@ -189,21 +189,24 @@ def key_texts(
     if odd.any():
         fixed = keys.to_list()
         for index in odd.arg_true().to_list():
-            row = table.row(index, named=True)
+            system, prompt = table["system"][index], table["prompt"][index]
             if with_media:
                 assert isinstance(spec, RequestSpec)
-                fixed[index] = spec.key(row["system"], row["prompt"], media_of(row["media"]))
+                fixed[index] = spec.key(system, prompt, media_of(texts["media"][index]))
             else:
-                fixed[index] = spec.key(row["system"], row["prompt"])
+                fixed[index] = spec.key(system, prompt)
         keys = pl.Series("key", fixed, dtype=pl.String)
-    kept = ["system", "prompt", *(["media"] if with_media else [])]
     grouped = (
-        table.select(keys.alias("key"), *kept, counts.cast(pl.Int64).alias("rows"))
+        table.select(
+            keys.alias("key"), "system", "prompt", "text", counts.cast(pl.Int64).alias("rows")
+        )
         .drop_nulls("key")
         .group_by("key", maintain_order=True)
-        .agg(pl.col(kept).first(), pl.col("rows").sum())
-        .select("key", "system", "prompt", "rows", *(["media"] if with_media else []))
+        .agg(pl.col("system", "prompt", "text").first(), pl.col("rows").sum())
     )
+    if with_media:  # gathered, not grouped: a photo's descriptor carries its bytes
+        grouped = grouped.with_columns(media=texts["media"].gather(grouped["text"]))
+    grouped = grouped.drop("text")
     return keys, grouped
 
 
