@@ -203,6 +203,11 @@ class EnrichConfig(BaseModel):
     max_completion_tokens: int | None = Field(
         None, ge=1, description="most tokens per answer, a reasoning model's thinking included"
     )
+    keep_reasoning: bool = Field(
+        False,
+        description="add <output>_reasoning: a reasoning model's thinking beside each answer "
+        "(not sent, not part of the cache key)",
+    )
     timeout: float | None = Field(None, gt=0, description="seconds per attempt (default: 60)")
     max_attempts: int | None = Field(None, ge=1, description="attempts per request (default: 5)")
     chunk_size: int = Field(5_000, ge=1, description="distinct requests per send-chunk task")
@@ -584,6 +589,8 @@ _CLI_METAVARS = {
     "ray_address": "ADDRESS",
     "pricing": "MODEL=IN,OUT",
     "max_cost": "USD",
+    "images": "COLUMN",
+    "documents": "COLUMN",
 }
 
 
@@ -604,7 +611,7 @@ def command_line() -> argparse.ArgumentParser:
         if name in _CLI_SKIPPED:
             continue
         how: dict[str, Any]
-        if name in ("model", "pricing"):
+        if name in ("model", "pricing", "images", "documents"):
             how = {"action": "append"}
         elif kinds == [bool]:
             how = {"action": "store_true", "default": None}

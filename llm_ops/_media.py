@@ -35,11 +35,12 @@ from typing import Any, Literal, get_args
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
+import orjson
 import polars as pl
 
 from ._key import canonical_json
 from ._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
-from .exceptions import ConfigError
+from .exceptions import ConfigError, LlmOpsError
 
 SendAs = Literal["file", "pages"]
 IMAGE_TYPES: Mapping[str, str] = {
@@ -226,8 +227,9 @@ def _require_libraries(media: Media) -> None:
 # -- reading a value --------------------------------------------------------------------------
 
 
-class Unusable(Exception):
-    """A media value that cannot be sent; its message is the row's error."""
+class Unusable(LlmOpsError):
+    """A media value that cannot be sent; its message is the row's error. Caught where a row
+    is planned or sent: it never leaves llm-ops."""
 
 
 def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
@@ -382,7 +384,7 @@ def describe_values(values: pl.DataFrame, media: Media) -> pl.DataFrame:
                 break
             found.append(seen)
         if error is None and len(found) == len(media.columns):
-            lists.append(json.dumps(found))
+            lists.append(orjson.dumps(found).decode())  # json's escape scan: 0.7 ms a photo
             keys.append(",".join(canonical_json(part) for part in keyed_parts(found, media)))
         else:
             lists.append(None)

@@ -290,6 +290,7 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "stop": ("sampling", "stop"),
     "reasoning_effort": ("sampling", "reasoning_effort"),
     "max_completion_tokens": ("sampling", "max_completion_tokens"),
+    "keep_reasoning": ("sampling", "keep_reasoning"),
     "rows_per_request": ("packing", "rows_per_request"),
     "pack_tokens": ("packing", "pack_tokens"),
     "send_order": ("packing", "send_order"),
@@ -355,7 +356,7 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     --------
     >>> from llm_ops import options_from_settings
     >>> options_from_settings({"temperature": 0, "max_cost": 2.5, "output": "summary"})
-    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None, reasoning_effort=None, max_completion_tokens=None), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
+    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None, reasoning_effort=None, max_completion_tokens=None, keep_reasoning=False), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
     """  # noqa: E501
     given = {name: value for name, value in settings.items() if value is not None}
     options: dict[str, Any] = {k: v for k, v in given.items() if k not in SETTINGS}
@@ -443,6 +444,7 @@ class Columns:
     structured: bool = False
     semantic: bool = False
     cascade: bool = False
+    reasoning: bool = False  # Sampling.keep_reasoning
 
     def __post_init__(self) -> None:
         if not isinstance(self.output, str) or not self.output:
@@ -473,6 +475,10 @@ class Columns:
         return f"{self.output}_model"
 
     @property
+    def reasoning_text(self) -> str:
+        return f"{self.output}_reasoning"
+
+    @property
     def names(self) -> tuple[str, ...]:
         return (
             self.output,
@@ -481,6 +487,7 @@ class Columns:
             *([self.raw] if self.structured else []),
             *([self.similar_to, self.similarity] if self.semantic else []),
             *([self.model] if self.cascade else []),
+            *([self.reasoning_text] if self.reasoning else []),
         )
 
     def dtypes(self, answer: pl.DataType) -> dict[str, pl.DataType]:
@@ -494,6 +501,7 @@ class Columns:
             self.similar_to: pl.String(),
             self.similarity: pl.Float64(),
             self.model: pl.String(),
+            self.reasoning_text: pl.String(),
         }
         return {name: dtypes[name] for name in self.names}
 
@@ -666,6 +674,7 @@ def make_job(
             structured=structured is not None,
             semantic=semantic is not None,
             cascade=len(models) > 1,
+            reasoning=sampling.keep_reasoning,
         ),
         spending=Spending({name: price_for(name, pricing) for name in priced}, budget),
         packing=packing,

@@ -116,6 +116,7 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's unseen thinking
+    reasoning: str | None = None  # that thinking's text, when the endpoint returned it
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered

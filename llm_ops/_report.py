@@ -92,6 +92,10 @@ class RunReport:
         completion_tokens_details.reasoning_tokens``, as OpenAI's o-series and gpt-5 report
         it): billed as output, though no answer shows them. The text gives their share of
         the output tokens.
+    reasoning_cost
+        Of ``cost``, what ``reasoning_tokens`` cost at the model's output price: what the
+        unseen thinking was billed (0 when there was none; ``None`` when the price is
+        unknown). The text gives it, and its share of the cost, when there was thinking.
     usage_unknown
         Answers whose ``usage`` could not be right (a negative or absurd token count): their
         text is kept, their tokens are unknown (NULL in the cache) and left out of the tokens
@@ -157,6 +161,7 @@ class RunReport:
     error: str | None = None
     cost: float | None = None
     cost_saved: float | None = None
+    reasoning_cost: float | None = None
     budget_stop: str | None = None
     savings: dict[str, Saving] = field(default_factory=dict)
     models: dict[str, ModelUsage] = field(default_factory=dict)
@@ -197,6 +202,14 @@ class RunReport:
             notes.append(f"{self.reasoning_tokens:,} out reasoning, {share:.0%} of out")
         return f"  ({'; '.join(notes)})" if notes else ""
 
+    def _reasoning_cost_line(self) -> list[str]:
+        """What the thinking cost, and its share of the cost, when there was thinking."""
+        if not self.reasoning_tokens:
+            return []
+        cost = self.reasoning_cost
+        of_cost = f"{cost / self.cost:.0%} of cost, " if cost is not None and self.cost else ""
+        return [f"  reasoning cost     {dollars(cost):>10}  ({of_cost}thinking billed as output)"]
+
     def as_dict(self) -> dict[str, Any]:
         """The report as plain values, as stored in ``llm_runs``."""
         return asdict(self)
@@ -218,6 +231,7 @@ class RunReport:
             f"  tokens in / out    {self.prompt_tokens:>10,} / {self.completion_tokens:,}"
             + self._token_notes(),
             f"  cost               {dollars(self.cost):>10}  (saved {dollars(self.cost_saved)})",
+            *self._reasoning_cost_line(),
             f"  wall time          {self.wall_seconds:>10.2f} s",
             *(
                 [f"  concurrency        {self.concurrency:>10,}  ({self.concurrency_why})"]
@@ -281,6 +295,7 @@ def sum_reports(
     stopped = next((r for r in reports if r.outcome != "completed"), None)
     costs = [r.cost for r in reports]
     saved = [r.cost_saved for r in reports]
+    thinking = [r.reasoning_cost for r in reports]
     return RunReport(
         run_id=uuid.uuid4().hex[:12],
         started_at=started_at,
@@ -304,6 +319,7 @@ def sum_reports(
         error=stopped.error if stopped else None,
         cost=None if None in costs else round(sum(c or 0.0 for c in costs), 10),
         cost_saved=None if None in saved else round(sum(c or 0.0 for c in saved), 10),
+        reasoning_cost=None if None in thinking else round(sum(c or 0.0 for c in thinking), 10),
         budget_stop=next((r.budget_stop for r in reports if r.budget_stop), None),
         savings=savings,
         models=models,
@@ -346,6 +362,7 @@ class RunCosts:
     cost_saved: float | None = None
     savings: dict[str, Saving] = field(default_factory=dict)
     models: dict[str, ModelUsage] = field(default_factory=dict)
+    reasoning_cost: float | None = None
 
 
 def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
@@ -379,6 +396,7 @@ def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,
         cost=costs.cost,
         cost_saved=costs.cost_saved,
+        reasoning_cost=costs.reasoning_cost,
         savings=dict(costs.savings),
         models=dict(costs.models),
         mode=facts.mode,

@@ -54,6 +54,7 @@ MAX_RESPONSE_BYTES = 2**31  # what one answer's body may be allowed to hold, at 
 # An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
+_NOT_SENT = frozenset({"keep_reasoning"})  # Sampling fields for the job, not the endpoint
 NO_KEY = "no-key-needed"  # what a loopback endpoint without a key is sent
 
 
@@ -540,7 +541,7 @@ class Limits:
 @dataclass(frozen=True)
 class Sampling:
     """How the model samples its answer: ``sampling=`` of every completion call. Each field
-    is sent to the endpoint when set, and is part of the cache key.
+    but ``keep_reasoning`` is sent to the endpoint when set, and is part of the cache key.
 
     ``max_tokens``: the most tokens per answer. ``temperature`` (0 to 2) and ``top_p``
     (0 to 1): the sampling's randomness. ``seed``: asks for reproducible sampling where the
@@ -550,6 +551,11 @@ class Sampling:
     ``max_completion_tokens``: the most tokens per answer, thinking included, as reasoning
     models take it; a request with ``max_tokens`` that such a model refuses is resent with
     ``max_completion_tokens`` instead, under the same cache key.
+    ``keep_reasoning``: add a column ``<output>_reasoning`` holding the thinking a reasoning
+    model returns beside its answer (the message's ``reasoning_content``, as DeepSeek, vLLM
+    and llama.cpp send it, or ``reasoning``); null where none came. It changes what the job
+    keeps, not what is asked, so it is neither sent nor keyed: the cache stores the thinking
+    whenever the endpoint returns it, and a cached answer brings it back.
 
     Examples
     --------
@@ -565,8 +571,11 @@ class Sampling:
     stop: str | Sequence[str] | None = None
     reasoning_effort: ReasoningEffort | None = None
     max_completion_tokens: int | None = None
+    keep_reasoning: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.keep_reasoning, bool):
+            raise ConfigError(f"keep_reasoning must be True or False, got {self.keep_reasoning!r}")
         if self.max_tokens is not None:
             positive_int("max_tokens", self.max_tokens)
         if self.max_completion_tokens is not None:
@@ -599,8 +608,13 @@ class Sampling:
 
     @property
     def params(self) -> dict[str, Any]:
-        """The fields that are set, as the request's parameters."""
-        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        """The fields that are set, as the request's parameters: all but ``keep_reasoning``,
+        which asks the job, not the model, for something."""
+        return {
+            f.name: v
+            for f in fields(self)
+            if f.name not in _NOT_SENT and (v := getattr(self, f.name)) is not None
+        }
 
 
 @dataclass(frozen=True)

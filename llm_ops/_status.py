@@ -62,10 +62,12 @@ RESULTS: Final = pl.Schema(
         "completion_tokens": pl.Int64,
         "similar_to": pl.String,
         "similarity": pl.Float64,
+        "reasoning": pl.String,
     }
 )
-"""One row per settled distinct request: its answer (or why not), tokens and, for a
-``similar`` answer, which request it came from. What join-back gives the rows."""
+"""One row per settled distinct request: its answer (or why not), tokens, for a ``similar``
+answer which request it came from, and a reasoning model's thinking (null when none came, and
+for a similar answer: the thinking was over another prompt). What join-back gives the rows."""
 
 ROW_KEYS: Final = pl.Schema({"key": pl.String, "skip_reason": pl.String, "skip_status": pl.String})
 """One row per input row, in order: its request key (null when it is not sent), why not, and

@@ -141,3 +141,40 @@ def test_knee_benchmark_prints_every_side_against_the_best_fixed_concurrency(
         assert side in done.stdout
     assert "the default reached" in done.stdout
     assert out.read_text().startswith("# The knee")
+
+
+def test_media_benchmark_rerun_sends_nothing_and_the_cache_holds_no_image_bytes() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "media.py"),
+            "--rows",
+            "30",
+            "--binary-rows",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        cells[0]: cells
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    header = rows["side"]
+    assert len(header) == 14
+    assert all(len(cells) == len(header) for cells in rows.values())
+    column = {name: header.index(name) for name in header}
+    rerun = rows["llm_ops rerun, paths, same cache"]
+    assert rerun[column["requests sent"]] == "0"
+    assert rerun[column["media parts received"]] == "0"
+    for side in ("llm_ops, paths, fresh cache", "llm_ops rerun, paths, same cache"):
+        assert rows[side][column["correct rows"]] == "30"
+        assert rows[side][column["image bytes in cache"]] == "no"
+    # 30 images are 6 MB; the cache file (DuckDB's blocks, mostly empty) stays near 2.5 MB
+    assert float(rows["llm_ops, paths, fresh cache"][column["cache file MB"]]) < 4
+    assert "**ratio llm_ops / baseline, paths**" in rows

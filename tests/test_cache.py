@@ -39,6 +39,7 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (10, "add concurrency to llm_runs"),
         (11, "add reasoning_tokens to llm_cache and llm_runs"),
         (12, "create llm_cache_history"),
+        (13, "add reasoning_text to llm_cache and llm_cache_history"),
     ]
 
 
@@ -60,6 +61,7 @@ def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, ca
     with duckdb.connect(str(old)) as con:  # back to version 8: llm_cache with its index
         con.execute("ALTER TABLE llm_cache RENAME TO answers")
         con.execute("ALTER TABLE answers DROP COLUMN reasoning_tokens")  # of version 11
+        con.execute("ALTER TABLE answers DROP COLUMN reasoning_text")  # of version 13
         con.execute(MIGRATIONS[0][2])
         con.execute("ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER")
         con.execute("INSERT INTO llm_cache SELECT * FROM answers")

@@ -91,8 +91,8 @@ def test_joining_back_per_group_equals_joining_back_per_row():
     x, y, _ = keyed.distinct["key"].to_list()
     results = pl.DataFrame(
         [
-            (x, "X", None, "ok", None, 1, 1, None, None),
-            (y, None, None, "rejected", "400: no", 1, 0, None, None),
+            (x, "X", None, "ok", None, 1, 1, None, None, None),
+            (y, None, None, "rejected", "400: no", 1, 0, None, None, None),
         ],
         schema=RESULTS,
         orient="row",

@@ -1,14 +1,29 @@
 """Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
 
 import re
+from datetime import timedelta
 
 import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Packing, Sampling, estimate, options_from_settings
+from flows.enrich import EnrichConfig, open_table
+from llm_ops import (
+    BatchMode,
+    Cache,
+    Client,
+    ConfigError,
+    Packing,
+    Price,
+    Sampling,
+    estimate,
+    options_from_settings,
+)
+from llm_ops._engine.answers import thinking
+from llm_ops._pipeline.estimate import REASONING_MODEL
 from llm_ops.cli import main
-from llm_ops.testing import expected_reply
+from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
+from llm_ops.testing import expected_reasoning, expected_reply
 
 DF = pl.DataFrame({"text": ["alpha", "beta"]})
 
@@ -124,3 +139,213 @@ def test_the_command_line_flags_reach_the_job(tmp_path, endpoint, cache, capsys)
     job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
     assert main(["estimate", *job, "--base-url", endpoint.base_url, *flags]) == 0
     assert re.search(r"output tokens \(max\) +100\n", capsys.readouterr().out)
+
+
+KEEP = Sampling(keep_reasoning=True)
+THOUGHTS = [expected_reasoning(t, model="sim-think") for t in DF["text"]]
+
+
+def test_keep_reasoning_adds_the_thinking_beside_the_answer(complete):
+    out = _ask(complete, sampling=KEEP)[0]
+    assert out["completion_reasoning"].to_list() == THOUGHTS
+    assert out["completion"].to_list() == [expected_reply(t, model="sim-think") for t in DF["text"]]
+
+
+def test_without_keep_reasoning_there_is_no_reasoning_column(complete):
+    assert "completion_reasoning" not in _ask(complete)[0].columns
+
+
+def test_keep_reasoning_is_neither_sent_nor_keyed():
+    assert Sampling(keep_reasoning=True).params == Sampling().params == {}
+
+
+def test_the_thinking_comes_back_from_the_cache(complete):
+    _ask(complete)  # not asked to keep it: the cache stores it all the same
+    out, report = _ask(complete, sampling=KEEP)
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+    assert out["completion_reasoning"].to_list() == THOUGHTS
+
+
+def test_the_thinking_is_stored_in_llm_cache(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_text FROM llm_cache ORDER BY reasoning_text").fetchall()
+    assert rows == [(t,) for t in sorted(THOUGHTS)]
+
+
+def test_an_answer_refreshed_for_age_keeps_its_thinking_in_history(complete, cache):
+    _ask(complete)
+    with duckdb.connect(str(cache)) as con:
+        con.execute("UPDATE llm_cache SET created_at = created_at - INTERVAL 2 DAY")
+    _ask(complete, cache=Cache(cache, max_age=timedelta(days=1)))
+    with duckdb.connect(str(cache), read_only=True) as con:
+        rows = con.sql("SELECT reasoning_text FROM llm_cache_history ORDER BY 1").fetchall()
+    assert rows == [(t,) for t in sorted(THOUGHTS)]
+
+
+def test_an_expression_with_status_keeps_the_thinking_as_a_field(endpoint, cache):
+    asked = pl.col("text").llm.complete(
+        "{}", model="sim-think", with_status=True, endpoint=endpoint.base_url, cache=cache,
+        sampling=KEEP,
+    )  # fmt: skip
+    assert DF.select(asked)["text"].struct.field("reasoning").to_list() == THOUGHTS
+
+
+def test_a_model_that_does_not_reason_gets_null_thinking(complete):
+    out = DF.pipe(complete, prompt="{text}", sampling=KEEP)
+    assert out["completion_reasoning"].to_list() == [None, None]
+
+
+def test_a_server_that_names_it_reasoning_is_read_too():
+    assert thinking({"content": "4", "reasoning": "2 + 2"}) == "2 + 2"
+
+
+def test_thinking_that_is_not_text_is_none():
+    assert thinking({"content": "4", "reasoning_content": {"steps": 2}}) is None
+
+
+def test_keep_reasoning_must_be_a_bool():
+    with pytest.raises(ConfigError, match="keep_reasoning"):
+        Sampling(keep_reasoning="yes")  # type: ignore[arg-type]
+
+
+def test_the_flat_setting_keeps_reasoning():
+    assert options_from_settings({"keep_reasoning": True})["sampling"] == KEEP
+
+
+def test_a_table_job_keeps_the_thinking(tmp_path, endpoint, cache):
+    DF.write_parquet(source := tmp_path / "in.parquet")
+    config = EnrichConfig(
+        input=str(source),
+        output=str(output := tmp_path / "out.parquet"),
+        prompt="{text}",
+        model=["sim-think"],
+        base_url=endpoint.base_url,
+        cache=str(cache),
+        keep_reasoning=True,
+    )
+    open_table(config).run()
+    assert pl.read_parquet(output)["summary_reasoning"].to_list() == THOUGHTS
+
+
+def test_the_command_line_keeps_reasoning(tmp_path, endpoint, cache):
+    DF.write_parquet(table := tmp_path / "rows.parquet")
+    job = [str(table), "--prompt", "{text}", "--model", "sim-think", "--cache", str(cache)]
+    out = ["--output", str(output := tmp_path / "out.parquet"), "--no-progress"]
+    assert main(["run", *job, "--base-url", endpoint.base_url, "--keep-reasoning", *out]) == 0
+    assert pl.read_parquet(output)["completion_reasoning"].to_list() == THOUGHTS
+
+
+PRICED = Price(input_per_million=1.0, output_per_million=10.0)
+
+
+def test_the_report_prices_the_thinking_at_the_output_price(complete):
+    report = _ask(complete, pricing=PRICED)[1]
+    assert report.reasoning_cost == pytest.approx(report.reasoning_tokens * 10.0 / 1e6)
+    assert 0 < report.reasoning_cost < report.cost
+
+
+def test_the_report_text_shows_the_thinkings_share_of_the_cost(complete):
+    report = _ask(complete, pricing=PRICED)[1]
+    share = round(100 * report.reasoning_cost / report.cost)
+    assert re.search(rf"reasoning cost +\$0\.\d{{4}}  \({share}% of cost, ", str(report))
+
+
+def test_a_model_that_does_not_reason_costs_no_thinking(complete):
+    report = DF.pipe(complete, prompt="{text}", pricing=PRICED, return_report=True)[1]
+    assert report.reasoning_cost == 0
+    assert "reasoning cost" not in str(report)
+
+
+def _estimate(endpoint, model="sim-think", **sampling):
+    return estimate(
+        DF,
+        prompt="{text}",
+        model=model,
+        endpoint=endpoint.base_url,
+        cache=False,
+        sampling=Sampling(**sampling),
+        pricing=PRICED,
+    )
+
+
+def test_an_estimate_bounds_the_thinking_by_max_completion_tokens(endpoint):
+    plan = _estimate(endpoint, max_tokens=10, max_completion_tokens=50)
+    assert (plan.reasoning, plan.output_tokens_high) == (True, 100)
+
+
+def test_without_max_completion_tokens_the_thinking_is_a_multiple_of_the_answers(endpoint):
+    plan = _estimate(endpoint, max_tokens=10)
+    assert (plan.output_tokens_max, plan.output_tokens_high) == (20, 20 * 5)
+    assert plan.cost_high == pytest.approx(plan.cost_min + 100 * 10.0 / 1e6)
+
+
+def test_an_estimate_of_a_reasoning_model_shows_the_range(endpoint):
+    text = str(_estimate(endpoint, max_tokens=10))
+    assert re.search(r"output tokens \(max\) +20\n  with thinking +100 ", text)
+    assert re.search(r"cost with thinking +\$0\.\d{4} to \$0\.0010\n", text)
+
+
+def test_unbounded_thinking_says_how_to_bound_it(endpoint):
+    assert "set max_completion_tokens" in str(_estimate(endpoint))
+
+
+@pytest.mark.parametrize("model", ["o3-mini", "gpt-5", "openai/o4-mini", "deepseek-reasoner"])
+def test_a_reasoning_model_is_known_by_its_name(model):
+    assert REASONING_MODEL.search(model)
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "llama-3.1-8b", "sim"])
+def test_other_names_are_not_taken_for_one(model):
+    assert not REASONING_MODEL.search(model)
+
+
+def test_reasoning_effort_makes_any_model_a_reasoning_one(endpoint):
+    plan = _estimate(endpoint, model="sim", max_tokens=10, reasoning_effort="low")
+    assert (plan.reasoning, plan.output_tokens_high) == (True, 100)
+
+
+def test_a_model_that_does_not_reason_has_one_bound(endpoint):
+    plan = _estimate(endpoint, model="sim", max_tokens=10)
+    assert (plan.reasoning, plan.output_tokens_high, plan.cost_high) == (
+        False,
+        plan.output_tokens_max,
+        plan.cost_max,
+    )
+    assert "thinking" not in str(plan)
+
+
+@pytest.fixture
+def in_batches(endpoint):
+    """The simulator's batches end fast, and are polled every 0.05 s."""
+    endpoint.configure(batch_seconds=0.2, batch_validation_seconds=0.05)
+    return {"batch": BatchMode(poll_seconds=0.05), "sampling": Sampling(max_tokens=2)}
+
+
+def test_a_batch_line_refused_for_max_tokens_is_resent_with_max_completion_tokens(
+    complete, endpoint, in_batches
+):
+    out = _ask(complete, **in_batches)[0]
+    assert out["completion"].to_list() == [
+        expected_reply(t, model="sim-think", max_tokens=2) for t in DF["text"]
+    ]
+    assert out["completion_status"].to_list() == ["truncated"] * 2
+    assert endpoint.stats()["batches"] == 2
+
+
+def test_the_batch_switch_is_remembered_for_later_lines(endpoint, cache, in_batches):
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.complete(DF, prompt="{text}", model="sim-think", **in_batches)
+        later = client.complete(DF, prompt="again {text}", model="sim-think", **in_batches)
+    assert later["completion_status"].to_list() == ["truncated"] * 2
+    assert endpoint.stats()["batches"] == 3  # two for the first job, one for the later
+
+
+def test_a_batch_line_resent_keeps_its_key_as_asked(complete, in_batches):
+    _ask(complete, **in_batches)
+    report = _ask(complete, sampling=in_batches["sampling"])[1]
+    assert (report.cache_hits, report.requests_sent) == (2, 0)
+
+
+def test_a_batch_report_counts_a_resent_line_once(complete, in_batches):
+    assert _ask(complete, **in_batches)[1].requests_sent == 2

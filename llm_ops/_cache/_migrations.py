@@ -258,6 +258,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_runs ADD COLUMN refreshed_for_age BIGINT
         """,
     ),
+    (
+        13,
+        "add reasoning_text to llm_cache and llm_cache_history",
+        # Kept whenever the endpoint returns it, whether or not the job asked to keep it
+        # (Sampling.keep_reasoning is not keyed): a later job that asks finds it on a hit.
+        """
+        -- a reasoning model's thinking, beside its answer (the message's reasoning_content,
+        -- or reasoning); NULL when none came, and for answers recorded before
+        ALTER TABLE llm_cache ADD COLUMN reasoning_text VARCHAR;
+        -- history holds every column llm_cache has (see migration 12)
+        ALTER TABLE llm_cache_history ADD COLUMN reasoning_text VARCHAR
+        """,
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -277,6 +290,7 @@ CACHE_SCHEMA = pa.schema(
         ("completion_tokens", pa.int32()),
         ("latency_ms", pa.float64()),
         ("attempts", pa.int32()),
+        ("reasoning_text", pa.string()),
     ]
 )
 EMBEDDING_SCHEMA = pa.schema(
@@ -309,6 +323,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "attempts": "INTEGER",
         "cached_tokens": "INTEGER",
         "reasoning_tokens": "INTEGER",
+        "reasoning_text": "VARCHAR",
         "created_at": "TIMESTAMPTZ",  # when the answer came; lines written before: merge time
         "refresh": "BOOLEAN",  # sent by a job with a max_age: it replaces an older answer
     },

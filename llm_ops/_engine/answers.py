@@ -206,7 +206,8 @@ class CompletionReader(Reader):
         try:
             body = load(payload)
             choice = body["choices"][0]
-            text = choice["message"]["content"]
+            message = choice["message"]
+            text = message["content"]
             finish_reason = choice.get("finish_reason")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise Retryable(
@@ -226,6 +227,7 @@ class CompletionReader(Reader):
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             reasoning_tokens=reasoning_tokens,
+            reasoning=thinking(message),
             usage_known=usage is not None,
         )
         if truncated:
@@ -256,6 +258,17 @@ class CompletionReader(Reader):
             raise Final(
                 "rejected", f"the answer has no text content (finish_reason {finish_reason!r})"
             )
+
+
+def thinking(message: dict[str, Any]) -> str | None:
+    """A reasoning model's thinking beside its answer: ``reasoning_content`` (DeepSeek, vLLM,
+    llama.cpp) or ``reasoning`` (OpenRouter, newer vLLM); ``None`` when there is none, or it
+    is not text (an answer is never failed for its thinking)."""
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Outcome]] | None:

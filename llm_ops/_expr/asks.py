@@ -137,6 +137,7 @@ _FIELD_DTYPES: dict[str, pl.DataType] = {
     "similar_to": pl.String(),
     "similarity": pl.Float64(),
     "model": pl.String(),
+    "reasoning": pl.String(),
 }
 
 

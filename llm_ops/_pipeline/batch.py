@@ -29,7 +29,11 @@ a provider may be wrong in ways only the whole file shows:
   in at most :data:`BATCH_ROUNDS` batches by one run, then its row is ``failed``;
 - a batch that ended ``failed`` (the provider refused its file; nothing was paid) gives each
   of its rows the provider's reason, ``rejected`` when it named a line of the file as invalid,
-  else ``failed``; it is not resubmitted by the same run.
+  else ``failed``; it is not resubmitted by the same run;
+- a line a reasoning model refused for its ``max_tokens`` (HTTP 400, asking for
+  ``max_completion_tokens``, as a live request is refused) is submitted once more with
+  ``max_completion_tokens`` instead, under the same key, and the model is remembered so that
+  the job's later lines, and live requests, are built so from the start.
 """
 
 from __future__ import annotations
@@ -53,7 +57,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._cache import Cache
-from .._engine.answers import RETRYABLE_STATUS, CompletionReader, Final, Retryable
+from .._engine.answers import (
+    RETRYABLE_STATUS,
+    CompletionReader,
+    Final,
+    Retryable,
+    asks_for_max_completion_tokens,
+)
 from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
@@ -136,6 +146,8 @@ class BatchRunner:
         self.remainder: list[Request] = []  # what an expired batch left, for live requests
         self.rounds: dict[str, int] = {}  # batches this runner put each request key in
         self.stray_lines = 0  # output lines naming no request of their batch, ignored
+        # keys whose line the model refused for max_tokens, asking for max_completion_tokens
+        self._refused_max_tokens: set[str] = set()
         self._stopping = False
 
     def stop(self) -> None:
@@ -180,13 +192,15 @@ class BatchRunner:
         on_outcome: OnOutcome,
         *,
         again: Mapping[str, Line] | None = None,
+        reserved: bool = False,
     ) -> list[BatchPart]:
         """New parts for ``requests``; those in ``again`` are sent as the lines they were
-        first sent as (what their keys say), not rebuilt from this runner's job."""
+        first sent as (what their keys say), not rebuilt from this runner's job. ``reserved``:
+        the budget counts them already (their first line was refused, not answered)."""
         lines: list[tuple[str, bytes]] = []
         for request in requests:
             expected = self.live.expected_tokens(request, self.live.estimate_tokens(request))
-            if self.budget is not None and not self.budget.reserve(*expected):
+            if not reserved and self.budget is not None and not self.budget.reserve(*expected):
                 self.counters.over_budget += 1
                 await on_outcome(
                     request,
@@ -376,9 +390,14 @@ class BatchRunner:
         if self.reader.validate is None and requests:
             self.reader.validate = _validator(next(iter(requests.values())))
         outcomes = await self._results(part, requests)
+        switched = self._with_max_completion_tokens(outcomes, lines)
         for key, outcome in outcomes.items():
             await self._settle(wanted.get(key, requests[key]), outcome, on_outcome)
-        rest = [request for key, request in requests.items() if key not in outcomes]
+        rest = [
+            request
+            for key, request in requests.items()
+            if key not in outcomes and key not in switched
+        ]
         again: list[BatchPart] = []
         if rest and part.state == "failed":  # the provider refused the file itself
             status, reason = _batch_failure(batch)
@@ -398,6 +417,8 @@ class BatchRunner:
                 )
         elif rest:
             again = await self._unanswered(part, rest, lines, wanted, on_outcome)
+        if switched:
+            again += await self._resend(switched, wanted, on_outcome)
         part.state = "collected"
         await self._record(part)
         return again
@@ -440,6 +461,49 @@ class BatchRunner:
                 stray,
             )
         return outcomes
+
+    def _with_max_completion_tokens(
+        self, outcomes: dict[str, Outcome], lines: dict[str, tuple[Request, Line]]
+    ) -> dict[str, tuple[Request, Line]]:
+        """Of ``outcomes``, those whose line the model refused for ``max_tokens`` and that
+        carried it, taken out (they are not answers yet): each with its line rewritten to ask
+        ``max_completion_tokens`` instead, as the live path resends one. The model is noted on
+        the engine, so every body built from now on asks so (``Dispatcher.body``). A line
+        already without ``max_tokens`` is not rewritten: its refusal stands, so a model that
+        refuses both is not asked for ever."""
+        switched = {}
+        for key in [k for k in outcomes if k in self._refused_max_tokens]:
+            self._refused_max_tokens.discard(key)
+            request, line = lines[key]
+            body = dict(line["body"])
+            if "max_tokens" not in body:
+                continue
+            body.setdefault("max_completion_tokens", body["max_tokens"])
+            del body["max_tokens"]
+            self.engine.max_completion_tokens_models.add(str(body["model"]))
+            del outcomes[key]
+            switched[key] = (request, {**line, "body": body})
+        return switched
+
+    async def _resend(
+        self,
+        switched: dict[str, tuple[Request, Line]],
+        wanted: dict[str, Request],
+        on_outcome: OnOutcome,
+    ) -> list[BatchPart]:
+        """A new part for the lines :meth:`_with_max_completion_tokens` rewrote. Not another
+        send of the same request: nothing was answered, nor paid for."""
+        requests = [wanted.get(key, request) for key, (request, _) in switched.items()]
+        parts = await self._submit(
+            requests,
+            on_outcome,
+            again={key: line for key, (_, line) in switched.items()},
+            reserved=True,
+        )
+        self.counters.sent -= sum(part.requests for part in parts)
+        for key in switched:  # nor another round: the rows' attempts stay what they were
+            self.rounds[key] -= 1
+        return parts
 
     async def _unanswered(
         self,
@@ -554,6 +618,8 @@ class BatchRunner:
                 error=self._quoted(f"the batch could not answer it: {message}"),
             )
         if status != 200:
+            if asks_for_max_completion_tokens(status, json.dumps(body).encode()):
+                self._refused_max_tokens.add(request.key)
             inner = body.get("error", {}) if isinstance(body, dict) else {}
             return Outcome(
                 key=request.key,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -16,6 +17,17 @@ from .._report import dollars
 from .dispatch import requests_for
 from .plan import plan_frame
 
+REASONING_MODEL = re.compile(r"(^|/)(o\d|gpt-5|deepseek-reasoner|deepseek-r1|qwq)|think", re.I)
+"""Model names taken for a reasoning model's without a reasoning option set: OpenAI's o-series
+(o1, o3, o4-mini) and gpt-5, DeepSeek's reasoner and R1, Qwen's QwQ, and any name with
+"think" in it (Qwen3's -Thinking models, the simulator's sim-think); a provider's prefix
+(``openai/o3``) is allowed."""
+REASONING_OUTPUT_MULTIPLE = 5
+"""A reasoning model's output with its thinking, at most, as a multiple of its answers' when
+nothing caps the thinking (``max_completion_tokens`` unset): up to four thinking tokens an
+answer token, as low and medium effort commonly spend. Servers differ on whether
+``max_tokens`` caps the thinking too, so it is not taken to."""
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -27,6 +39,15 @@ class Estimate:
     costs are those of ``batch=True`` (see :meth:`~llm_ops.Price.for_batch`). For a cascade
     the counts are the first model's, and the cost range runs from every row answered by the
     first model to every row sent to every model.
+
+    A reasoning model's thinking is output too, billed and unseen, and how much of it there
+    will be is not known before the run. So for a job that asks one (``reasoning``:
+    ``reasoning_effort`` or ``max_completion_tokens`` set, or a model named like one, see
+    :data:`REASONING_MODEL`) the output is a range: ``output_tokens_max`` and ``cost_max``
+    bound the answers alone, ``output_tokens_high``, ``cost_high`` and ``batch_cost_high`` the
+    answers with the most thinking: ``max_completion_tokens`` a request when it is set (it caps
+    both), else :data:`REASONING_OUTPUT_MULTIPLE` times the answers' bound. For any other
+    model the high figures equal the max ones.
     """
 
     rows: int
@@ -43,6 +64,13 @@ class Estimate:
     batch_cost_max: float | None = None
     unpriced: tuple[str, ...] = ()  # the job's models without a price
     refreshed_for_age: int = 0  # of the requests to send, those cached but older than max_age
+    # A reasoning model (see is_reasoning): its thinking is output too, unknown before the run.
+    # output_tokens_max and cost_max are then the answers alone, the *_high the answers with
+    # as much thinking as can be (see reasoning_bound); without one, the same as theirs.
+    reasoning: bool = False
+    output_tokens_high: int | None = None
+    cost_high: float | None = None
+    batch_cost_high: float | None = None
     media_rows: int = 0  # rows whose request to send carries images or PDFs
     images: int = 0  # image parts to send (a PDF sent as pages: one per page)
     documents: int = 0  # PDFs to send as files
@@ -82,12 +110,31 @@ class Estimate:
                 ),
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
                 f"output tokens (max)  {output:>12}",
+                *self._thinking_tokens(),
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
+                *self._thinking_cost("cost with thinking", self.cost_min, self.cost_high),
                 f"cost (batch API)     {dollars(self.batch_cost_min)} to "
                 f"{dollars(self.batch_cost_max)}",
+                *self._thinking_cost(
+                    "  batch, thinking", self.batch_cost_min, self.batch_cost_high
+                ),
                 *([price_hint(self.unpriced)] if self.unpriced else []),
             ]
         )
+
+    def _thinking_tokens(self) -> list[str]:
+        """A reasoning model's output tokens with its thinking, at most."""
+        if not self.reasoning:
+            return []
+        high = self.output_tokens_high
+        if high is None:
+            return ["  with thinking         unbounded   (set max_completion_tokens to bound it)"]
+        return [f"  with thinking      {high:>12,}   (a reasoning model: thinking is output too)"]
+
+    def _thinking_cost(self, label: str, low: float | None, high: float | None) -> list[str]:
+        if not self.reasoning:
+            return []
+        return [f"{label:<20} {dollars(low)} to {dollars(high)}"]
 
 
 def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estimate:
@@ -133,7 +180,7 @@ def price_plan(
     batch = [None if price is None else price.for_batch() for price in live]
     cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max, media.images)
     batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max, media.images)
-    return Estimate(
+    estimated = Estimate(
         rows=rows,
         skipped_rows=rows - keyed_rows,
         distinct_requests=distinct,
@@ -156,6 +203,56 @@ def price_plan(
             for model, price in zip(job.models, live, strict=True)
             if price is None and requests  # nothing to send costs $0, priced or not
         ),
+    )
+    return with_thinking(estimated, job, live, batch, requests, input_tokens, singles, media.images)
+
+
+def is_reasoning(job: Job) -> bool:
+    """Whether the job asks a reasoning model, whose thinking is output nobody sees: a
+    reasoning option is set (``reasoning_effort``, ``max_completion_tokens``) or a model's name
+    is one's (:data:`REASONING_MODEL`)."""
+    params = job.spec.params
+    if "reasoning_effort" in params or "max_completion_tokens" in params:
+        return True
+    return any(REASONING_MODEL.search(model) for model in job.models)
+
+
+def reasoning_bound(job: Job, answers: int | None, singles: int) -> int | None:
+    """A reasoning model's output tokens with its thinking, at most: ``max_completion_tokens``
+    a request (it caps the thinking and the answer together), else
+    :data:`REASONING_OUTPUT_MULTIPLE` times the ``answers`` bound; ``None``: unbounded."""
+    cap = job.spec.params.get("max_completion_tokens")
+    if cap is not None:
+        return int(cap) * singles
+    return None if answers is None else answers * REASONING_OUTPUT_MULTIPLE
+
+
+def with_thinking(
+    estimated: Estimate,
+    job: Job,
+    live: list[Price | None],
+    batch: list[Price | None],
+    requests: int,
+    input_tokens: int,
+    singles: int,
+    images: int,
+) -> Estimate:
+    """``estimated`` with its output and costs at the most thinking can make them: the same
+    as without for a model that does not reason."""
+    if not is_reasoning(job):
+        return replace(
+            estimated,
+            output_tokens_high=estimated.output_tokens_max,
+            cost_high=estimated.cost_max,
+            batch_cost_high=estimated.batch_cost_max,
+        )
+    high = reasoning_bound(job, estimated.output_tokens_max, singles)
+    return replace(
+        estimated,
+        reasoning=True,
+        output_tokens_high=high,
+        cost_high=_cost_range(live, requests, input_tokens, high, images)[1],
+        batch_cost_high=_cost_range(batch, requests, input_tokens, high, images)[1],
     )
 
 

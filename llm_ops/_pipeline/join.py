@@ -29,6 +29,7 @@ def results_frame(earlier: list[pl.DataFrame], outcomes: list[Outcome]) -> pl.Da
             "completion_tokens": [o.completion_tokens for o in outcomes],
             "similar_to": [None] * len(outcomes),
             "similarity": [None] * len(outcomes),
+            "reasoning": [o.reasoning for o in outcomes],
         },
         schema=RESULTS,
     )
@@ -81,6 +82,8 @@ def join_back(
             pl.col("similar_to").alias(columns.similar_to),
             pl.col("similarity").alias(columns.similarity),
         ]
+    if columns.reasoning:  # thinking with no answer to go with it is left out, as the text is
+        added.append(pl.when(answered).then(pl.col("reasoning")).alias(columns.reasoning_text))
     selected = joined.select(added)
     return selected if row_group is None else selected.gather(row_group)
 

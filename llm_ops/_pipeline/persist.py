@@ -123,6 +123,7 @@ class AnswerSink:
                 "status": outcome.status,
                 "response_text": outcome.text,
                 "response_json": outcome.json,
+                "reasoning_text": outcome.reasoning,
                 "finish_reason": outcome.finish_reason,
                 # unknown usage (tokens the endpoint reported that cannot be right): NULL
                 "prompt_tokens": outcome.prompt_tokens if outcome.usage_known else None,

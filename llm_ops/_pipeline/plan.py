@@ -92,9 +92,10 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
         unusable = pl.col("media_error").is_not_null()
         skip_reason = pl.when(unusable).then(pl.col("media_error")).otherwise(skip_reason)
         skip_status = pl.when(unusable).then(pl.lit("rejected")).otherwise(skip_status)
-    skipped = (texts if spec.media else values).select(
-        skip_reason.alias("skip_reason"), skip_status.alias("skip_status")
-    )
+    # with_columns, not select: literals broadcast to every group
+    skipped = (texts if spec.media else values).with_columns(
+        skip_reason=skip_reason, skip_status=skip_status
+    )[["skip_reason", "skip_status"]]
     return Keyed(
         groups=pl.concat([keys.alias("key").to_frame(), skipped], how="horizontal"),
         row_group=row_group,
@@ -165,7 +166,7 @@ def key_texts(
         *(["media_key"] if with_media else []),
     ]
     sendable = " AND ".join(f"{column} IS NOT NULL" for column in needed)
-    carried = ["system", "prompt", *(["media_key", "media"] if with_media else [])]
+    carried = ["system", "prompt", *(["media_key"] if with_media else [])]
     table = texts.select(carried).with_row_index("text")
     with _memory_db() as con:
         con.register("texts", table.to_arrow())
@@ -188,21 +189,24 @@ def key_texts(
     if odd.any():
         fixed = keys.to_list()
         for index in odd.arg_true().to_list():
-            row = table.row(index, named=True)
+            system, prompt = table["system"][index], table["prompt"][index]
             if with_media:
                 assert isinstance(spec, RequestSpec)
-                fixed[index] = spec.key(row["system"], row["prompt"], media_of(row["media"]))
+                fixed[index] = spec.key(system, prompt, media_of(texts["media"][index]))
             else:
-                fixed[index] = spec.key(row["system"], row["prompt"])
+                fixed[index] = spec.key(system, prompt)
         keys = pl.Series("key", fixed, dtype=pl.String)
-    kept = ["system", "prompt", *(["media"] if with_media else [])]
     grouped = (
-        table.select(keys.alias("key"), *kept, counts.cast(pl.Int64).alias("rows"))
+        table.select(
+            keys.alias("key"), "system", "prompt", "text", counts.cast(pl.Int64).alias("rows")
+        )
         .drop_nulls("key")
         .group_by("key", maintain_order=True)
-        .agg(pl.col(kept).first(), pl.col("rows").sum())
-        .select("key", "system", "prompt", "rows", *(["media"] if with_media else []))
+        .agg(pl.col("system", "prompt", "text").first(), pl.col("rows").sum())
     )
+    if with_media:  # gathered, not grouped: a photo's descriptor carries its bytes
+        grouped = grouped.with_columns(media=texts["media"].gather(grouped["text"]))
+    grouped = grouped.drop("text")
     return keys, grouped
 
 
@@ -285,4 +289,5 @@ def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
         pl.col("completion_tokens").cast(pl.Int64),
         pl.lit(None, pl.String).alias("similar_to"),
         pl.lit(None, pl.Float64).alias("similarity"),
+        pl.col("reasoning_text").alias("reasoning"),
     )

@@ -61,6 +61,7 @@ def usage_report(job: Job, facts: RunFacts, tallies: dict[str, Tally]) -> RunRep
             on_embeddings=embeddings,
         ),
         models=model_usage(job, counters, answered_rows, completions, embeddings),
+        reasoning_cost=reasoning_cost(job, counters),
     )
     return make_report(facts, costs)
 
@@ -74,6 +75,15 @@ def completion_cost(job: Job, counters: Counters) -> float | None:
         input_tokens=counters.prompt_tokens,
         output_tokens=counters.completion_tokens,
         cached_input_tokens=counters.cached_tokens,
+    )
+
+
+def reasoning_cost(job: Job, counters: Counters) -> float | None:
+    """What the thinking counted in ``counters`` cost: reasoning tokens are part of the
+    completion tokens and billed at the output price, so this is a share of
+    :func:`completion_cost`, not an addition to it."""
+    return cost_or_none(
+        job.price, requests=0, input_tokens=0, output_tokens=counters.reasoning_tokens
     )
 
 

@@ -185,7 +185,12 @@ def _as_similar(answers: pl.DataFrame) -> pl.DataFrame:
     """Rows of :data:`RESULTS` with status ``similar`` from key, similar_to, similarity
     and the reused answer's text, json and tokens."""
     return (
-        answers.with_columns(status=pl.lit("similar"), error=pl.lit(None, pl.String))
+        answers.with_columns(
+            status=pl.lit("similar"),
+            error=pl.lit(None, pl.String),
+            # the reused answer's thinking was over another prompt: not this row's
+            reasoning=pl.lit(None, pl.String),
+        )
         .select(list(RESULTS))
         .cast(RESULTS)
     )

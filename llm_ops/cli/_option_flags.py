@@ -47,6 +47,10 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "most tokens per answer, a reasoning model's thinking included; part of the cache key",
         "TOKENS",
     ),
+    "keep_reasoning": OptionFlag(
+        "add <output>_reasoning: a reasoning model's thinking beside each answer; not sent, "
+        "not part of the cache key"
+    ),
     "images": OptionFlag(
         "a column of images (bytes, or paths and URLs) sent with each row's prompt; again for "
         "another; keyed by the images' bytes",

@@ -78,13 +78,17 @@ def write_output(
 
 def _batch_results(cached: pl.DataFrame, fresh: pl.DataFrame) -> pl.DataFrame:
     """Answers from the cache, with this run's statuses (ok, failed, ...) taking precedence,
-    and this run's answers where the cache has none under the key (similar, invalid)."""
+    and this run's answers where the cache has none under the key (similar, invalid). A
+    column the results files do not keep (a reasoning model's thinking) comes from the cache
+    alone: every answer that has one is cached."""
     merged = cached.join(fresh, on="key", how="full", coalesce=True, suffix="_run")
     run_first = ("status", "error")
     return merged.select(
         "key",
         *(
-            pl.coalesce(f"{name}_run", name).alias(name)
+            pl.col(name)
+            if f"{name}_run" not in merged.columns
+            else pl.coalesce(f"{name}_run", name).alias(name)
             if name in run_first
             else pl.coalesce(name, f"{name}_run").alias(name)
             for name in RESULTS

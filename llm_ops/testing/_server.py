@@ -652,7 +652,7 @@ def _image_size(data: bytes) -> tuple[int, int] | None:
 
 def _pdf_pages(data: bytes) -> int | None:
     """A PDF's page count, read by pypdfium2; ``None`` if it cannot read it."""
-    import pypdfium2  # type: ignore[import-untyped]  # here: llm_ops imports without the extra
+    import pypdfium2  # here: llm_ops imports without the extra
 
     try:
         document = pypdfium2.PdfDocument(data)
