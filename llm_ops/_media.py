@@ -3,10 +3,10 @@
 A media value is a ``Binary`` column's bytes, or a ``String`` column's local path, ``file://``
 URL, ``data:`` URL or (images only) ``http(s)://`` URL. Each distinct value is read once when a
 job is planned (:func:`describe_values`): its format is told from its bytes (never from a file
-name), its size, pixel dimensions or page count are checked against the limits, and its
-sha256 is taken. What comes out is a *descriptor* (a small JSON object) that says where to find
-the bytes again and what they are; a bad value comes out as the reason its row is
-``rejected``, before anything is sent.
+name), its size and (for a PDF) its page count are checked against the limits, its pixel size
+is read for the estimate, and its sha256 is taken. What comes out is a *descriptor* (a small
+JSON object) that says where to find the bytes again and what they are; a bad value comes out
+as the reason its row is ``rejected``, before anything is sent.
 
 * The request key holds :func:`keyed_parts`: the sha256 of the bytes (see :mod:`llm_ops._key`),
   so the cache stores that reference and never the bytes.
@@ -233,9 +233,14 @@ class Unusable(LlmOpsError):
 
 
 def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
-    """:func:`read_value`, remembered for a local file while its size and modification time
-    stay the same: a table job keys its rows when it plans and again when it writes, and a
-    rerun keys them all again, so a file is read and hashed once per process, not three times.
+    """:func:`read_value`, remembered for a local file while its inode says it is unchanged:
+    a table job keys its rows when it plans and again when it writes, and a rerun keys them
+    all again, so a file is read and hashed once per process, not three times.
+
+    The inode's change time is part of what is compared, not only the size and modification
+    time: tools that keep a file's modification time (``cp -p``, ``rsync -t``, ``tar x``) can
+    replace its bytes under the same size and time, and a remembered hash would then be the
+    old file's, answered from the cache with the old image's answer. No tool sets ``ctime``.
     """
     if isinstance(value, str) and "://" not in value[:12] and not value.startswith("data:"):
         try:
@@ -243,13 +248,14 @@ def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, A
         except OSError:
             pass  # read_value says why
         else:
-            return dict(_described_file(value, stat.st_size, stat.st_mtime_ns, document, media))
+            inode = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+            return dict(_described_file(value, inode, document, media))
     return read_value(value, document=document, media=media)
 
 
 @functools.lru_cache(maxsize=2**17)  # a descriptor is a few hundred bytes
 def _described_file(
-    value: str, size: int, mtime_ns: int, document: bool, media: Media
+    value: str, inode: tuple[int, int, int, int], document: bool, media: Media
 ) -> Mapping[str, Any]:
     return read_value(value, document=document, media=media)
 

@@ -377,10 +377,10 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
                 options["semantic_cache"] = SemanticCache(options["semantic_cache"], **values)
         elif option in ("images", "documents"):
             if option not in options:
-                raise ConfigError(f"{', '.join(sorted(values))} only apply with {option}")
+                raise ConfigError(f"{_settings_of(given, option)} only with {option}")
             options[option] = _GROUPS[option](options[option], **values)
         elif option == "batch" and options.get("batch") is not True:
-            raise ConfigError(f"{', '.join(sorted(values))} only apply to batch mode")
+            raise ConfigError(f"{_settings_of(given, 'batch')} only in batch mode")
         else:
             options[option] = _GROUPS[option](**values)
     if isinstance(options.get("semantic_cache"), str):
@@ -388,6 +388,13 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     if options.get("batch") is False:
         del options["batch"]
     return options
+
+
+def _settings_of(given: Mapping[str, Any], option: str) -> str:
+    """The settings of ``given`` that are fields of ``option``, as the user named them, and
+    the verb: ``"image_detail applies"``, ``"batch_max_bytes, on_expired apply"``."""
+    names = sorted(name for name in given if name in SETTINGS and SETTINGS[name][0] == option)
+    return f"{', '.join(names)} {'applies' if len(names) == 1 else 'apply'}"
 
 
 def setting_names() -> set[str]:

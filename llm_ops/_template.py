@@ -123,7 +123,11 @@ def unrenderable(column: str, dtype: pl.DataType, *, used_by: str) -> str:
             f"df.with_columns({ref}.struct.json_encode())"
         )
     elif isinstance(dtype, pl.Binary):
-        fix = f"decode UTF-8 bytes: df.with_columns({ref}.cast(pl.String))"
+        fix = (
+            f"if it holds images or PDFs, send them with images={column!r} or "
+            f"documents={column!r} and leave {{{column}}} out of the prompt; if it holds "
+            f"UTF-8 text, decode it: df.with_columns({ref}.cast(pl.String))"
+        )
     else:
         fix = f"convert it to text first, e.g. df.with_columns({ref}.map_elements(str))"
     return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 
 import duckdb
 import polars as pl
@@ -91,6 +92,15 @@ def test_the_same_bytes_from_a_path_bytes_or_a_data_url_are_one_request(complete
     out = pl.DataFrame({"photo": [PNG]}).pipe(complete, prompt="Describe it", images="photo")
     assert status(out) == ["cached"]
     assert endpoint.stats()["requests"] == 1
+
+
+def test_a_file_replaced_under_its_old_size_and_time_is_a_new_request(complete, endpoint, photos):
+    df = pl.DataFrame({"photo": [str(photos / "a.png")]})
+    df.pipe(complete, prompt="Describe it", images="photo")
+    before = os.stat(photos / "a.png")
+    (photos / "a.png").write_bytes(image("PNG", color=99))  # same size, as cp -p leaves it
+    os.utime(photos / "a.png", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert status(df.pipe(complete, prompt="Describe it", images="photo")) == ["ok"]
 
 
 def test_a_changed_file_is_a_new_request(complete, endpoint, photos):

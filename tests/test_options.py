@@ -101,8 +101,13 @@ def test_settings_make_the_objects():
 
 
 def test_batch_settings_without_batch_mode_are_refused():
-    with pytest.raises(ConfigError, match="only apply to batch mode"):
+    with pytest.raises(ConfigError, match="batch_poll_seconds applies only in batch mode"):
         options_from_settings({"batch_poll_seconds": 1})
+
+
+def test_media_settings_without_their_column_name_the_settings_given():
+    with pytest.raises(ConfigError, match="documents_as, max_pages apply only with documents"):
+        options_from_settings({"documents_as": "pages", "max_pages": 3})
 
 
 def test_the_command_line_and_the_flow_build_the_same_objects():

@@ -58,7 +58,8 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
     ),
     "image_detail": OptionFlag("with --images: how closely the model looks; part of the key"),
     "documents": OptionFlag(
-        "a column of PDFs (bytes or paths) sent with each row's prompt; again for another",
+        "a column of PDFs (bytes, paths, file: or data: URLs) sent with each row's prompt; "
+        "again for another",
         "COLUMN",
     ),
     "documents_as": OptionFlag(
