@@ -232,7 +232,7 @@ class Unusable(LlmOpsError):
     is planned or sent: it never leaves llm-ops."""
 
 
-def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
+def describe(value: str, *, document: bool, media: Media) -> dict[str, Any]:
     """:func:`read_value`, remembered for a local file while its inode says it is unchanged:
     a table job keys its rows when it plans and again when it writes, and a rerun keys them
     all again, so a file is read and hashed once per process, not three times.
@@ -242,7 +242,7 @@ def describe(value: bytes | str, *, document: bool, media: Media) -> dict[str, A
     replace its bytes under the same size and time, and a remembered hash would then be the
     old file's, answered from the cache with the old image's answer. No tool sets ``ctime``.
     """
-    if isinstance(value, str) and "://" not in value[:12] and not value.startswith("data:"):
+    if "://" not in value[:12] and not value.startswith("data:"):
         try:
             stat = os.stat(os.path.expanduser(value))
         except OSError:
@@ -260,26 +260,89 @@ def _described_file(
     return read_value(value, document=document, media=media)
 
 
-def read_value(value: bytes | str, *, document: bool, media: Media) -> dict[str, Any]:
-    """The descriptor of one media value, or :class:`Unusable` saying why it cannot be sent.
+def read_value(value: str, *, document: bool, media: Media) -> dict[str, Any]:
+    """The descriptor of a text value (a path or a URL), or :class:`Unusable` saying why it
+    cannot be sent.
 
     A descriptor holds ``kind`` (``"image"`` or ``"document"``), ``sha256``, ``mime``,
     ``bytes``, ``width``/``height`` (images) or ``pages`` (documents), and where its bytes are:
-    ``path``, ``data`` (base64) or ``url`` (a remote image, with none of the rest).
+    ``path``, ``data`` (base64), ``url`` (a remote image, with none of the rest) or, for a
+    ``Binary`` column's value, ``inline`` and ``row`` (see :func:`describe_binary`).
     """
-    limit = media.documents.max_bytes if document and media.documents else None
-    limit = limit or (media.images.max_bytes if media.images else MAX_IMAGE_BYTES)
-    source: dict[str, Any]
-    if isinstance(value, str):
-        data, source = _read(value, document=document, limit=limit)
-        if data is None:
-            return {"kind": "image", **source}
-    else:
-        data, source = value, {"data": base64.b64encode(value).decode()}
+    data, source = _read(value, document=document, limit=_limit_of(media, document))
+    if data is None:
+        return {"kind": "image", **source}
+    return {**facts_of(data, document=document, media=media), **source}
+
+
+def _limit_of(media: Media, document: bool) -> int:
+    if document and media.documents:
+        return media.documents.max_bytes
+    return media.images.max_bytes if media.images else MAX_IMAGE_BYTES
+
+
+def facts_of(
+    data: bytes, *, document: bool, media: Media, sha256: str | None = None
+) -> dict[str, Any]:
+    """What a descriptor says of ``data`` itself: its hash, size, kind, type, and pixel size or
+    pages; :class:`Unusable` when it is over the limit or not what the column sends."""
+    limit = _limit_of(media, document)
     if len(data) > limit:
         raise Unusable(f"{_size(len(data))}, over the {_size(limit)} limit")
     facts = _document(data, media) if document else _image(data)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), **facts, **source}
+    sha256 = sha256 or hashlib.sha256(data).hexdigest()
+    return {"sha256": sha256, "bytes": len(data), **facts}
+
+
+SLICE = 1_024  # Binary values turned into Python bytes at once, and let go
+
+
+def describe_binary(
+    series: pl.Series, *, position: int, document: bool, media: Media
+) -> tuple[pl.Series, dict[str, dict[str, Any] | str]]:
+    """A ``Binary`` media column read a slice at a time: each row's sha256 (null for a null
+    value), and each distinct one's descriptor, or why it cannot be sent.
+
+    The bytes are not copied into the descriptor: it says where they are (``inline``: the
+    column's position among :attr:`Media.columns`; ``row``: the first row holding them), and
+    :func:`attach_bytes` gathers them, without a copy, for the requests to send only. So a
+    frame of photos is planned in little more memory than it holds, and a rerun the cache
+    answers never encodes a photo."""
+    hashes: list[str | None] = []
+    described: dict[str, dict[str, Any] | str] = {}
+    for offset in range(0, len(series), SLICE):
+        for row, value in enumerate(series.slice(offset, SLICE).to_list(), offset):
+            if value is None:
+                hashes.append(None)
+                continue
+            sha256 = hashlib.sha256(value).hexdigest()
+            hashes.append(sha256)
+            if sha256 not in described:
+                try:
+                    facts = facts_of(value, document=document, media=media, sha256=sha256)
+                    described[sha256] = {**facts, "inline": position, "row": row}
+                except Unusable as exc:
+                    described[sha256] = str(exc)
+    return pl.Series(series.name, hashes, dtype=pl.String), described
+
+
+def binary_positions(media: Media, schema: Mapping[str, pl.DataType]) -> list[int]:
+    """The positions among :attr:`Media.columns` of the ``Binary`` ones."""
+    return [n for n, column in enumerate(media.columns) if schema[column] == pl.Binary()]
+
+
+def attach_bytes(requests: pl.DataFrame, frame: pl.DataFrame, media: Media) -> pl.DataFrame:
+    """``requests`` (``REQUESTS`` with ``media``) with a column ``media_bytes_<n>`` per
+    ``Binary`` media column ``n`` of ``frame``: each request's value, gathered (Polars shares
+    the bytes, it does not copy them) from the row its descriptor names."""
+    for position in binary_positions(media, frame.schema):
+        rows = [
+            None if value is None else media_of(value)[position]["row"]
+            for value in requests["media"]
+        ]
+        gathered = frame[media.columns[position]].gather(pl.Series(rows, dtype=pl.UInt32))
+        requests = requests.with_columns(gathered.alias(f"media_bytes_{position}"))
+    return requests
 
 
 def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict[str, Any]]:
@@ -359,13 +422,19 @@ def _size(count: int) -> str:
     return f"{count / 2**20:.1f} MB" if count >= 2**20 else f"{count:,} bytes"
 
 
-def describe_values(values: pl.DataFrame, media: Media) -> pl.DataFrame:
+def describe_values(
+    values: pl.DataFrame,
+    media: Media,
+    known: Mapping[str, Mapping[str, dict[str, Any] | str]] | None = None,
+) -> pl.DataFrame:
     """For each row of ``values`` (one per group of input rows, holding the media columns):
     ``media`` (the JSON list of its descriptors, in :attr:`Media.columns` order), ``media_key``
     (the canonical JSON of its keyed parts, joined by commas) and ``media_error`` (why its row
     cannot be sent; then the other two are null). A null value leaves all three null: its row is
-    skipped like a row with a null template column."""
-    described: dict[tuple[str, bytes | str], dict[str, Any] | str] = {}
+    skipped like a row with a null template column. A column of ``known`` holds hashes,
+    described already (by :func:`describe_binary`)."""
+    known = known or {}
+    described: dict[tuple[str, str], dict[str, Any] | str] = {}
     lists: list[str | None] = []
     keys: list[str | None] = []
     errors: list[str | None] = []
@@ -380,10 +449,15 @@ def describe_values(values: pl.DataFrame, media: Media) -> pl.DataFrame:
                 break
             seen = described.get((column, value))
             if seen is None:
-                try:
-                    seen = describe(value, document=column in documents, media=media)
-                except Unusable as exc:
-                    seen = f"{column}: {exc}; row not sent"
+                if column in known:
+                    seen = known[column][value]
+                else:
+                    try:
+                        seen = describe(value, document=column in documents, media=media)
+                    except Unusable as exc:
+                        seen = str(exc)
+                if isinstance(seen, str):
+                    seen = f"{column}: {seen}; row not sent"
                 described[(column, value)] = seen
             if isinstance(seen, str):
                 error = seen
@@ -430,7 +504,11 @@ def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[
     return parts
 
 
-def sent_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[dict[str, Any]]:
+def sent_parts(
+    descriptors: Iterable[Mapping[str, Any]],
+    media: Media,
+    inline: Mapping[int, bytes | None] | None = None,
+) -> list[dict[str, Any]]:
     """The content parts sent: each value's bytes read again and inlined as a ``data:`` URL
     (:class:`Unusable` when a file changed or went since it was keyed); remote images as
     their URL."""
@@ -441,7 +519,7 @@ def sent_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[d
         if "url" in item:
             parts.append(_image_url(item["url"], detail))
             continue
-        payload = item.get("data") or base64.b64encode(_reread(item)).decode()
+        payload = item.get("data") or base64.b64encode(_bytes_of(item, inline or {})).decode()
         if item["kind"] == "image":
             parts.append(_image_url(f"data:{item['mime']};base64,{payload}", detail))
         elif pages:
@@ -483,7 +561,14 @@ def _reference(part: dict[str, Any]) -> dict[str, Any]:
     return {**part, part["type"]: {**kept, field: f"sha256:{digest}"}}
 
 
-def _reread(item: Mapping[str, Any]) -> bytes:
+def _bytes_of(item: Mapping[str, Any], inline: Mapping[int, bytes | None]) -> bytes:
+    """A descriptor's bytes: a Binary column's value the request carries, or its file read
+    again (and checked against the hash it was keyed by)."""
+    if "inline" in item:
+        data = inline.get(item["inline"])
+        if data is None:  # a request that lost its bytes cannot be sent as keyed
+            raise Unusable("its bytes did not travel with the request")
+        return data
     path = item["path"]
     try:
         data = Path(path).read_bytes()

@@ -13,6 +13,7 @@ import pytest
 
 import llm_ops.polars  # noqa: F401  (the .llm namespace)
 from llm_ops import (
+    BatchMode,
     ConfigError,
     Documents,
     Images,
@@ -282,3 +283,49 @@ def test_estimate_counts_image_tokens_by_the_tile_rule(endpoint, cache):
     assert plan.media_tokens == tokens + image_tokens(8, 8, detail="high", model="gpt-4o")
     assert "rows with media" in str(plan)
     assert endpoint.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("kind", ["paths", "bytes"])
+def test_a_table_job_on_parquet_sends_its_images_from_chunk_files(endpoint, cache, photos, kind):
+    from llm_ops import Client
+    from llm_ops.tables import Table
+
+    values = [str(photos / "a.png"), str(photos / "b.jpg")] if kind == "paths" else [PNG, JPEG]
+    pl.DataFrame({"sku": ["A", "B", "C"], "photo": [*values, values[0]]}).write_parquet(
+        photos / "in.parquet"
+    )
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        table = Table(
+            client,
+            photos / "in.parquet",
+            photos / "out.parquet",
+            prompt="Label?",
+            model="sim",
+            images="photo",
+            chunk_size=1,
+        )
+        table.run()
+    out = pl.read_parquet(photos / "out.parquet")
+    assert out["completion"].to_list() == [
+        expected_reply("Label?", model="sim", media=[data]) for data in (PNG, JPEG, PNG)
+    ]
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_a_binary_column_sends_each_distinct_image_once_and_reruns_from_the_cache(
+    complete, endpoint
+):
+    df = pl.DataFrame({"photo": [PNG, JPEG, PNG]})
+    df.pipe(complete, prompt="Describe it", images="photo")
+    assert status(df.pipe(complete, prompt="Describe it", images="photo")) == ["cached"] * 3
+    assert endpoint.stats()["requests"] == 2
+
+
+def test_batch_mode_sends_images_and_the_cache_keeps_their_hashes(complete, endpoint, cache):
+    out = pl.DataFrame({"photo": [PNG, JPEG]}).pipe(
+        complete, prompt="Describe it", images="photo", batch=BatchMode(poll_seconds=0.05)
+    )
+    assert out["completion"].to_list() == [
+        expected_reply("Describe it", model="sim", media=[data]) for data in (PNG, JPEG)
+    ]
+    assert all("sha256:" in r and "base64" not in r for r in requests_in(cache))

@@ -61,6 +61,8 @@ def requests_for(
     if claims is not None:
         distinct = claims.take(distinct, key=itemgetter(0), checked=checked)
     spec = job.spec
+    # the Binary media columns' values, where the plan attached them (see attach_bytes)
+    carried = [int(c.rsplit("_", 1)[1]) for c in misses.columns if c.startswith("media_bytes_")]
     for key, system, prompt, rows, *more in distinct:
         media = media_of(more[0]) if more and spec.media else []
         request = spec.request(system, prompt, media)
@@ -75,7 +77,8 @@ def requests_for(
             continue
         if spec.media and media and inline_media:
             try:
-                single = with_media(single, sent_parts(media, spec.media))
+                inline = dict(zip(carried, more[1:], strict=True))
+                single = with_media(single, sent_parts(media, spec.media, inline))
             except Unusable as exc:
                 if reject is not None:
                     reject(single, f"{exc}; row not sent")

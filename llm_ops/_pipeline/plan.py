@@ -18,7 +18,7 @@ import polars as pl
 
 from .._cache import DUCKDB_CONFIG, Cache
 from .._key import UPPERCASE_ESCAPE_PATTERN
-from .._media import describe_values, media_of
+from .._media import attach_bytes, binary_positions, describe_binary, describe_values, media_of
 from .._outcome import TRUNCATED_MESSAGE
 from .._spec import EmbeddingSpec, RequestSpec
 from .._status import RESULTS
@@ -68,6 +68,15 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
     referenced = list(
         dict.fromkeys([*spec.prompt.columns, *(spec.system.columns if spec.system else ()), *media])
     )
+    known = {}
+    if spec.media:  # Binary columns are grouped by their hashes, never copied
+        documents = set(spec.media.document_columns)
+        for position in binary_positions(spec.media, frame.schema):
+            column = spec.media.columns[position]
+            hashes, known[column] = describe_binary(
+                frame[column], position=position, document=column in documents, media=spec.media
+            )
+            frame = frame.with_columns(hashes)
     row_group, values, counts = group_rows(frame, referenced)
     system = (
         spec.system.expr(values.schema, argument="system")
@@ -77,7 +86,8 @@ def key_rows(frame: pl.DataFrame, spec: RequestSpec) -> Keyed:
     # with_columns broadcasts a template without column references to every group
     texts = values.with_columns(prompt=spec.prompt.expr(values.schema), system=system)
     if spec.media:
-        texts = pl.concat([texts, describe_values(values, spec.media)], how="horizontal")
+        described = describe_values(values, spec.media, known)
+        texts = pl.concat([texts, described], how="horizontal")
     expression, parameters = spec.key_sql()
     keys, grouped = key_texts(texts, counts, expression, parameters, spec)
     skip_reason: pl.Expr = pl.lit(None, dtype=pl.String)
@@ -237,6 +247,8 @@ def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> P
     keyed = key_rows(frame, spec)
     hits = lookup_answers(cache, keyed.distinct)
     misses = keyed.distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
+    if spec.media:  # the bytes of the Binary media to send, gathered (not copied) from frame
+        misses = attach_bytes(misses, frame, spec.media)
     return Plan(
         groups=keyed.groups,
         row_group=keyed.row_group,

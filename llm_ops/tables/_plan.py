@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .._cache import DUCKDB_CONFIG, Cache
+from .._media import attach_bytes
 from .._options import Job
 from .._pipeline.plan import key_rows
 from ._files import read_batches
@@ -102,24 +103,31 @@ def plan_table(
         # Counted up batch by batch, so the table never holds more than the distinct
         # requests.
         # first: the request's rank by its first row, for send_order="input"
-        # media: the descriptors of a request's images and PDFs (llm_ops._media), if any
-        media = ", media" if job.spec.media else ""
-        con.execute(
-            "CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, "
-            f"prompt VARCHAR, rows BIGINT, first BIGINT{media and ', media VARCHAR'})"
-        )
+        # media: the descriptors of a request's images and PDFs (llm_ops._media), and the
+        # bytes of those a Binary column holds: a chunk file stands alone
+        extra: list[str] | None = None
         rows = seen = 0
         for batch in read_batches(files, rows_per_read):
             rows += batch.height
-            found = key_rows(batch, job.spec).distinct.with_row_index("first", seen)
+            found = key_rows(batch, job.spec).distinct
+            if job.spec.media:
+                found = attach_bytes(found, batch, job.spec.media)
+            if extra is None:  # the first batch says which media columns hold bytes
+                extra = [c for c in found.columns if c.startswith("media")]
+                _create_requests(con, extra)
+            found = found.with_row_index("first", seen)
             seen += found.height
             con.register("batch_requests", found.to_arrow())
             con.execute(
-                f"INSERT INTO requests SELECT key, system, prompt, rows, first{media} "
+                f"INSERT INTO requests SELECT key, system, prompt, rows, first{_listed(extra)} "
                 "FROM batch_requests ON CONFLICT (key) DO UPDATE "
                 "SET rows = requests.rows + excluded.rows"
             )
             con.unregister("batch_requests")
+        if extra is None:
+            extra = ["media"] if job.spec.media else []
+            _create_requests(con, extra)
+        media = _listed(extra)
         # Chunks are runs of the send order (llm_ops._order): byte-wise, as Polars sorts.
         prefix = job.packing.send_order == "prefix"
         order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.first"
@@ -156,6 +164,20 @@ def plan_table(
         chunks=chunks,
         refreshed=refreshed,
     )
+
+
+def _create_requests(con: duckdb.DuckDBPyConnection, extra: list[str]) -> None:
+    """The work database's ``requests`` table, with the ``extra`` media columns: descriptors
+    (``media``) and the bytes of a Binary column's values (``media_bytes_<n>``)."""
+    typed = "".join(f", {c} {'VARCHAR' if c == 'media' else 'BLOB'}" for c in extra)
+    con.execute(
+        "CREATE TABLE requests (key VARCHAR PRIMARY KEY, system VARCHAR, prompt VARCHAR, "
+        f"rows BIGINT, first BIGINT{typed})"
+    )
+
+
+def _listed(columns: list[str]) -> str:
+    return "".join(f", {column}" for column in columns)
 
 
 def open_plan_db(work_dir: Path) -> duckdb.DuckDBPyConnection:
