@@ -9,6 +9,7 @@ types.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -39,6 +40,15 @@ class Request:
     request_json: str
     rows: int = 1  # input rows waiting for this answer
     media_tokens: int = 0  # the images' and PDFs' prompt tokens, estimated
+    # The messages as sent, made just before sending (off the event loop): ``messages`` hold
+    # the images and PDFs as the hashes that were keyed, these their bytes. Raises
+    # llm_ops._media.Unusable when a file changed or went since it was keyed.
+    load: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+
+    async def sent_messages(self) -> list[dict[str, Any]]:
+        """The messages to send: :attr:`messages`, or what :attr:`load` makes, in a thread
+        (reading files, encoding and rendering PDF pages would stall the loop)."""
+        return self.messages if self.load is None else await asyncio.to_thread(self.load)
 
 
 @dataclass(frozen=True)

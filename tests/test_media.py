@@ -329,3 +329,13 @@ def test_batch_mode_sends_images_and_the_cache_keeps_their_hashes(complete, endp
         expected_reply("Describe it", model="sim", media=[data]) for data in (PNG, JPEG)
     ]
     assert all("sha256:" in r and "base64" not in r for r in requests_in(cache))
+
+
+def test_a_file_changed_between_keying_and_sending_is_not_sent_under_the_old_key(photos):
+    from llm_ops._media import Media, Unusable, describe, sent_parts
+
+    media = Media(images=Images("photo"))
+    keyed = describe(str(photos / "a.png"), document=False, media=media)
+    (photos / "a.png").write_bytes(JPEG)
+    with pytest.raises(Unusable, match="changed after the job keyed it"):
+        sent_parts([keyed], media)

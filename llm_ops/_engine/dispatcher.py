@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
@@ -259,7 +260,11 @@ class Dispatcher:
         estimate = self.estimate_tokens(request)
         if self.engine.limiter.too_large(estimate):
             return self._too_large(request, estimate)
-        messages, repaired, failure, malformed = request.messages, False, None, 0
+        try:
+            messages = await request.sent_messages()
+        except Unusable as exc:  # a file changed or went since the plan keyed it
+            return Outcome(key=request.key, status="rejected", error=f"{exc}; row not sent")
+        repaired, failure, malformed = False, None, 0
         attempt, last = 0, self.settings.max_attempts
         for attempt in range(1, last + 1):
             if self._aborted is not None or (self._stopping and attempt > 1):

@@ -67,7 +67,7 @@ from .._engine.answers import (
 from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
-from .._media import unsent
+from .._media import Unusable, unsent
 from .._options import Job
 from .._outcome import Outcome, Request
 from .._pricing import SpendingCap
@@ -199,6 +199,20 @@ class BatchRunner:
         the budget counts them already (their first line was refused, not answered)."""
         lines: list[tuple[str, bytes]] = []
         for request in requests:
+            line = (again or {}).get(request.key)
+            if line is None:
+                try:
+                    messages = await request.sent_messages()
+                except Unusable as exc:  # a file changed or went since the plan keyed it
+                    why = f"{exc}; row not sent"
+                    await on_outcome(request, Outcome(request.key, "rejected", error=why))
+                    continue
+                line = {
+                    "custom_id": request.key,
+                    "method": "POST",
+                    "url": ENDPOINT,
+                    "body": self.live.body(request, messages),
+                }
             expected = self.live.expected_tokens(request, self.live.estimate_tokens(request))
             if not reserved and self.budget is not None and not self.budget.reserve(*expected):
                 self.counters.over_budget += 1
@@ -211,12 +225,6 @@ class BatchRunner:
                     ),
                 )
                 continue
-            line = (again or {}).get(request.key) or {
-                "custom_id": request.key,
-                "method": "POST",
-                "url": ENDPOINT,
-                "body": self.live.body(request, request.messages),
-            }
             self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
             lines.append((request.key, json.dumps(line, ensure_ascii=False).encode() + b"\n"))
         job_id = f"llmops-{uuid.uuid4().hex[:16]}"

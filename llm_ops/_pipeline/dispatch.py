@@ -11,6 +11,7 @@ waited for instead (:mod:`llm_ops._claims`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -21,7 +22,7 @@ import polars as pl
 from .._claims import Claims
 from .._engine.dispatcher import Dispatcher
 from .._key import canonical_json
-from .._media import Unusable, media_of, media_tokens, sent_parts
+from .._media import Media, media_of, media_tokens, sent_parts
 from .._options import Job
 from .._order import send_order
 from .._outcome import Counters, Outcome, Request, make_pack
@@ -41,15 +42,14 @@ def requests_for(
     *,
     checked: frozenset[str] = frozenset(),
     refuse: Callable[[Request], bool] | None = None,
-    reject: Callable[[Request, str], None] | None = None,
     inline_media: bool = True,
 ) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
     ``rows_per_request`` of them (grouped by system message, which packs share). With
     ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
-    ``refuse``, only those it returns ``False`` for (it settles the others). A request whose
-    image or PDF can no longer be read as it was keyed goes to ``reject`` with the reason;
-    without ``inline_media`` (an estimate), media stay the references that were keyed."""
+    ``refuse``, only those it returns ``False`` for (it settles the others). A request with
+    images or PDFs gets a :attr:`~llm_ops._outcome.Request.load` that reads them when it is
+    sent; without ``inline_media`` (an estimate) it gets none."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -76,13 +76,11 @@ def requests_for(
         if refuse is not None and refuse(single):
             continue
         if spec.media and media and inline_media:
-            try:
-                inline = dict(zip(carried, more[1:], strict=True))
-                single = with_media(single, sent_parts(media, spec.media, inline))
-            except Unusable as exc:
-                if reject is not None:
-                    reject(single, f"{exc}; row not sent")
-                continue
+            inline = dict(zip(carried, more[1:], strict=True))
+            single = replace(
+                single,
+                load=functools.partial(sent_messages, single.messages, media, spec.media, inline),
+            )
         if per_request == 1:
             yield single
             continue
@@ -96,12 +94,18 @@ def requests_for(
         yield make_pack(tuple(pack), pack_system)
 
 
-def with_media(request: Request, parts: list[dict[str, Any]]) -> Request:
-    """``request`` as sent: its user message's keyed media parts (sha256 references) replaced
-    by ``parts``, the bytes themselves."""
-    *before, user = request.messages
+def sent_messages(
+    messages: list[dict[str, Any]],
+    media: list[dict[str, Any]],
+    spec: Media,
+    inline: dict[int, bytes | None],
+) -> list[dict[str, Any]]:
+    """``messages`` as sent: the user message's keyed media parts (sha256 references) replaced
+    by the parts that carry the bytes (see :func:`~llm_ops._media.sent_parts`)."""
+    *before, user = messages
     text = user["content"][0]
-    return replace(request, messages=[*before, {**user, "content": [text, *parts]}])
+    parts = sent_parts(media, spec, inline)
+    return [*before, {**user, "content": [text, *parts]}]
 
 
 @dataclass
@@ -246,11 +250,6 @@ async def _send(
             tracker.settled(member.rows, answer.status, answer.error)
             answers.keep(member, answer)
 
-    def reject(request: Request, why: str) -> None:
-        """Settle, unsent, a request whose media could not be read again as keyed."""
-        tracker.settled(request.rows, "rejected", why)
-        answers.keep(request, Outcome(key=request.key, status="rejected", error=why))
-
     def refuse(request: Request) -> bool:
         """Settle, unsent, a request whose answer the cache could not keep."""
         why = answers.unkeepable(request)
@@ -265,7 +264,7 @@ async def _send(
     ordered = await asyncio.to_thread(send_order, misses, job.packing.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
-        requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse, reject=reject),
+        requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse),
         on_outcome,
         cache_writer=answers.cache,
         tracker=tracker,
