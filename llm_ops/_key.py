@@ -36,9 +36,10 @@ of the columns, each keyed by the sha256 of its bytes rather than by its base64 
      "role": "user"}
 
 So the same photo read from a path, from bytes or from a data URL is one key, and a changed
-file is a new one; a remote image URL, passed through as it is, is keyed by the URL, and a PDF
-sent as page images (``send_as="pages"``) by ``"sha256:<pdf>#page=<n>"`` per page. A file name is
-not part of the key. Requests without media keep a string content, so their keys never change.
+file is a new one. A remote image URL, passed through as it is, is keyed by the URL, its query
+(which may hold a presigned URL's signature) as ``sha256=<hex of the query>``. A PDF sent as
+page images (``send_as="pages"``) is keyed by ``"sha256:<pdf>#page=<n>"`` per page. A file name
+is not part of the key. Requests without media keep a string content, so their keys never change.
 (:mod:`llm_ops._media` makes the parts.)
 
 Keys are stored in users' caches, so these bytes must never change. :func:`canonical_json`

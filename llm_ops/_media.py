@@ -13,8 +13,12 @@ as the reason its row is ``rejected``, before anything is sent.
 * What is sent is :func:`sent_parts`: the bytes read again (a path whose bytes changed since
   they were keyed is refused rather than sent under the old key), as ``data:`` URLs in OpenAI
   ``image_url`` and ``file`` content parts; a remote image URL is passed through as it is.
-* A ``Binary`` value's descriptor carries its bytes (base64), as the value itself held them:
-  chunk files and batch files need them to stand alone. A path keeps only the path.
+* A ``Binary`` column is hashed a slice of rows at a time (:func:`describe_binary`), and its
+  descriptors name the row that holds the bytes; :func:`attach_bytes` gathers them, without a
+  copy, beside the requests to send only (a table job's chunk files carry them, to stand
+  alone). A path keeps only the path; a ``data:`` URL keeps its base64 text.
+* The bytes are read and encoded just before a request is sent, in a thread
+  (:attr:`~llm_ops._outcome.Request.load`), so only the requests in flight hold them.
 
 Pillow reads image headers and pypdfium2 counts (and renders) PDF pages: the ``media`` extra.
 """
@@ -26,7 +30,6 @@ import binascii
 import functools
 import hashlib
 import io
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -357,6 +360,11 @@ def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict
         except (binascii.Error, ValueError):
             raise Unusable("a data: URL whose base64 is broken") from None
     if scheme in ("http", "https"):
+        if urlsplit(value).username is not None or urlsplit(value).password is not None:
+            raise Unusable(
+                "a URL with a user or password in it: llm-ops keeps no credentials; use a "
+                "URL that needs none, or download the image and pass its path or bytes"
+            )
         if document:
             raise Unusable(
                 "a remote PDF: llm-ops fetches nothing but the endpoint; download it and "
@@ -464,7 +472,7 @@ def describe_values(
                 break
             found.append(seen)
         if error is None and len(found) == len(media.columns):
-            lists.append(orjson.dumps(found).decode())  # json's escape scan: 0.7 ms a photo
+            lists.append(orjson.dumps(found).decode())
             keys.append(",".join(canonical_json(part) for part in keyed_parts(found, media)))
         else:
             lists.append(None)
@@ -493,7 +501,8 @@ def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[
     parts = []
     for item in descriptors:
         if item["kind"] == "image":
-            parts.append(_image_url(item.get("url") or f"sha256:{item['sha256']}", detail))
+            url = _keyed_url(item["url"]) if "url" in item else f"sha256:{item['sha256']}"
+            parts.append(_image_url(url, detail))
         elif pages:
             parts += [
                 _image_url(f"sha256:{item['sha256']}#page={n}", None)
@@ -502,6 +511,17 @@ def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[
         else:
             parts.append({"type": "file", "file": {"file_data": f"sha256:{item['sha256']}"}})
     return parts
+
+
+def _keyed_url(url: str) -> str:
+    """A remote image's URL as keyed: as it is, but its query as the sha256 of its text. A
+    presigned URL's query holds a signature, a credential the cache must not keep; two URLs
+    differing in their query stay two keys."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url
+    digest = hashlib.sha256(parts.query.encode()).hexdigest()
+    return parts._replace(query=f"sha256={digest}").geturl()
 
 
 def sent_parts(
@@ -619,11 +639,6 @@ def media_tokens(descriptors: Iterable[Mapping[str, Any]], media: Media, model: 
     return total
 
 
-def sent_bytes(descriptors: Iterable[Mapping[str, Any]]) -> int:
-    """The media bytes a request carries (before base64)."""
-    return sum(int(item.get("bytes", 0)) for item in descriptors)
-
-
 def media_of(value: str | None) -> list[dict[str, Any]]:
     """The descriptors of a ``media`` value of :func:`describe_values`."""
-    return [] if value is None else list(json.loads(value))
+    return [] if value is None else list(orjson.loads(value))

@@ -339,3 +339,20 @@ def test_a_file_changed_between_keying_and_sending_is_not_sent_under_the_old_key
     (photos / "a.png").write_bytes(JPEG)
     with pytest.raises(Unusable, match="changed after the job keyed it"):
         sent_parts([keyed], media)
+
+
+def test_a_presigned_urls_signature_never_reaches_the_cache(complete, endpoint, cache):
+    url = "https://bucket.example.com/label.png?X-Amz-Signature=s3cr3t&X-Amz-Expires=60"
+    out = pl.DataFrame({"photo": [url]}).pipe(complete, prompt="Describe it", images="photo")
+    assert status(out) == ["ok"]
+    (request,) = requests_in(cache)
+    assert "s3cr3t" not in request and "https://bucket.example.com/label.png?sha256=" in request
+
+
+def test_a_url_with_a_password_is_rejected_before_sending(complete, endpoint):
+    out = pl.DataFrame({"photo": ["https://me:pw@example.com/a.png"]}).pipe(
+        complete, prompt="Describe it", images="photo"
+    )
+    assert status(out) == ["rejected"]
+    assert "pw" not in out["completion_error"][0]
+    assert endpoint.stats()["requests"] == 0

@@ -170,9 +170,10 @@ def key_texts(
     JSON escaping gets wrong (:data:`~llm_ops._key.UPPERCASE_ESCAPE_PATTERN`).
     """
     with_media = "media_key" in texts.columns
+    with_system = isinstance(spec, RequestSpec) and spec.system is not None
     needed = [
         "prompt",
-        *(["system"] if spec_has_system(spec) else []),
+        *(["system"] if with_system else []),
         *(["media_key"] if with_media else []),
     ]
     sendable = " AND ".join(f"{column} IS NOT NULL" for column in needed)
@@ -214,14 +215,10 @@ def key_texts(
         .group_by("key", maintain_order=True)
         .agg(pl.col("system", "prompt", "text").first(), pl.col("rows").sum())
     )
-    if with_media:  # gathered, not grouped: a photo's descriptor carries its bytes
+    if with_media:  # gathered by row, not copied through DuckDB and the grouping
         grouped = grouped.with_columns(media=texts["media"].gather(grouped["text"]))
     grouped = grouped.drop("text")
     return keys, grouped
-
-
-def spec_has_system(spec: RequestSpec | EmbeddingSpec) -> bool:
-    return isinstance(spec, RequestSpec) and spec.system is not None
 
 
 def group_and_key(
