@@ -31,6 +31,18 @@ def text_of(content: str | list[dict[str, Any]]) -> str:
     return "\n".join(part["text"] for part in content if part.get("type") == "text")
 
 
+def images_in(messages: list[dict[str, Any]]) -> int:
+    """The image parts of ``messages`` (a PDF sent as pages: one a page), which a provider
+    pricing per image (:attr:`~llm_ops.Price.per_image`) bills."""
+    return sum(
+        1
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_url"
+    )
+
+
 @dataclass(frozen=True)
 class Request:
     """One distinct request: its key, the chat messages and the canonical request JSON."""
@@ -150,6 +162,7 @@ class Counters:
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
     reasoning_tokens: int = 0  # of completion_tokens, billed but never seen (thinking)
+    images: int = 0  # image parts of the requests answered, for a price per image
     usage_unknown: int = 0  # answers whose usage could not be right: their tokens are not here
     # the embedding requests the semantic cache made for this job, and their tokens
     embedding_requests: int = 0

@@ -356,3 +356,20 @@ def test_a_url_with_a_password_is_rejected_before_sending(complete, endpoint):
     assert status(out) == ["rejected"]
     assert "pw" not in out["completion_error"][0]
     assert endpoint.stats()["requests"] == 0
+
+
+def test_a_price_per_image_is_in_the_estimate_and_the_run_reports_cost(endpoint, cache):
+    from llm_ops import Price, llm_complete
+
+    df = pl.DataFrame({"front": [PNG, JPEG], "back": [WEBP, WEBP]})
+    options = dict(
+        prompt="Compare",
+        images=["front", "back"],
+        model="sim",
+        endpoint=endpoint.base_url,
+        cache=cache,
+        pricing=Price(per_image=0.01),
+    )
+    assert estimate(df, **options).cost_min == 0.04
+    _, report = llm_complete(df, return_report=True, **options)
+    assert report.cost == 0.04

@@ -75,6 +75,7 @@ def completion_cost(job: Job, counters: Counters) -> float | None:
         input_tokens=counters.prompt_tokens,
         output_tokens=counters.completion_tokens,
         cached_input_tokens=counters.cached_tokens,
+        images=counters.images,
     )
 
 
