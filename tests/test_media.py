@@ -373,3 +373,15 @@ def test_a_price_per_image_is_in_the_estimate_and_the_run_reports_cost(endpoint,
     assert estimate(df, **options).cost_min == 0.04
     _, report = llm_complete(df, return_report=True, **options)
     assert report.cost == 0.04
+
+
+def test_a_request_larger_than_a_batch_file_is_rejected_not_uploaded(complete, endpoint):
+    big = image("PNG", size=(200, 200))
+    out = pl.DataFrame({"photo": [big, PNG]}).pipe(
+        complete,
+        prompt="Describe it",
+        images="photo",
+        batch=BatchMode(poll_seconds=0.05, max_bytes=len(big)),
+    )
+    assert status(out) == ["rejected", "ok"]
+    assert "over a batch file's" in out["completion_error"][0]

@@ -213,6 +213,14 @@ class BatchRunner:
                     "url": ENDPOINT,
                     "body": self.live.body(request, messages),
                 }
+            encoded = json.dumps(line, ensure_ascii=False).encode() + b"\n"
+            if len(encoded) > self.settings.max_bytes:  # no batch file could hold it
+                why = (
+                    f"its batch line is {len(encoded):,} bytes, over a batch file's "
+                    f"{self.settings.max_bytes:,} (BatchMode(max_bytes=)); row not sent"
+                )
+                await on_outcome(request, Outcome(request.key, "rejected", error=why))
+                continue
             expected = self.live.expected_tokens(request, self.live.estimate_tokens(request))
             if not reserved and self.budget is not None and not self.budget.reserve(*expected):
                 self.counters.over_budget += 1
@@ -226,7 +234,7 @@ class BatchRunner:
                 )
                 continue
             self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
-            lines.append((request.key, json.dumps(line, ensure_ascii=False).encode() + b"\n"))
+            lines.append((request.key, encoded))
         job_id = f"llmops-{uuid.uuid4().hex[:16]}"
         parts = []
         for number, chunk in enumerate(self._files(lines)):
