@@ -385,3 +385,12 @@ def test_a_request_larger_than_a_batch_file_is_rejected_not_uploaded(complete, e
     )
     assert status(out) == ["rejected", "ok"]
     assert "over a batch file's" in out["completion_error"][0]
+
+
+def test_estimate_counts_rows_whose_media_cannot_be_sent_apart_from_null_ones(endpoint, cache):
+    df = pl.DataFrame({"photo": ["/no/such/file.png", None, "/no/such/file.png"]})
+    plan = estimate(
+        df, prompt="?", images="photo", model="sim", endpoint=endpoint.base_url, cache=cache
+    )
+    assert (plan.rejected_rows, plan.skipped_rows) == (2, 1)
+    assert "rows rejected" in str(plan)

@@ -15,7 +15,7 @@ from .._outcome import text_of
 from .._pricing import Price, add_costs, approx_tokens, cost_or_none, price_hint
 from .._report import dollars
 from .dispatch import requests_for
-from .plan import plan_frame
+from .plan import Keyed, plan_frame
 
 REASONING_MODEL = re.compile(r"(^|/)(o\d|gpt-5|deepseek-reasoner|deepseek-r1|qwq)|think", re.I)
 """Model names taken for a reasoning model's without a reasoning option set: OpenAI's o-series
@@ -71,6 +71,7 @@ class Estimate:
     output_tokens_high: int | None = None
     cost_high: float | None = None
     batch_cost_high: float | None = None
+    rejected_rows: int = 0  # rows whose image or PDF cannot be sent (not in skipped_rows)
     media_rows: int = 0  # rows whose request to send carries images or PDFs
     images: int = 0  # image parts to send (a PDF sent as pages: one per page)
     documents: int = 0  # PDFs to send as files
@@ -91,6 +92,11 @@ class Estimate:
             [
                 f"rows                 {self.rows:>12,}",
                 f"rows skipped (null)  {self.skipped_rows:>12,}",
+                *(
+                    [f"rows rejected        {self.rejected_rows:>12,}   (media not sendable)"]
+                    if self.rejected_rows
+                    else []
+                ),
                 f"distinct requests    {self.distinct_requests:>12,}",
                 f"cache hits           {self.cache_hits:>12,}",
                 f"requests to send     {self.requests:>12,}{packing}",
@@ -145,10 +151,17 @@ def estimate_frame(frame: pl.DataFrame, job: Job, cache: Cache | None) -> Estima
         [plan.misses],
         rows=frame.height,
         keyed_rows=int(plan.distinct["rows"].sum()),
+        rejected_rows=count_rejected(plan),
         distinct=plan.distinct.height,
         cache_hits=plan.hits.height,
         refreshed=plan.refreshed,
     )
+
+
+def count_rejected(keyed: Keyed) -> int:
+    """The rows of ``keyed`` whose image or PDF cannot be sent."""
+    rejected = keyed.groups["skip_status"] == "rejected"
+    return int(rejected.gather(keyed.row_group).sum())
 
 
 def price_plan(
@@ -157,6 +170,7 @@ def price_plan(
     *,
     rows: int,
     keyed_rows: int,
+    rejected_rows: int = 0,
     distinct: int,
     cache_hits: int,
     refreshed: int = 0,
@@ -182,7 +196,8 @@ def price_plan(
     batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max, media.images)
     estimated = Estimate(
         rows=rows,
-        skipped_rows=rows - keyed_rows,
+        skipped_rows=rows - keyed_rows - rejected_rows,
+        rejected_rows=rejected_rows,
         distinct_requests=distinct,
         cache_hits=cache_hits,
         requests=requests,

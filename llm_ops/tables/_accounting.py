@@ -11,7 +11,7 @@ import polars as pl
 from .._cache import Cache
 from .._options import Job
 from .._outcome import Counters
-from .._pipeline.estimate import Estimate, price_plan
+from .._pipeline.estimate import Estimate, count_rejected, price_plan
 from .._pipeline.plan import key_rows, lookup_answers, stale_answers
 from .._pipeline.savings import Tally, usage_report
 from .._report import RunFacts, RunReport
@@ -23,12 +23,13 @@ def estimate_table(job: Job, cache: Cache, files: list[Path], *, rows_per_read: 
     """:meth:`Table.estimate`: ``files`` keyed batch by batch, their distinct requests looked
     up in ``cache`` (if its file exists; none is made) and the misses priced."""
     plan_cache = cache if cache.path.exists() else None
-    rows = keyed = 0
+    rows = keyed = rejected = 0
     distinct: list[pl.DataFrame] = []
     for batch in read_batches(files, rows_per_read):
         keyed_batch = key_rows(batch, job.spec)
         rows += batch.height
         keyed += int(keyed_batch.distinct["rows"].sum())
+        rejected += count_rejected(keyed_batch)
         distinct.append(keyed_batch.distinct)
     texts = [column for column in distinct[0].columns if column not in ("key", "rows")]
     requests = (
@@ -44,6 +45,7 @@ def estimate_table(job: Job, cache: Cache, files: list[Path], *, rows_per_read: 
         [misses],
         rows=rows,
         keyed_rows=keyed,
+        rejected_rows=rejected,
         distinct=requests.height,
         cache_hits=hits.height,
         refreshed=stale_answers(plan_cache, misses),
