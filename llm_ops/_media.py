@@ -31,7 +31,9 @@ import functools
 import hashlib
 import io
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -407,19 +409,23 @@ def _image(data: bytes) -> dict[str, Any]:
     return {"kind": "image", "mime": IMAGE_TYPES[kind], "width": width, "height": height}
 
 
+_PDFIUM = threading.Lock()  # pdfium is not thread-safe: one call into it at a time
+
+
 def _document(data: bytes, media: Media) -> dict[str, Any]:
     import pypdfium2
 
     if not data.startswith(b"%PDF-"):
         raise Unusable("not a PDF (its bytes do not start with %PDF-)")
-    try:
-        pdf = pypdfium2.PdfDocument(data)
-    except pypdfium2.PdfiumError as exc:
-        raise Unusable(f"a damaged PDF: pdfium cannot open it ({exc})") from None
-    try:
-        pages = len(pdf)
-    finally:
-        pdf.close()
+    with _PDFIUM:
+        try:
+            pdf = pypdfium2.PdfDocument(data)
+        except pypdfium2.PdfiumError as exc:
+            raise Unusable(f"a damaged PDF: pdfium cannot open it ({exc})") from None
+        try:
+            pages = len(pdf)
+        finally:
+            pdf.close()
     assert media.documents is not None
     if pages > media.documents.max_pages:
         raise Unusable(f"{pages} pages, over max_pages={media.documents.max_pages}")
@@ -442,12 +448,11 @@ def describe_values(
     skipped like a row with a null template column. A column of ``known`` holds hashes,
     described already (by :func:`describe_binary`)."""
     known = known or {}
-    described: dict[tuple[str, str], dict[str, Any] | str] = {}
+    columns = [values[column].to_list() for column in media.columns]
+    described = _described(media, columns, known)
     lists: list[str | None] = []
     keys: list[str | None] = []
     errors: list[str | None] = []
-    documents = set(media.document_columns)
-    columns = [values[column].to_list() for column in media.columns]
     for row in zip(*columns, strict=True):
         found: list[dict[str, Any]] = []
         error = None
@@ -455,18 +460,7 @@ def describe_values(
             if value is None:
                 found = []
                 break
-            seen = described.get((column, value))
-            if seen is None:
-                if column in known:
-                    seen = known[column][value]
-                else:
-                    try:
-                        seen = describe(value, document=column in documents, media=media)
-                    except Unusable as exc:
-                        seen = str(exc)
-                if isinstance(seen, str):
-                    seen = f"{column}: {seen}; row not sent"
-                described[(column, value)] = seen
+            seen = described[(column, value)]
             if isinstance(seen, str):
                 error = seen
                 break
@@ -482,6 +476,44 @@ def describe_values(
         {"media": lists, "media_key": keys, "media_error": errors},
         schema={"media": pl.String, "media_key": pl.String, "media_error": pl.String},
     )
+
+
+READERS = 8  # files read at once: the reads and sha256 wait on the disk, not the GIL
+
+
+def _described(
+    media: Media,
+    columns: list[list[Any]],
+    known: Mapping[str, Mapping[str, dict[str, Any] | str]],
+) -> dict[tuple[str, str], dict[str, Any] | str]:
+    """Each distinct (column, value) of ``columns`` (one list of values per media column)
+    described, or why it cannot be sent, with the column named; paths and URLs are read by
+    :data:`READERS` threads at once."""
+    documents = set(media.document_columns)
+
+    def read(item: tuple[str, str]) -> dict[str, Any] | str:
+        column, value = item
+        if column in known:
+            seen = known[column][value]
+        else:
+            try:
+                seen = describe(value, document=column in documents, media=media)
+            except Unusable as exc:
+                seen = str(exc)
+        return f"{column}: {seen}; row not sent" if isinstance(seen, str) else seen
+
+    wanted = list(
+        dict.fromkeys(
+            (column, value)
+            for column, values in zip(media.columns, columns, strict=True)
+            for value in values
+            if value is not None
+        )
+    )
+    if len(wanted) < 2 * READERS:
+        return {item: read(item) for item in wanted}
+    with ThreadPoolExecutor(READERS, thread_name_prefix="llm-ops-media") as pool:
+        return dict(zip(wanted, pool.map(read, wanted), strict=True))
 
 
 # -- keyed and sent parts ---------------------------------------------------------------------
@@ -605,19 +637,20 @@ def _render_pages(data: bytes) -> list[str]:
     """Each page of a PDF as base64 PNG, its longest side :data:`PAGE_PIXELS`."""
     import pypdfium2
 
-    pdf = pypdfium2.PdfDocument(data)
-    try:
-        rendered = []
-        for page in pdf:
-            width, height = page.get_size()  # in points, 72 a inch
-            bitmap = page.render(scale=PAGE_PIXELS / max(width, height, 1.0))
-            buffer = io.BytesIO()
-            bitmap.to_pil().save(buffer, format="PNG")
-            rendered.append(base64.b64encode(buffer.getvalue()).decode())
-            page.close()
-        return rendered
-    finally:
-        pdf.close()
+    rendered = []
+    with _PDFIUM:  # encoded inside too: a bitmap's image shares pdfium's memory
+        pdf = pypdfium2.PdfDocument(data)
+        try:
+            for page in pdf:
+                width, height = page.get_size()  # in points, 72 an inch
+                bitmap = page.render(scale=PAGE_PIXELS / max(width, height, 1.0))
+                buffer = io.BytesIO()
+                bitmap.to_pil().save(buffer, format="PNG")
+                rendered.append(base64.b64encode(buffer.getvalue()).decode())
+                page.close()
+        finally:
+            pdf.close()
+    return rendered
 
 
 def media_tokens(descriptors: Iterable[Mapping[str, Any]], media: Media, model: str) -> int:
