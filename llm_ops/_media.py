@@ -124,7 +124,8 @@ class Documents:
 
     A ``Binary`` column holds PDF bytes; a ``String`` column a local path, a ``file://`` URL
     or a ``data:`` URL. llm-ops fetches nothing but the endpoint, so a remote PDF must be
-    downloaded first.
+    downloaded first. An image among them (a photographed receipt beside scanned PDFs) is
+    sent as an image.
 
     Parameters
     ----------
@@ -290,11 +291,21 @@ def facts_of(
     data: bytes, *, document: bool, media: Media, sha256: str | None = None
 ) -> dict[str, Any]:
     """What a descriptor says of ``data`` itself: its hash, size, kind, type, and pixel size or
-    pages; :class:`Unusable` when it is over the limit or not what the column sends."""
-    limit = _limit_of(media, document)
+    pages; :class:`Unusable` when it is over the limit or not what the column sends.
+
+    A documents column takes images too, sent as images: scanned receipts come as PDFs and as
+    photos in one column."""
+    scan = document and not data.startswith(b"%PDF-")
+    limit = _limit_of(media, document and not scan)
     if len(data) > limit:
         raise Unusable(f"{_size(len(data))}, over the {_size(limit)} limit")
-    facts = _document(data, media) if document else _image(data)
+    if scan:
+        try:
+            facts = _image(data)
+        except Unusable:
+            raise Unusable("neither a PDF nor an image (PNG, JPEG, WebP or GIF)") from None
+    else:
+        facts = _document(data, media) if document else _image(data)
     sha256 = sha256 or hashlib.sha256(data).hexdigest()
     return {"sha256": sha256, "bytes": len(data), **facts}
 
@@ -415,8 +426,6 @@ _PDFIUM = threading.Lock()  # pdfium is not thread-safe: one call into it at a t
 def _document(data: bytes, media: Media) -> dict[str, Any]:
     import pypdfium2
 
-    if not data.startswith(b"%PDF-"):
-        raise Unusable("not a PDF (its bytes do not start with %PDF-)")
     with _PDFIUM:
         try:
             pdf = pypdfium2.PdfDocument(data)

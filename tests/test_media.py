@@ -216,6 +216,19 @@ def test_a_pdf_can_be_sent_as_page_images(complete, endpoint, cache):
     assert endpoint.stats()["media_parts"] == 3
 
 
+def test_a_documents_column_sends_its_photos_as_images_and_its_pdfs_as_files(complete, endpoint):
+    receipt = pdf(pages=1)
+    out = pl.DataFrame({"scan": [receipt, JPEG, b"a text file"]}).pipe(
+        complete, prompt="Total?", documents="scan"
+    )
+    assert out["completion"].to_list()[:2] == [
+        expected_reply("Total?", model="sim", media=[data]) for data in (receipt, JPEG)
+    ]
+    assert out["completion_error"][2] == (
+        "scan: neither a PDF nor an image (PNG, JPEG, WebP or GIF); row not sent"
+    )
+
+
 def test_a_pdf_over_the_page_limit_is_rejected(complete, endpoint):
     out = pl.DataFrame({"contract": [pdf(pages=3)]}).pipe(
         complete, prompt="Who signs?", documents=Documents("contract", max_pages=2)
