@@ -407,3 +407,15 @@ def test_estimate_counts_rows_whose_media_cannot_be_sent_apart_from_null_ones(en
     )
     assert (plan.rejected_rows, plan.skipped_rows) == (2, 1)
     assert "rows rejected" in str(plan)
+
+
+def test_an_expression_over_a_path_column_that_images_names_sends_the_image(
+    endpoint, cache, photos
+):
+    df = pl.DataFrame({"photo": [str(photos / "b.jpg")]})
+    out = df.select(
+        pl.col("photo").llm.complete(
+            "What is this?", images="photo", model="sim", endpoint=endpoint.base_url, cache=cache
+        )
+    )
+    assert out["photo"].to_list() == [expected_reply("What is this?", model="sim", media=[JPEG])]

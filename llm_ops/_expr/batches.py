@@ -16,7 +16,7 @@ import polars as pl
 
 from .._client import Client
 from .._failures import failure_reasons, warn_columns
-from .._media import Images
+from .._media import Documents, Images, Media
 from .._options import (
     CallOptions,
     EmbedOptions,
@@ -314,38 +314,61 @@ class Completions(ExprBatchFunction):
             options={**self.options, "system": system},
         )
 
-    def image_job(self, name: str) -> Job:
-        """The job for a batch whose value is an image (a ``Binary`` column): sent after the
-        prompt's text, which then cannot hold the value itself."""
+    def media_job(self, name: str, *, documents: bool) -> Job:
+        """The job for a batch whose value is an image (a ``Binary`` column, or one that
+        ``images=`` names) or a PDF (one that ``documents=`` names): sent after the prompt's
+        text, which then cannot hold the value itself."""
         if self.ask.prompt is None and with_value(self.prompt, name, argument="prompt")[1]:
             raise TemplateError(
-                f"{self.caller}: the value is Binary, so it is sent as an image; the prompt "
-                "asks about it without {}, e.g. "
-                f"pl.col({name!r}).llm.{self.caller}('What is on this label?')"
+                f"{self.caller}: the value is sent as an image or PDF, so the prompt asks "
+                f"about it without {{}}, e.g. pl.col({name!r}).llm.{self.caller}('What is on "
+                "this label?')"
             )
-        given = self.options.get("images")
-        images = (
-            dataclasses.replace(given, columns=(name,))
-            if isinstance(given, Images)
-            else Images(name)
+        rest = cast(
+            CallOptions,
+            {k: v for k, v in self.options.items() if k not in ("images", "documents")},
         )
+        if documents:
+            given = self.options.get("documents")
+            rest["documents"] = (
+                dataclasses.replace(given, columns=(name,))
+                if isinstance(given, Documents)
+                else Documents(name)
+            )
+        else:
+            shown = self.options.get("images")
+            rest["images"] = (
+                dataclasses.replace(shown, columns=(name,))
+                if isinstance(shown, Images)
+                else Images(name)
+            )
         return make_job(
             prompt=escaped(self.prompt),
             model=self.model,
             endpoint=self.client.endpoint.identity,
             cached=self.client.cache is not None,
-            options={**self.options, "images": images},
+            options=rest,
         )
+
+    def _named(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The columns ``images=`` and ``documents=`` name."""
+        media = Media.of(self.options.get("images"), self.options.get("documents"))
+        return (media.image_columns, media.document_columns) if media else ((), ())
 
     def prepare(self, values: pl.Series) -> tuple[pl.DataFrame, Job]:
         reserved = self.job.columns.names
-        if values.dtype == pl.Binary:
+        is_struct = isinstance(values.dtype, pl.Struct)
+        images, pdfs = self._named()
+        documents = not is_struct and values.name in pdfs
+        image = not is_struct and (values.dtype == pl.Binary or values.name in images)
+        if image or documents:
             name = value_name(values.name, reserved)
-            image = self._jobs.get(f"image:{name}")
-            if image is None:
-                image = self._jobs[f"image:{name}"] = self.image_job(name)
-                check_job(image, values.alias(name).to_frame().schema)
-            return values.alias(name).to_frame(), image
+            frame = values.alias(name).to_frame()
+            job = self._jobs.get(f"media:{name}")
+            if job is None:
+                job = self._jobs[f"media:{name}"] = self.media_job(name, documents=documents)
+                check_job(job, frame.schema)
+            return frame, job
         if isinstance(values.dtype, pl.Struct):
             frame, key, name = values.struct.unnest(), None, ""
             taken = [field for field in frame.columns if field in reserved]

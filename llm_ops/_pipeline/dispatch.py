@@ -42,14 +42,13 @@ def requests_for(
     *,
     checked: frozenset[str] = frozenset(),
     refuse: Callable[[Request], bool] | None = None,
-    inline_media: bool = True,
 ) -> Iterator[Request]:
     """One request per distinct miss, in the order given, or packs of up to
     ``rows_per_request`` of them (grouped by system message, which packs share). With
     ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
     ``refuse``, only those it returns ``False`` for (it settles the others). A request with
     images or PDFs gets a :attr:`~llm_ops._outcome.Request.load` that reads them when it is
-    sent; without ``inline_media`` (an estimate) it gets none."""
+    sent (an estimate never calls it)."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -75,7 +74,7 @@ def requests_for(
         )
         if refuse is not None and refuse(single):
             continue
-        if spec.media and media and inline_media:
+        if spec.media and media:
             inline = dict(zip(carried, more[1:], strict=True))
             single = replace(
                 single,

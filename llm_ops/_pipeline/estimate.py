@@ -182,7 +182,7 @@ def price_plan(
     for part in misses:
         singles += part.height
         media.add(part, job)
-        for request in requests_for(part, job, inline_media=False):
+        for request in requests_for(part, job):
             requests += 1
             chars += sum(len(text_of(m["content"])) for m in request.messages)
             messages += len(request.messages)
