@@ -182,3 +182,27 @@ def test_the_command_line_sends_on_ray(cluster, endpoint, cache, source, tmp_pat
         TEXTS
     )
     assert endpoint.stats()["requests"] == 60
+
+
+def test_image_bytes_travel_to_the_workers_in_the_chunk_files(cluster, endpoint, cache, tmp_path):
+    from llm_ops.ray import run_on_ray
+    from llm_ops.tables import Table
+    from tests.media_files import image
+
+    photos = [image("PNG", color=n) for n in range(6)]
+    pl.DataFrame({"photo": photos * 2}).write_parquet(tmp_path / "in.parquet")
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        table = Table(
+            client,
+            tmp_path / "in.parquet",
+            tmp_path / "out.parquet",
+            prompt="What is this?",
+            model="sim",
+            images="photo",
+            chunk_size=2,
+        )
+        run_on_ray(table, workers=2)
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    expected = [expected_reply("What is this?", model="sim", media=[p]) for p in photos]
+    assert out["completion"].to_list() == expected * 2
+    assert endpoint.stats()["requests"] == 6
