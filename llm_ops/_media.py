@@ -487,7 +487,9 @@ def describe_values(
     )
 
 
-READERS = 8  # files read at once: the reads and sha256 wait on the disk, not the GIL
+# Files read at once: reads and sha256 release the GIL, so threads overlap a cold disk's waits;
+# beyond twice the cores, on files the OS has cached, they only contend for the cores.
+READERS = min(8, 2 * (os.cpu_count() or 1))
 
 
 def _described(
