@@ -388,6 +388,20 @@ def test_a_price_per_image_is_in_the_estimate_and_the_run_reports_cost(endpoint,
     assert report.cost == 0.04
 
 
+def test_a_price_per_image_is_in_a_batch_runs_cost_at_the_batch_price(complete):
+    from llm_ops import Price
+
+    _, report = pl.DataFrame({"photo": [PNG, JPEG]}).pipe(
+        complete,
+        prompt="Describe it",
+        images="photo",
+        pricing=Price(per_image=0.01),
+        batch=BatchMode(poll_seconds=0.05),
+        return_report=True,
+    )
+    assert report.cost == 0.01  # two images at half the live price
+
+
 def test_a_request_larger_than_a_batch_file_is_rejected_not_uploaded(complete, endpoint):
     big = image("PNG", size=(200, 200))
     out = pl.DataFrame({"photo": [big, PNG]}).pipe(

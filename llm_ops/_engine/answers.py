@@ -22,7 +22,16 @@ import numpy as np
 import orjson
 from yarl import URL
 
-from .._outcome import TRUNCATED_MESSAGE, Counters, EmbeddingsRequest, Outcome, Pack, Request, Sent
+from .._outcome import (
+    TRUNCATED_MESSAGE,
+    Counters,
+    EmbeddingsRequest,
+    Outcome,
+    Pack,
+    Request,
+    Sent,
+    images_in,
+)
 from .._pack import unpack
 from .._schema import InvalidOutput
 from .boundary import one_line, redact
@@ -214,6 +223,7 @@ class CompletionReader(Reader):
                 f"malformed response body: {preview(payload)!r}", malformed=True
             ) from exc
         usage = self.count(body.get("usage"))
+        self.counters.images += images_in(request.messages)  # billed with the answer
         self._check(body, text, finish_reason)
         prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens = usage or (0, 0, 0, 0)
         truncated = finish_reason == "length"

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from .._media import Unusable
-from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, images_in, text_of
+from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
@@ -294,7 +294,6 @@ class Dispatcher:
                 )
             else:
                 self._bill(expected, outcome)
-                self.counters.images += images_in(request.messages)
                 if outcome.status == "invalid" and self.repair and not repaired and attempt < last:
                     messages, repaired = self._repair(messages, outcome), True
                     continue

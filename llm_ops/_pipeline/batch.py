@@ -69,7 +69,7 @@ from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
 from .._media import Unusable, unsent
 from .._options import Job
-from .._outcome import Outcome, Request, images_in
+from .._outcome import Outcome, Request
 from .._pricing import SpendingCap
 from .._schema import output_schema
 from .._signals import stopped_by_signals
@@ -570,8 +570,6 @@ class BatchRunner:
 
     async def _settle(self, request: Request, outcome: Outcome, on_outcome: OnOutcome) -> None:
         self.counters.by_status[outcome.status] = self.counters.by_status.get(outcome.status, 0) + 1
-        if outcome.status in ("ok", "truncated", "invalid", "filtered"):  # billed: answered
-            self.counters.images += images_in(request.messages)
         await on_outcome(request, outcome)
 
     async def _lines(self, file_id: str) -> AsyncIterator[str]:
