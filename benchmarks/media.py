@@ -215,16 +215,6 @@ def spawn(side: str, params: dict[str, Any]) -> Result:
     raise RuntimeError(f"worker {side} printed no result:\n{done.stdout[-2000:]}")
 
 
-def endpoint_cpu_seconds(endpoint: Any) -> float:
-    """User + system CPU of the endpoint's process so far (as ``benchmarks/run.py``)."""
-    process = getattr(endpoint, "_process", None)
-    if process is None:
-        return math.nan
-    with open(f"/proc/{process.pid}/stat") as stat:
-        parts = stat.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cache_files(cache: Path) -> list[Path]:
     """The cache file and whatever lies next to it under its name (a WAL, a journal folder)."""
     found = []
@@ -330,6 +320,9 @@ def table(rows: list[list[str]]) -> str:
 
 
 def run_all(args: argparse.Namespace) -> str:
+    # here, not at the top: run.py imports llm_ops, which the baseline's workers must not carry
+    from run import endpoint_cpu_seconds
+
     from llm_ops.testing import LocalEndpoint
 
     png = noise_png()
