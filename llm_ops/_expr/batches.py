@@ -16,7 +16,7 @@ import polars as pl
 
 from .._client import Client
 from .._failures import failure_reasons, warn_columns
-from .._media import Documents, Images, Media
+from .._media import Documents, Images
 from .._options import (
     CallOptions,
     EmbedOptions,
@@ -299,6 +299,7 @@ class Completions(ExprBatchFunction):
         self._jobs: dict[str | None, Job] = {}
         # Checked now, before anything is sent: options, templates, schema, prices.
         self.job = self.job_for(VALUE, value=None)
+        self.media = self.job.spec.media  # the columns images= and documents= name
 
     def job_for(self, name: str, *, value: bool | None) -> Job:
         """The job for a batch whose value is the column ``name`` (``value=True``), or whose
@@ -350,17 +351,14 @@ class Completions(ExprBatchFunction):
             options=rest,
         )
 
-    def _named(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The columns ``images=`` and ``documents=`` name."""
-        media = Media.of(self.options.get("images"), self.options.get("documents"))
-        return (media.image_columns, media.document_columns) if media else ((), ())
-
     def prepare(self, values: pl.Series) -> tuple[pl.DataFrame, Job]:
         reserved = self.job.columns.names
         is_struct = isinstance(values.dtype, pl.Struct)
-        images, pdfs = self._named()
-        documents = not is_struct and values.name in pdfs
-        image = not is_struct and (values.dtype == pl.Binary or values.name in images)
+        media = self.media
+        documents = not is_struct and media is not None and values.name in media.document_columns
+        image = not is_struct and (
+            values.dtype == pl.Binary or (media is not None and values.name in media.image_columns)
+        )
         if image or documents:
             name = value_name(values.name, reserved)
             frame = values.alias(name).to_frame()
