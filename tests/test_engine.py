@@ -105,10 +105,10 @@ def test_a_request_larger_than_the_token_budget_fails_at_once(complete, endpoint
     assert endpoint.stats()["requests"] == 0
 
 
-def test_a_slow_first_answer_does_not_hold_the_other_requests_back(complete, endpoint):
-    endpoint.configure(latency=0.5)
+def test_the_others_wait_until_the_first_request_is_answered(complete, endpoint):
+    endpoint.configure(latency=0.2)  # /models answers at once, the first request slowly
     _rows(8).pipe(complete, prompt="{text}", concurrency=8)
-    assert endpoint.stats()["max_in_flight"] == 8  # the first was not refused in time: sent
+    assert endpoint.stats()["max_in_flight"] == 7  # the first, then the seven others
 
 
 def test_an_endpoint_without_a_model_list_gets_one_request_first(complete, endpoint):
@@ -321,8 +321,8 @@ def test_an_endpoint_that_goes_away_stops_the_job_keeping_its_answers(cache):
         assert con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0] >= 200
 
 
-def test_an_empty_quota_costs_one_request_whatever_the_concurrency(complete, endpoint):
-    endpoint.configure(insufficient_quota=True)
+def test_an_empty_quota_costs_one_request_however_slowly_the_server_answers(complete, endpoint):
+    endpoint.configure(insufficient_quota=True, latency=0.5)  # /models answers at once
     with pytest.raises(JobAbortedError, match="out of quota"):
         _rows(50).pipe(complete, prompt="{text}", concurrency=32)
     assert endpoint.stats()["requests"] == 1

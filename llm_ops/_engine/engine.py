@@ -41,8 +41,6 @@ from .transport import Transport
 T = TypeVar("T")
 
 CONNECT_FAILURES_TO_ABORT = 16  # attempts in a row that could not connect, once connected
-REFUSAL_ROUND_TRIPS = 4  # a refusal comes back within so many /models round trips
-REFUSAL_FLOOR = 0.05  # seconds, at least: a local server answers /models in a millisecond
 LONG_WAITS_TO_ABORT = 8  # answers in a row asking for a wait over max_retry_after
 ANNOUNCED_PAUSE = 5.0  # seconds of Retry-After from which a pause is logged
 
@@ -78,9 +76,6 @@ class Engine:
         # Until one request got through, requests go one at a time (first_request).
         self.connected = asyncio.Event()
         self.alone = asyncio.Lock()
-        # How long a refusal takes to come back: a few times what /models took to answer.
-        # A first request still unanswered after that was accepted and is being answered.
-        self.refusal_seconds: float | None = None
         self.connect_failures = 0  # attempts in a row that could not connect
         self.long_waits = 0  # answers in a row that asked for a wait over max_retry_after
         # Models that refused max_tokens for max_completion_tokens (OpenAI's reasoning models):
@@ -149,25 +144,14 @@ class Engine:
         return join_url(self.base_url, path, self._query)
 
     async def first_request(self, send: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """``send()`` while no request got through yet: one at a time, so a wrong key, an
-        empty quota or an unreachable endpoint costs one request, not a wave of them. A first
-        request not refused within :attr:`refusal_seconds` (a refusal comes back faster) was
-        accepted: the others go while it is being answered."""
+        """``send()`` while no request got through yet: one at a time, each until it is
+        answered, so a wrong key, an empty quota or an unreachable endpoint costs one request,
+        not a wave of them, however slowly the endpoint answers. (Guessing from how fast
+        ``/models`` answered when a refusal would be back let a wave go on a slow server.)"""
         async with self.alone:
-            if self.connected.is_set():
-                first = None
-            else:
-                first = asyncio.ensure_future(send())
-                if self.refusal_seconds is not None:
-                    try:
-                        await asyncio.wait((first,), timeout=self.refusal_seconds)
-                    except asyncio.CancelledError:
-                        first.cancel()  # wait() leaves what it waits for running
-                        raise
-                if first.done() or self.refusal_seconds is None:
-                    return await first
-                self.connected.set()
-        return await (send() if first is None else first)
+            if not self.connected.is_set():
+                return await send()
+        return await send()
 
     async def check_models(self, models: Iterable[str]) -> None:
         """Raise :class:`ConfigError` for a model the endpoint does not list (``/models``),
@@ -206,7 +190,6 @@ class Engine:
     async def _models_at(self, url: URL) -> tuple[int | None, frozenset[str]]:
         """The HTTP status of ``GET url`` and the model ids it lists."""
         try:
-            started = time.perf_counter()
             answer = await self.http.get(
                 url,
                 timeout=min(self.limits.timeout, 10.0),
@@ -218,9 +201,6 @@ class Engine:
                 for item in body.get("data", ())
                 if isinstance(item, dict) and "id" in item
             )
-            if listed:  # it answered, and took the credentials
-                took = time.perf_counter() - started
-                self.refusal_seconds = max(REFUSAL_FLOOR, REFUSAL_ROUND_TRIPS * took)
             return answer.status, listed
         except (TransportError, ValueError, AttributeError, TypeError):
             # A failure here is the first request's to report, with its own message.

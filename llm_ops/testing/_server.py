@@ -127,7 +127,7 @@ class SimulatorConfig:
     Attributes
     ----------
     latency
-        Seconds every answer waits before it is sent.
+        Seconds every answer waits before it is sent (a refusal for the key or the quota too).
     latency_per_token
         Extra seconds per output token.
     slots
@@ -1176,6 +1176,8 @@ class Simulator:
         started = time.perf_counter()
         refused = self._refuse(request)
         if refused is not None:
+            if self.config.latency > 0:  # a slow server is as slow to refuse
+                await asyncio.sleep(self.config.latency)
             return refused
         try:
             body = json.loads(await request.read())
@@ -1398,6 +1400,8 @@ class Simulator:
         """The Files and Batches API (see :mod:`llm_ops.testing._batches`), behind the key."""
         refused = self._refuse(request)
         if refused is not None:
+            if self.config.latency > 0:  # a slow server is as slow to refuse
+                await asyncio.sleep(self.config.latency)
             return refused
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(
             self.batch_api, name
