@@ -29,8 +29,12 @@ delivery rate rises with it, and past the point where it does not, keep less.
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
   (where latency grew) down, as the server may have changed under a long job.
-- **Back off** as before: a 429 with ``Retry-After``, or a good share of timeouts and bare 429s
-  among recent answers, halves the limit, and nothing is raised for :data:`CALM` seconds.
+- **Back off** as before: a 429 with ``Retry-After``, or a good share of bare 429s among recent
+  answers, halves the limit, and nothing is raised for :data:`CALM` seconds. Timeouts halve it
+  only where they are a sign of load: a good share of recent attempts failed while the answers
+  slowed (:data:`SLOWED` times their usual latency per token), or nearly every recent request
+  timed out. A request that hangs while the others are answered as fast as ever says nothing
+  of how many are in flight: it is retried, and the rest go on at the same pace.
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ PROBE_SECONDS = 15.0
 CALM = 2.0  # seconds after a decrease in which the limit is not raised
 COOLDOWN = 1.0  # seconds between two decreases: one burst of 429s is one decrease
 FULL = 0.75  # the share of the limit in flight from which a window measures the limit
+FAILING = 0.2
+"""The share of recent attempts (the last 64) that timed out or got a bare 429 from which the
+endpoint may be overloaded."""
+SLOWED = 1.5
+"""The latest answers' latency per token over the usual one from which timeouts are read as
+load: more in flight made every answer slower, and the slowest ones ran out of time."""
+USUAL_ANSWERS = 64  # the usual latency is averaged over about so many answers
+LATEST_ANSWERS = 8  # and the latest over about so many
+STUCK = 0.9
+"""The share of recent requests (the last 32, at least 16) that timed out from which the
+endpoint is taken to be stuck under what is in flight, however its few answers came."""
 AT_THE_CAP = "the cap, concurrency="
 """How ``why`` begins where the limit is a cap given, not something learned of the endpoint."""
 
@@ -117,6 +132,9 @@ class Concurrency:
         self._token_mean = 1.0  # tokens of an answer, for those that report none
         # backing off
         self._recent: deque[bool] = deque(maxlen=64)  # True: a timeout or a 429
+        self._timed_out: deque[bool] = deque(maxlen=32)  # True: a timeout, False: an answer
+        self._usual_latency: float | None = None  # per token, while few attempts fail
+        self._latest_latency: float | None = None  # per token
         self._last_decrease = -math.inf
 
     def resume(self, learned: int) -> None:
@@ -173,10 +191,15 @@ class Concurrency:
         """An answer came ``seconds`` after its request was sent, taken under ``epoch``, with
         ``tokens`` of completion (``None``: not reported)."""
         self._recent.append(False)
+        self._timed_out.append(False)
         if tokens is not None and tokens > 0:
             self._token_mean += (tokens - self._token_mean) / 16
         weight = float(tokens) if tokens is not None and tokens > 0 else self._token_mean
-        self._least_latency = min(self._least_latency, seconds / weight)
+        per_token = seconds / weight
+        self._least_latency = min(self._least_latency, per_token)
+        self._latest_latency = _average(self._latest_latency, per_token, LATEST_ANSWERS)
+        if not self._failing():  # the usual latency is the one from before failures began
+            self._usual_latency = _average(self._usual_latency, per_token, USUAL_ANSWERS)
         now = self._clock()
         if self._opened is None:
             if epoch == self._epoch:  # the first answer to the setting being measured
@@ -302,12 +325,33 @@ class Concurrency:
 
     # -- backing off ----------------------------------------------------------------------------
 
-    def on_congestion(self, why: str = "timeouts") -> None:
-        """A timeout or a bare 429: halve only when they are a good share of recent attempts,
-        so a few hung requests or stray 429s on a healthy endpoint do not throttle the rest."""
+    def on_congestion(self, why: str = "429s") -> None:
+        """A bare 429: halve only when they (and timeouts) are a good share of recent attempts,
+        so stray 429s on a healthy endpoint do not throttle the rest."""
         self._recent.append(True)
-        if sum(self._recent) >= 0.2 * len(self._recent) and len(self._recent) >= 8:
+        if self._failing():
             self.on_overload(why)
+
+    def on_timeout(self) -> None:
+        """A request that timed out: halve where that is a sign of load, a good share of recent
+        attempts failing while the answers slowed, or nearly every recent request timing out.
+        Otherwise the request is only retried: one that hangs while the others are answered at
+        their usual pace says nothing of how many are in flight, and halving on each would
+        drive the limit towards 1 on an endpoint where a few requests in a hundred hang."""
+        self._recent.append(True)
+        self._timed_out.append(True)
+        stuck = len(self._timed_out) >= 16 and sum(self._timed_out) >= STUCK * len(self._timed_out)
+        if stuck or (self._failing() and self._slowed()):
+            self.on_overload("timeouts")
+
+    def _failing(self) -> bool:
+        """Whether a good share of recent attempts timed out or got a bare 429."""
+        return len(self._recent) >= 8 and sum(self._recent) >= FAILING * len(self._recent)
+
+    def _slowed(self) -> bool:
+        """Whether the latest answers came :data:`SLOWED` times slower than usual."""
+        usual, latest = self._usual_latency, self._latest_latency
+        return usual is not None and latest is not None and latest >= SLOWED * usual
 
     def on_overload(self, why: str = "429s") -> None:
         """Halve, at most once per :data:`COOLDOWN`, and raise nothing for :data:`CALM`
@@ -321,6 +365,11 @@ class Concurrency:
         self._probe_at = now + CALM
         self.why = f"halved: {why}"
         self._set(max(1, self.limit // 2))
+
+
+def _average(mean: float | None, value: float, count: int) -> float:
+    """``mean`` moved towards ``value``: an average over about the last ``count`` values."""
+    return value if mean is None else mean + (value - mean) / count
 
 
 def _blend(held: Measure, again: Measure) -> Measure:

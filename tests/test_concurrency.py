@@ -152,6 +152,50 @@ def test_after_the_calm_it_climbs_back_to_the_cap_given():
     assert controller.limit == 16
 
 
+def _answers(controller: Concurrency, count: int, seconds: float) -> None:
+    for _ in range(count):
+        controller.observe(controller.take(), seconds, 16)
+        controller.release()
+
+
+def _timeouts(controller: Concurrency, count: int) -> None:
+    for _ in range(count):
+        controller.take()
+        controller.release()
+        controller.on_timeout()
+
+
+def test_requests_that_hang_while_the_others_answer_as_fast_as_ever_keep_the_limit():
+    controller = Concurrency(64, given=True, clock=Clock())
+    _answers(controller, 64, seconds=0.05)
+    for _ in range(10):  # a third of the attempts time out, the answers as fast as ever
+        _timeouts(controller, 2)
+        _answers(controller, 4, seconds=0.05)
+    assert controller.limit == 64
+
+
+def test_timeouts_while_the_answers_slow_down_halve_it():
+    controller = Concurrency(64, given=True, clock=Clock())
+    _answers(controller, 64, seconds=0.05)
+    _answers(controller, 16, seconds=0.1)
+    _timeouts(controller, 16)
+    assert controller.limit == 32 and controller.why == "halved: timeouts"
+
+
+def test_answers_that_slow_down_without_timeouts_keep_it():
+    controller = Concurrency(64, given=True, clock=Clock())
+    _answers(controller, 64, seconds=0.05)
+    _answers(controller, 64, seconds=0.1)
+    assert controller.limit == 64
+
+
+def test_nearly_every_request_timing_out_halves_it_however_its_few_answers_came():
+    controller = Concurrency(64, given=True, clock=Clock())
+    _answers(controller, 64, seconds=0.05)
+    _timeouts(controller, 30)  # of the last 32 requests
+    assert controller.limit == 32 and controller.why == "halved: timeouts"
+
+
 def test_it_resumes_where_the_last_job_settled():
     controller = Concurrency(1024)
     controller.resume(300)

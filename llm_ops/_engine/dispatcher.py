@@ -498,7 +498,7 @@ class Dispatcher:
             return Retryable(f"could not connect: {detail}")
         if isinstance(exc, TimedOut):
             self.counters.timeouts += 1
-            engine.concurrency.on_congestion("timeouts")
+            engine.concurrency.on_timeout()
             return Retryable(str(exc))
         return Retryable(redact(f"connection error: {exc}", *engine.secrets))
 
