@@ -69,6 +69,7 @@ SCENARIOS = (
     "faults",
     "memory",
     "send order",
+    "sporadic hangs",
 )
 Result = dict[str, Any]
 
@@ -95,6 +96,7 @@ class Sizes:
     memory_large: int
     memory_distinct: int
     send_order_rows: int
+    hang_rows: int
 
     def scaled(self, scale: float) -> Sizes:
         changes: dict[str, Any] = {}
@@ -124,6 +126,7 @@ FULL = Sizes(
     memory_large=1_000_000,
     memory_distinct=10_000,
     send_order_rows=10_000,
+    hang_rows=2_000,
 )
 QUICK = Sizes(
     reps=1,
@@ -140,6 +143,7 @@ QUICK = Sizes(
     memory_large=300_000,
     memory_distinct=3_000,
     send_order_rows=3_000,
+    hang_rows=1_000,
 )
 
 CONCURRENCY = 64
@@ -151,7 +155,17 @@ RATE_WINDOW = 1.0
 RATE_LATENCY = 0.1
 FAULTS = {"fault_rate": 0.10, "hang_rate": 0.05, "seed": 1, "latency": 0.05}
 FAULT_TIMEOUT = 2.0
-SLOW_SCENARIO_REPS = 2  # faults and memory: at most this many repetitions (keeps full < 15 min)
+HANGS = {  # 2.5% each of 500, 503, dropped connections and malformed bodies; 5% hang
+    "fault_rate": 0.10,
+    "fault_kinds": ("500", "503", "drop", "truncated_json"),
+    "hang_rate": 0.05,
+    "seed": 1,
+    "latency": 0.05,
+}
+HANG_TIMEOUT = 10.0
+SLOW_SCENARIO_REPS = (
+    2  # faults, memory, sporadic hangs: at most this many repetitions (keeps full < 15 min)
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,6 +384,8 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
             "cache_hits": report.cache_hits,
             "distinct_requests": report.distinct_requests,
             "statuses": {k: v for k, v in report.statuses.items() if v},
+            "concurrency": report.concurrency,
+            "concurrency_why": report.concurrency_why,
         }
         marked_failed = status.is_in(["failed", "rejected"])
         result["ok_rows"] = int(status.is_in(["ok", "cached"]).sum())
@@ -1255,6 +1271,77 @@ def scenario_send_order(bench: Bench, sizes: Sizes) -> Section:
     return Section("8. send order", text)
 
 
+def scenario_sporadic_hangs(bench: Bench, sizes: Sizes) -> Section:
+    """A healthy endpoint on which a few requests in a hundred hang: a timeout there is no sign
+    of load, and must not slow the requests that are answered."""
+    rows = sizes.hang_rows
+    params = {"rows": rows, "concurrency": CONCURRENCY, "timeout": HANG_TIMEOUT}
+    runs = bench.alternate(
+        [
+            ("llm_ops", bench.later("sporadic hangs", "llm_ops", params, HANGS, fresh_cache=True)),
+            ("baseline", bench.later("sporadic hangs", "baseline", params, HANGS)),
+        ],
+        reps=min(bench.reps, SLOW_SCENARIO_REPS),
+    )
+    headers = [
+        "side",
+        "rows",
+        "answered correctly",
+        "failed (explicitly)",
+        "lost",
+        "requests received",
+        "hangs hit",
+        "wall s",
+        "concurrency at the end",
+    ]
+    body = []
+    for side, r in runs.items():
+        last = r[-1].get("report", {})
+        body.append(
+            [
+                side,
+                fmt(median(r, "rows")),
+                fmt(median(r, "correct")),
+                fmt(median(r, "failed_rows")),
+                fmt(median(r, "lost")),
+                fmt(median(r, "sent")),
+                fmt(median(r, lambda x: x["endpoint"]["faults"].get("hang", 0))),
+                fmt(median(r, "wall"), 2),
+                f"{last['concurrency']} ({last['concurrency_why']})"
+                if last.get("concurrency")
+                else str(CONCURRENCY),
+            ]
+        )
+    a, b = runs["llm_ops"], runs["baseline"]
+    body.append(
+        [
+            "**ratio llm_ops / baseline**",
+            "",
+            ratio(median(a, "correct"), median(b, "correct")),
+            "",
+            "",
+            ratio(median(a, "sent"), median(b, "sent")),
+            "",
+            ratio(median(a, "wall"), median(b, "wall")),
+            "",
+        ]
+    )
+    walls = ", ".join(f"{x['wall']:.1f}" for x in a)
+    text = (
+        "Attempts get 2.5% each of 500, 503, a connection dropped mid-body and a truncated JSON "
+        f"body, and {HANGS['hang_rate']:.0%} hang forever (drawn per attempt, seeded); latency "
+        f"{HANGS['latency'] * 1000:.0f} ms, {rows:,} distinct rows, concurrency {CONCURRENCY}, "
+        f"timeout {HANG_TIMEOUT:g} s per attempt on both sides; llm_ops with its default "
+        "attempts (a malformed answer is tried twice), the baseline with the SDK's 2 retries. "
+        "A request that hangs while the others are answered at their usual latency is no sign "
+        "of load: llm_ops retries it and keeps the concurrency. Correct = the answer is "
+        "expected_reply(own prompt); lost = anything else that is not an explicit failure. "
+        f"Median of {len(a)} repetition(s); llm_ops' wall times: {walls} s.\n\n"
+        f"{table(headers, body)}"
+    )
+    return Section("9. sporadic hangs", text)
+
+
 RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "overhead": scenario_overhead,
     "latency-bound": scenario_latency,
@@ -1264,6 +1351,7 @@ RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "faults": scenario_faults,
     "memory": scenario_memory,
     "send order": scenario_send_order,
+    "sporadic hangs": scenario_sporadic_hangs,
 }
 
 
@@ -1362,8 +1450,8 @@ def header(args: argparse.Namespace, sizes: Sizes, seconds: float, source: str, 
         f"- Python {platform.python_version()}; {versions()}\n"
         f"- source: {source}\n"
         f"- mode: {mode}, scale {args.scale:g}, {sizes.reps} repetition(s) per side "
-        f"({min(sizes.reps, SLOW_SCENARIO_REPS)} for faults and memory; medians shown), total "
-        f"run time {seconds / 60:.1f} min\n"
+        f"({min(sizes.reps, SLOW_SCENARIO_REPS)} for faults, memory and sporadic hangs; medians "
+        f"shown), total run time {seconds / 60:.1f} min\n"
         f"- load average (1, 5, 15 min) at the start: {load}; at the end: {load_average()} "
         "(other work on the machine disturbs the figures)\n"
         "- every measured side ran in a fresh process; the endpoint is the local simulator "

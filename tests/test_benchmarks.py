@@ -25,6 +25,7 @@ SCENARIOS = (
     "faults",
     "memory",
     "send order",
+    "sporadic hangs",
 )
 
 
