@@ -155,7 +155,8 @@ class SimulatorConfig:
     gather
         Answers wait until this many chat requests have been in flight at once (for at most
         30 s), so that a test can make sure two clients' requests overlap without waiting a
-        guessed time. 0 (the default): no waiting.
+        guessed time; the first request (since :meth:`Simulator.reset`) is answered at once, as
+        a client may send no more until it is (llm-ops does). 0 (the default): no waiting.
     rpm, tpm
         Requests and tokens per minute. Over the limit the answer is 429 with ``Retry-After``
         and ``retry-after-ms``; ``x-ratelimit-*`` headers are sent on every answer.
@@ -1074,7 +1075,8 @@ class Simulator:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            if self.config.gather:
+            # the first is answered at once: a client may wait for it before sending more
+            if self.config.gather and self.requests > 1:
                 if self.max_in_flight >= self.config.gather:
                     self._gathered.set()
                 with contextlib.suppress(TimeoutError):
