@@ -484,3 +484,11 @@ def test_run_stopped_by_refusals_alike_exits_1_with_the_reason(job, table, tmp_p
     assert "refused the first 8 requests alike (HTTP 400: simulated error 400)" in (
         capsys.readouterr().err
     )
+
+
+def test_a_bad_duration_is_one_line_listing_the_units(job, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *job, "--output", str(tmp_path / "o.parquet"), "--max-age", "1week"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "--max-age: a duration is a positive number with s, m, h or d (1d, 6h" in err
