@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
     """``llm-ops``, with the commands each of ``groups`` adds, in that order."""
-    top = _Parser(
+    top: argparse.ArgumentParser = _Parser(  # its subcommands are _Parser too
         prog="llm-ops",
         description="Run and estimate LLM jobs on files, query with SQL, serve the local "
         "endpoint, manage the cache. Errors print one line and exit non-zero; --debug shows "
