@@ -106,3 +106,12 @@ def test_fewer_refusals_alike_than_stop_a_job_leave_it_running(cache):
             concurrency=1,
         )
     assert sorted(out["completion_status"].cast(pl.String)) == ["ok"] * 2 + ["rejected"] * 3
+
+
+def test_rows_an_earlier_model_of_a_cascade_refuses_go_on_to_the_next(complete):
+    texts = [f"{i} [[sim:fail_for=sim-small]]" for i in range(20)]
+    out = pl.DataFrame({"text": texts}).pipe(
+        complete, prompt="{text}", model=["sim-small", "sim"], concurrency=1
+    )
+    assert set(out["completion_status"].cast(pl.String)) == {"ok"}
+    assert set(out["completion_model"]) == {"sim"}

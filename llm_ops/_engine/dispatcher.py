@@ -75,7 +75,9 @@ class Dispatcher:
 
     Every attempt waits for a rate budget (:class:`~llm_ops._limits.RateLimiter`) and a
     concurrency slot (:class:`~llm_ops._concurrency.Concurrency`), both the engine's;
-    retrying is decided in one place, :meth:`_request_loop`.
+    retrying is decided in one place, :meth:`_request_loop`. ``stop_when_refused_alike``:
+    stop the job when its first answers are all refusals alike (see :meth:`_watch`); not for
+    an earlier model of a cascade, whose refused rows go on to the next one.
     """
 
     path = "chat/completions"
@@ -89,6 +91,7 @@ class Dispatcher:
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
         budget: SpendingCap | None = None,
+        stop_when_refused_alike: bool = True,
     ):
         self.engine = engine
         self.settings = engine.limits
@@ -99,7 +102,8 @@ class Dispatcher:
         self.counters = Counters()
         self.reader = self._reader(validate)
         self._aborted: JobAbortedError | None = None
-        self._refused_alike = 0  # the first answers, all refusals alike (see _watch)
+        # the first answers, all refusals alike (see _watch); -1: not watched
+        self._refused_alike = 0 if stop_when_refused_alike else -1
         self._first_refusal: str | None = None  # None once an answer (or another refusal) came
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
         self._workers: set[asyncio.Task[Any]] = set()  # running
