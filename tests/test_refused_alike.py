@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from llm_ops import Endpoint, JobAbortedError, llm_complete
-from llm_ops._engine.answers import retryable
+from llm_ops._engine.answers import rejection_hint, retryable
 from llm_ops._engine.dispatcher import REFUSED_ALIKE_TO_STOP
 from tests.media_files import image
 from tests.raw_http import RawServer, addresses, completion, endpoint, with_length
@@ -115,3 +115,8 @@ def test_rows_an_earlier_model_of_a_cascade_refuses_go_on_to_the_next(complete):
     )
     assert set(out["completion_status"].cast(pl.String)) == {"ok"}
     assert set(out["completion_model"]) == {"sim"}
+
+
+def test_only_a_model_that_takes_no_images_is_told_to_take_images_elsewhere():
+    assert "--mmproj" in rejection_hint("HTTP 400: image input is not supported")
+    assert "--mmproj" not in rejection_hint("HTTP 400: Invalid image URL")

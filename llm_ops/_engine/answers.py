@@ -110,7 +110,8 @@ def rejection_hint(message: str) -> str:
     """What to do about a request the endpoint refuses (a 4xx, or a 5xx that says the input
     is not supported) the same way on every row."""
     said = message.lower()
-    if "mmproj" in said or "image" in said:
+    takes_none = ("not supported", "unsupported", "does not support")
+    if "mmproj" in said or ("image" in said and any(words in said for words in takes_none)):
         return (
             "The model takes no images: serve one that does (llama.cpp: llama-server "
             "--mmproj FILE), or send no images (drop images= / --images)."

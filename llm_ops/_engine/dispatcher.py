@@ -104,7 +104,7 @@ class Dispatcher:
         self._aborted: JobAbortedError | None = None
         # the first answers, all refusals alike (see _watch); -1: not watched
         self._refused_alike = 0 if stop_when_refused_alike else -1
-        self._first_refusal: str | None = None  # None once an answer (or another refusal) came
+        self._first_refusal: str | None = None  # the first refusal's message, while watched
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
         self._workers: set[asyncio.Task[Any]] = set()  # running
         self._busy: set[asyncio.Task[Any]] = set()  # running and drawing requests
