@@ -239,14 +239,14 @@ class Concurrency:
         if best is None:  # the first measure, or the first after backing off
             self.best = measured
             if self._climbing and measured.limit < self.cap:
-                self.why = "rising"
+                self.why = "doubling while throughput rises"
             self._go_on(up=self._climbing, now=now)
             return
         if measured.limit == best.limit:
             self.best = _blend(best, measured)
             if now >= self._probe_at:
                 self._climbing, self._step = False, PROBE_STEP
-                self._go_on(up=True, now=now)
+                self._go_on(up=True, now=now, because="the server may have changed")
             else:
                 self._measure_again()
             return
@@ -282,17 +282,29 @@ class Concurrency:
         self._set(best.limit)
         self._go_on(up=ratio < 1, now=now)
 
-    def _go_on(self, *, up: bool, now: float) -> None:
+    def _go_on(self, *, up: bool, now: float, because: str | None = None) -> None:
         """From the best limit: probe up (while below the cap), else down where requests seem
-        to queue, by the current step; or hold, once the steps are small."""
-        assert self.best is not None
-        limit = self.best.limit
+        to queue, by the current step; or hold, once the steps are small. ``because``: why
+        a probe up is worth it (else what was found of the best limit, :attr:`why`)."""
+        best = self.best
+        assert best is not None
+        limit = best.limit
         if self._step < MIN_STEP:
             self._hold(now)
         elif up and limit < self.cap:
-            self._move(limit * (2.0 if self._climbing else self._step), now)
+            self._move(
+                limit * (2.0 if self._climbing else self._step),
+                now,
+                f"probing above {limit}; {because or self.why}",
+            )
         elif self._inflated():
-            self._move(limit / self._step, now)
+            inflation = best.latency / self._least_latency
+            self._move(
+                limit / self._step,
+                now,
+                f"probing below {limit}; latency x{inflation:.1f} the least seen, requests "
+                "may be queueing",
+            )
         else:
             self._hold(now)
 
@@ -305,11 +317,13 @@ class Concurrency:
             self.why = f"{AT_THE_CAP}{self.cap}"
         self._measure_again()
 
-    def _move(self, limit: float, now: float) -> None:
+    def _move(self, limit: float, now: float, why: str) -> None:
+        """Set ``limit`` (a probe, ``why``), unless it rounds to the best: hold that."""
         target = max(1, min(self.cap, round(limit)))
         if self.best is not None and target == self.best.limit:
             self._hold(now)
         else:
+            self.why = why  # the reason goes with the setting it explains
             self._set(target)
 
     def _set(self, limit: int) -> None:

@@ -21,6 +21,7 @@ after checking the few things that depend on more than one part (a batch needs a
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -327,8 +328,21 @@ _GROUPS: Mapping[str, type] = {
 }
 
 
+SPELLED_ELSEWHERE: Mapping[str, str] = {
+    "output_column": "output",  # the flow's and the CLI's (--output-column) spelling
+    "column": "output",
+    "api_base": "endpoint",
+    "max_concurrency": "concurrency",
+    "system_prompt": "system",
+    "prompt_template": "prompt",
+}
+"""Options as other tools, or llm-ops' own command line and flow, spell them: the option's
+name here, for an error to say what to type."""
+
+
 def unknown_options(names: set[str]) -> ConfigError:
-    """The error for options that are not: where a former one went, else where to look."""
+    """The error for options that are not: where a former one went, what an option spelled
+    elsewhere is called here, the closest name to a misspelt one, else where to look."""
     moved = [
         f"{name} is {_GROUPS[SETTINGS[name][0]].__name__}({SETTINGS[name][1]}=...) as "
         f"{SETTINGS[name][0]}= now"
@@ -340,6 +354,19 @@ def unknown_options(names: set[str]) -> ConfigError:
         moved.append("mode='batch' is batch=True (or batch=BatchMode(...)) now")
         other.remove("mode")
     said = [f"unknown option(s) {', '.join(other)}"] if other else []
+    known = sorted(Options.__optional_keys__ | EmbedOptions.__optional_keys__ | set(SETTINGS))
+    for name in other:
+        spelled = SPELLED_ELSEWHERE.get(name)
+        closest = difflib.get_close_matches(name, known, n=1) if spelled is None else [spelled]
+        if not closest:
+            continue
+        meant = closest[0]
+        if meant in SETTINGS:
+            option, field_name = SETTINGS[meant]
+            meant = f"{_GROUPS[option].__name__}({field_name}=...) as {option}="
+        else:
+            meant += "="
+        said.append(f"did you mean {meant} instead of {name}=?")
     return ConfigError(
         "; ".join([*said, *moved]) + "; see help(llm_ops.llm_complete) for the options"
     )

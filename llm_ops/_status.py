@@ -14,7 +14,8 @@ skipped
     a referenced column was null, a budget stopped sending, or the request is too large for
     the cache to keep its answer; nothing sent
 rejected
-    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429), or, before
+    the endpoint refused the request (HTTP 4xx other than 401/403/408/409/429, or a 5xx whose
+    body says the input is not supported), or, before
     anything was sent, its image or PDF could not be read or is over a limit; not retried
 filtered
     the endpoint's content filter stopped the answer (finish_reason ``content_filter``); the

@@ -8,7 +8,8 @@ Every exception is a subclass of :class:`LlmOpsError`, so one ``except`` catches
     │   └── MissingApiKeyError a remote endpoint and no API key
     ├── CacheError             the cache database cannot be opened or written
     │   └── CacheLockedError   another process holds the cache file
-    ├── JobAbortedError        the job was stopped: refused (401/403, quota) or unreachable
+    ├── JobAbortedError        the job was stopped: refused (401/403, quota, its first 8
+    │                          answers refusals alike) or unreachable
     ├── JobInterruptedError    SIGTERM stopped the job; what was answered is cached
     ├── RowsFailedError        ``on_error="raise"`` and some rows did not get an answer
     │
@@ -79,7 +80,8 @@ class CacheLockedError(CacheError):
 
 
 class JobAbortedError(LlmOpsError):
-    """The endpoint refused the whole job (bad credentials, no quota) or could not be reached;
+    """The endpoint refused the whole job (bad credentials, no quota, its first answers all
+    refusals alike, such as images to a model that takes none) or could not be reached;
     nothing more was sent.
 
     Answers received before the refusal are in the cache.

@@ -469,3 +469,26 @@ def test_a_header_env_naming_an_unset_variable_is_one_line(job, tmp_path, capsys
     out = str(tmp_path / "out.parquet")
     assert main(["run", *job, "--header-env", "api-key=NOT_SET_ANYWHERE", "--output", out]) == 1
     assert "--header-env takes NAME=VARIABLE with VARIABLE set" in capsys.readouterr().err
+
+
+def test_run_exits_1_when_no_row_got_an_answer(job, table, tmp_path, capsys):
+    pl.DataFrame({"text": ["no [[sim:status=400]]", "nor [[sim:status=422]]"]}).write_parquet(table)
+    assert main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"]) == 1
+    assert "no row got an answer" in capsys.readouterr().err
+    assert pl.read_parquet(tmp_path / "out.parquet").height == 2  # written all the same
+
+
+def test_run_stopped_by_refusals_alike_exits_1_with_the_reason(job, table, tmp_path, capsys):
+    pl.DataFrame({"text": [f"{i} [[sim:status=400]]" for i in range(30)]}).write_parquet(table)
+    assert main(["run", *job, "--output", str(tmp_path / "out.parquet"), "--no-progress"]) == 1
+    assert "refused the first 8 requests alike (HTTP 400: simulated error 400)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_bad_duration_is_one_line_listing_the_units(job, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *job, "--output", str(tmp_path / "o.parquet"), "--max-age", "1week"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "--max-age: a duration is a positive number with s, m, h or d (1d, 6h" in err

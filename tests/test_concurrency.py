@@ -4,11 +4,13 @@ the server gives back, never on how busy the machine running the test is."""
 from __future__ import annotations
 
 import random
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import polars as pl
+import pytest
 
 from llm_ops import Client, Sampling
 from llm_ops._cache import Cache
@@ -194,6 +196,23 @@ def test_nearly_every_request_timing_out_halves_it_however_its_few_answers_came(
     _answers(controller, 64, seconds=0.05)
     _timeouts(controller, 30)  # of the last 32 requests
     assert controller.limit == 32 and controller.why == "halved: timeouts"
+
+
+@pytest.mark.parametrize("options", [{}, {"cap": 64, "given": True}])
+def test_each_setting_is_recorded_with_the_reason_for_it(options):
+    """Not the reason of the decision before: '3 (queueing above 6)' read as a contradiction."""
+    for limit, why in settle(Server(**SMALL), **options).history:
+        probe = re.match(r"probing (above|below) (\d+); ", why)
+        if probe:
+            assert (limit > int(probe[2])) == (probe[1] == "above"), (limit, why)
+        elif why != "starting":
+            assert str(limit) in why, (limit, why)
+
+
+def test_a_setting_below_the_cap_given_does_not_say_it_is_the_cap():
+    controller = settle(Server(slots=2, base=0.02, per_sequence=0.002), cap=4, given=True)
+    below = [why for limit, why in controller.history if limit < 4]
+    assert below and all(why.startswith("probing below 4; latency x") for why in below), below
 
 
 def test_it_resumes_where_the_last_job_settled():

@@ -150,10 +150,13 @@ def test_forced_progress_draws_the_bar_on_stderr(complete, capsys):
 
 def test_the_first_rows_failing_alike_are_noted_early(complete):
     seen: list[Progress] = []
-    frame = pl.DataFrame({"text": [f"{i} [[sim:status=400]]" for i in range(40)]})
+    # one answer first: a job whose first answers are all refusals alike stops instead
+    texts = ["0", *(f"{i} [[sim:status=400]]" for i in range(1, 40))]
     with pytest.warns(RowsFailedWarning):
-        frame.pipe(complete, prompt="{text}", concurrency=1, progress=seen.append)
-    assert seen[-1].note == "20 of the first 20 rows failed: 'HTTP 400: simulated error N'"
+        pl.DataFrame({"text": texts}).pipe(
+            complete, prompt="{text}", concurrency=1, progress=seen.append
+        )
+    assert seen[-1].note == "19 of the first 20 rows failed: 'HTTP 400: simulated error N'"
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,19 @@ def test_a_former_option_says_where_it_went(complete, old, new):
         DF.pipe(complete, prompt="{text}", **{old: 1})
 
 
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("output_column", "output="),  # the flow's and the CLI's spelling
+        ("max_concurency", "concurrency="),
+        ("temprature", r"Sampling\(temperature=...\) as sampling="),
+    ],
+)
+def test_an_unknown_option_says_what_to_type(complete, given, meant):
+    with pytest.raises(ConfigError, match=rf"did you mean {meant} instead of {given}="):
+        DF.pipe(complete, prompt="{text}", **{given: 1})
+
+
 def test_mode_batch_says_what_it_is_now(complete):
     with pytest.raises(ConfigError, match=r"batch=True \(or batch=BatchMode"):
         DF.pipe(complete, prompt="{text}", mode="batch")

@@ -38,6 +38,9 @@ from .boundary import one_line, redact
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 ABORT_STATUS = frozenset({401, 403})
+UNSUPPORTED = ("not supported", "unsupported", "mmproj")
+"""Words of a 5xx body that refuses the input itself (llama.cpp without ``--mmproj`` answers
+an image with ``500 image input is not supported``): the same request fails every time."""
 FINISHED = frozenset({"stop", "tool_calls", "function_call"})
 """``finish_reason`` values of a finished answer. ``length`` is ``truncated``,
 ``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
@@ -75,6 +78,48 @@ class Final(Exception):
 
 
 # -- answers that are not a 200 ---------------------------------------------------------------
+
+
+def retryable(status: int, payload: bytes) -> bool:
+    """Whether an error answer may go another way if asked again: a 408, 409, 429 or 5xx,
+    unless the 5xx's body says the input is not supported (that is a rejection)."""
+    if status not in RETRYABLE_STATUS:
+        return False
+    if status < 500:
+        return True
+    said = payload[:2048].decode("utf-8", "replace").lower()
+    return not any(word in said for word in UNSUPPORTED)
+
+
+def base_url_hint(status: int, message: str, base_url: str) -> str | None:
+    """What to type when a refusal comes from a base URL that is wrong: Azure OpenAI answers
+    ``404 Resource not found`` under ``https://NAME.openai.azure.com`` without
+    ``/openai/v1``; ``None`` otherwise."""
+    if status != 404 or "resource not found" not in message.lower():
+        return None
+    url = URL(base_url)
+    if not (url.host or "").endswith("openai.azure.com") or "/openai/v1" in url.path:
+        return None
+    return (
+        f"Azure OpenAI serves the OpenAI API under /openai/v1/: use "
+        f"--base-url {url.origin()}/openai/v1/ (base_url={str(url.origin()) + '/openai/v1/'!r})"
+    )
+
+
+def rejection_hint(message: str) -> str:
+    """What to do about a request the endpoint refuses (a 4xx, or a 5xx that says the input
+    is not supported) the same way on every row."""
+    said = message.lower()
+    takes_none = ("not supported", "unsupported", "does not support")
+    if "mmproj" in said or ("image" in said and any(words in said for words in takes_none)):
+        return (
+            "The model takes no images: serve one that does (llama.cpp: llama-server "
+            "--mmproj FILE), or send no images (drop images= / --images)."
+        )
+    return (
+        "Every row would be refused so: fix what it says (the model, the columns sent, "
+        "the options), then rerun."
+    )
 
 
 def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple[str, str | None]:

@@ -28,17 +28,19 @@ from .._signals import stopped_by_signals
 from ..exceptions import JobAbortedError, JobInterruptedError
 from .answers import (
     ABORT_STATUS,
-    RETRYABLE_STATUS,
     CompletionReader,
     EmbeddingReader,
     Final,
     Reader,
     Retryable,
     asks_for_max_completion_tokens,
+    base_url_hint,
     duration,
     redirection,
     refusal,
+    rejection_hint,
     retry_after,
+    retryable,
 )
 from .boundary import (
     BadBody,
@@ -59,6 +61,9 @@ MALFORMED_RETRIES = 1  # a malformed answer is sent again once (see answers.Retr
 DEFAULT_COMPLETION_TOKENS = 256  # admission estimate when max_tokens is not set
 ANSWER_LIMITS = ("max_tokens", "max_completion_tokens")  # the most tokens of an answer
 EMBEDDING_BYTES_PER_INPUT = 128 * 1024  # room for one vector of up to ~6,000 floats as JSON
+REFUSED_ALIKE_TO_STOP = 8
+"""A job whose first answers are this many refusals alike (one status, one reason: a model
+that takes no images, a wrong path) stops, rather than be refused row after row."""
 REPAIR_PROMPT = (
     "That answer did not match the required JSON schema ({}). Reply again with "
     "only JSON that matches the schema."
@@ -70,7 +75,9 @@ class Dispatcher:
 
     Every attempt waits for a rate budget (:class:`~llm_ops._limits.RateLimiter`) and a
     concurrency slot (:class:`~llm_ops._concurrency.Concurrency`), both the engine's;
-    retrying is decided in one place, :meth:`_request_loop`.
+    retrying is decided in one place, :meth:`_request_loop`. ``stop_when_refused_alike``:
+    stop the job when its first answers are all refusals alike (see :meth:`_watch`); not for
+    an earlier model of a cascade, whose refused rows go on to the next one.
     """
 
     path = "chat/completions"
@@ -84,6 +91,7 @@ class Dispatcher:
         validate: Callable[[str], str] | None = None,
         repair: bool = False,
         budget: SpendingCap | None = None,
+        stop_when_refused_alike: bool = True,
     ):
         self.engine = engine
         self.settings = engine.limits
@@ -94,6 +102,9 @@ class Dispatcher:
         self.counters = Counters()
         self.reader = self._reader(validate)
         self._aborted: JobAbortedError | None = None
+        # the first answers, all refusals alike (see _watch); -1: not watched
+        self._refused_alike = 0 if stop_when_refused_alike else -1
+        self._first_refusal: str | None = None  # the first refusal's message, while watched
         self._stopping = False  # SIGTERM: finish what is in flight, send nothing new
         self._workers: set[asyncio.Task[Any]] = set()  # running
         self._busy: set[asyncio.Task[Any]] = set()  # running and drawing requests
@@ -289,6 +300,8 @@ class Dispatcher:
                 continue
             except Final as exc:
                 self._bill(expected, None)
+                if exc.status == "rejected" and exc.http_status and not split_on_status:
+                    self._watch(str(exc))  # a batch refused is split, not a refusal of the job
                 outcome = Outcome(
                     key=request.key, status=exc.status, error=str(exc), http_status=exc.http_status
                 )
@@ -441,7 +454,7 @@ class Dispatcher:
         engine.connect_failures = 0
         if answer.status in ABORT_STATUS:
             engine.connected.clear()  # the next job tries one request first again
-        elif answer.status not in RETRYABLE_STATUS:
+        elif not retryable(answer.status, answer.body):
             engine.connected.set()  # reachable, and the credentials are accepted
         engine.limiter.observe(answer.headers)
         if asks_for_max_completion_tokens(answer.status, answer.body):
@@ -450,6 +463,7 @@ class Dispatcher:
                 return await self._send(request, resent, estimate)
         if answer.status >= 300:
             raise self._refused(answer)
+        self._watch(None)
         outcome = self.reader.read(request, answer.body)
         tokens = outcome.completion_tokens if outcome.usage_known else None
         engine.concurrency.observe(setting, time.monotonic() - sent_at, tokens)
@@ -514,9 +528,30 @@ class Dispatcher:
         if refused is not None:
             self._abort(refused)
             return Final("aborted", message)
-        if status not in RETRYABLE_STATUS:
+        if not retryable(status, answer.body):
+            hint = base_url_hint(status, message, self.engine.base_url)
+            message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
         return self._retry_later(status, retry_after(answer.headers), message)
+
+    def _watch(self, refused: str | None) -> None:
+        """Follow the job's first answers: when the first :data:`REFUSED_ALIKE_TO_STOP` are
+        all ``refused`` alike (same status, same reason), every row would be, so the job
+        stops with the endpoint's reason. An answer (``None``), or a refusal of another
+        kind, ends the watch; answers to be retried (a 429, a 503) are not followed."""
+        if self._refused_alike < 0:
+            return
+        if refused is None or self._first_refusal not in (None, refused):
+            self._refused_alike = -1
+            return
+        self._first_refusal = refused
+        self._refused_alike += 1
+        if self._refused_alike == REFUSED_ALIKE_TO_STOP:
+            self._abort(
+                f"the endpoint refused the first {REFUSED_ALIKE_TO_STOP} requests alike "
+                f"({refused}); the job was stopped and nothing more was sent. "
+                f"{rejection_hint(refused)}"
+            )
 
     def _retry_later(self, status: int, wait: float | None, message: str) -> Retryable | Final:
         """A status worth another attempt: a 429 slows every sender down, and pauses them

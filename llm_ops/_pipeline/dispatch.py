@@ -233,6 +233,8 @@ async def _send(
             validate=spec.schema.validate if spec.schema else None,
             repair=backend.engine.limits.retries.repair,
             budget=budget,
+            # a row an earlier model of a cascade refuses goes on to the next one
+            stop_when_refused_alike=spec.model == job.models[-1],
         )
     tracker = Tracker(
         rows=rows,

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from .._cache import parse_duration
 from .._options import setting_names, setting_type
+from ..exceptions import ConfigError
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
     add_api_key_env,
@@ -59,7 +60,7 @@ def _flag(hint: object) -> dict[str, Any] | None:
         return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
     if timedelta in kinds:  # max_age: 1d, 6h, 30m, 45s or seconds
-        return {"type": parse_duration}
+        return {"type": _duration}
     if len(kinds) == 1 and get_origin(choice := next(iter(kinds))) is Literal:
         return {"choices": list(get_args(choice))}  # an optional choice: reasoning_effort
     for kind in (int, float, str):
@@ -68,6 +69,15 @@ def _flag(hint: object) -> dict[str, Any] | None:
     if bool in kinds:  # batch: bool | BatchMode
         return {"action": "store_true", "default": None}
     return None
+
+
+def _duration(text: str) -> timedelta:
+    """A duration flag's value; argparse shows the message of an ``ArgumentTypeError`` (the
+    units a duration takes), where for a ``ValueError`` it names only the function."""
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = None) -> None:

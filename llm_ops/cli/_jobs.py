@@ -17,6 +17,7 @@ import polars as pl
 from .._client import Client
 from .._failures import TOP_REASONS, shown
 from .._options import options_from_settings, split_options
+from .._status import ANSWERED
 from ..exceptions import ConfigError, RowsFailedWarning
 from ..tables import Table, input_files
 from ._job_arguments import add_job_arguments, job_options
@@ -39,8 +40,9 @@ def add_commands(commands: Commands) -> None:
         "--on-error",
         choices=("null", "raise"),
         default="null",
-        help="null: failed rows get an empty answer and the command exits 0; raise: it exits "
-        "with status 1 when any row failed (the output is written either way; default: null)",
+        help="null: failed rows get an empty answer, and the command exits 0 unless every "
+        "row sent failed; raise: it exits with status 1 when any row failed (the output is "
+        "written either way; default: null)",
     )
     run_parser.add_argument("--no-progress", action="store_true", help="no progress line")
     run_parser.add_argument(
@@ -103,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
             sep="\n",
             file=sys.stderr,
         )
+        if not any(n for why, n in report.statuses.items() if why in ANSWERED):
+            print("llm-ops: no row got an answer (exit status 1)", file=sys.stderr)
+            return 1
         return 1 if args.on_error == "raise" else 0
     return 0
 

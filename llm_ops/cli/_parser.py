@@ -8,7 +8,7 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NoReturn, TypeAlias
 
 import polars as pl
 
@@ -26,9 +26,18 @@ DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 CACHE_HELP = f"cache file (default: ${CACHE_ENV}, then {default_cache_path()})"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line saying where the flags are listed,
+    instead of under the whole usage (30 lines for ``run``), where the error is lost. Its
+    subcommands' parsers are of its class too (``add_subparsers``' default)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser(*groups: Callable[[Commands], None]) -> argparse.ArgumentParser:
     """``llm-ops``, with the commands each of ``groups`` adds, in that order."""
-    top = argparse.ArgumentParser(
+    top: argparse.ArgumentParser = _Parser(  # its subcommands are _Parser too
         prog="llm-ops",
         description="Run and estimate LLM jobs on files, query with SQL, serve the local "
         "endpoint, manage the cache. Errors print one line and exit non-zero; --debug shows "
