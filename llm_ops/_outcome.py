@@ -9,7 +9,8 @@ types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -22,6 +23,43 @@ Sent = Status | Literal["aborted"]
 STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 """Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
+MEDIA_IN_FLIGHT = 256 * 2**20
+"""The most bytes of images and PDFs (as sent, base64) a dispatch's requests hold at once."""
+
+
+class InFlight:
+    """A dispatch's budget of media bytes in flight: a request carrying images or PDFs holds
+    its share (:attr:`Request.media_bytes`) from reading its files to its last attempt, and
+    waits for room first; so however many requests are in flight, and whatever a PDF's pages
+    render to, their media hold at most ``limit`` bytes (one request alone may hold more: it
+    is never refused, only made to wait until it is alone)."""
+
+    def __init__(self, limit: int = MEDIA_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiting: list[asyncio.Future[None]] = []
+
+    @contextlib.asynccontextmanager
+    async def holding(self, size: int) -> AsyncIterator[None]:
+        """Hold ``size`` bytes (all of the budget, at most) while the block runs."""
+        size = min(size, self.limit)
+        while self.held + size > self.limit:
+            room = asyncio.get_running_loop().create_future()
+            self._waiting.append(room)
+            try:
+                await room
+            finally:
+                if room in self._waiting:
+                    self._waiting.remove(room)
+        self.held += size
+        try:
+            yield
+        finally:  # given back at once, without awaiting: a cancelled request returns it too
+            self.held -= size
+            waiting, self._waiting = self._waiting, []
+            for room in waiting:  # each looks again whether its share fits
+                if not room.done():
+                    room.set_result(None)
 
 
 def text_of(content: str | list[dict[str, Any]]) -> str:
@@ -56,6 +94,15 @@ class Request:
     # the images and PDFs as the hashes that were keyed, these their bytes. Raises
     # llm_ops._media.Unusable when a file changed or went since it was keyed.
     load: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+    # the most media bytes the messages as sent hold, and the dispatch's budget they count in
+    media_bytes: int = 0
+    in_flight: InFlight | None = field(default=None, repr=False, compare=False)
+
+    def holding(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold this request's share of the media bytes in flight (nothing without media)."""
+        if self.in_flight is None or not self.media_bytes:
+            return contextlib.nullcontext()
+        return self.in_flight.holding(self.media_bytes)
 
     async def sent_messages(self) -> list[dict[str, Any]]:
         """The messages to send: :attr:`messages`, or what :attr:`load` makes, in a thread
