@@ -401,7 +401,7 @@ def _set_media_folders(options: dict[str, Any], folders: Any) -> None:
     if not given:
         raise ConfigError("media_folders applies only with images or documents")
     for option in given:
-        kind = _GROUPS[option]
+        kind: type[Images | Documents] = Images if option == "images" else Documents
         value = options[option]
         options[option] = replace(
             value if isinstance(value, kind) else kind(value), folders=folders
