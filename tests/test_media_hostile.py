@@ -40,7 +40,9 @@ def bomb_png(side: int = 50_000) -> bytes:
     hundred bytes: its one IDAT chunk holds a little of the first row. Never decoded here."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)  # 8-bit greyscale
     return (
@@ -270,7 +272,12 @@ def test_a_budget_of_media_in_flight_makes_the_next_request_wait_for_room():
         await asyncio.gather(*tasks)
         return [*said, f"{budget.held} held at the end"]
 
-    assert asyncio.run(scenario()) == ["a holds 6", "waiting, 6 held", "b holds 6", "0 held at the end"]
+    assert asyncio.run(scenario()) == [
+        "a holds 6",
+        "waiting, 6 held",
+        "b holds 6",
+        "0 held at the end",
+    ]
 
 
 def test_a_request_larger_than_the_whole_budget_is_sent_alone():
