@@ -290,17 +290,21 @@ class Unusable(LlmOpsError):
     is planned or sent: it never leaves llm-ops."""
 
 
-def describe(value: str, *, document: bool, media: Media) -> dict[str, Any]:
+def describe(
+    value: str, *, document: bool, media: Media, folders: tuple[Path, ...] | None = None
+) -> dict[str, Any]:
     """:func:`read_value`, remembered for a local file while its inode says it is unchanged:
     a table job keys its rows when it plans and again when it writes, and a rerun keys them
-    all again, so a file is read and hashed once per process, not three times.
+    all again, so a file is read and hashed once per process, not three times. ``folders``:
+    where a path may be read from (see :func:`allowed_folders`); by default its option's.
 
     The inode's change time is part of what is compared, not only the size and modification
     time: tools that keep a file's modification time (``cp -p``, ``rsync -t``, ``tar x``) can
     replace its bytes under the same size and time, and a remembered hash would then be the
     old file's, answered from the cache with the old image's answer. No tool sets ``ctime``.
     """
-    folders = allowed_folders(_folders_of(media, document))
+    if folders is None:  # resolved once per job by describe_values, else here
+        folders = allowed_folders(_folders_of(media, document))
     if "://" not in value[:12] and not value.startswith("data:"):
         try:
             found = os.stat(os.path.expanduser(value))
@@ -652,6 +656,7 @@ def _described(
     described, or why it cannot be sent, with the column named; paths and URLs are read by
     :data:`READERS` threads at once."""
     documents = set(media.document_columns)
+    allowed = {kind: allowed_folders(_folders_of(media, kind)) for kind in (False, True)}
 
     def read(item: tuple[str, str]) -> dict[str, Any] | str:
         column, value = item
@@ -659,7 +664,8 @@ def _described(
             seen = known[column][value]
         else:
             try:
-                seen = describe(value, document=column in documents, media=media)
+                document = column in documents
+                seen = describe(value, document=document, media=media, folders=allowed[document])
             except Unusable as exc:
                 seen = str(exc)
         return f"{column}: {seen}; row not sent" if isinstance(seen, str) else seen
