@@ -298,3 +298,20 @@ def test_a_pdf_sent_as_pages_holds_what_its_pages_may_render_to_at_most_max_byte
     assert sent_bytes([one_page], pages) == (PAGE_BYTES + 2) // 3 * 4
     assert sent_bytes([many], pages) == 40 * 2**20  # 30 MiB as base64
     assert sent_bytes([many], files) == 1_200
+
+
+def test_a_request_gives_back_what_its_media_did_not_take_once_read():
+    from llm_ops._outcome import Request
+
+    url = "data:image/png;base64," + "A" * 78  # 100 characters
+    sent = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    budget = InFlight(limit=10_000)
+    request = Request("k", [], "", load=lambda: sent, media_bytes=5_000, in_flight=budget)
+
+    async def scenario() -> list[int]:
+        async with request.holding():
+            before = budget.held
+            await request.sent_messages()
+            return [before, budget.held]
+
+    assert [*asyncio.run(scenario()), budget.held] == [5_000, 100, 0]
