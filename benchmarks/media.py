@@ -3,6 +3,7 @@
     python benchmarks/media.py                  # 10,000 rows (and 2,000 for the Binary column)
     python benchmarks/media.py --quick          # 300 rows
     python benchmarks/media.py --rows 1000 --binary-rows 0
+    python benchmarks/media.py --rows 0 --binary-rows 0   # the PDF pages runs only
 
 Data: one PNG of seeded RGB noise (258 x 258 pixels, about 200 KB: noise does not compress) is
 encoded once with Pillow; each of the ``--rows`` files in a temporary folder is that PNG with
@@ -22,6 +23,16 @@ starts, at the same concurrency:
 * the same three over a ``Binary`` column (the image bytes in the frame, built in the worker
   before the clock starts) for ``--binary-rows`` rows (default 2,000: 10,000 would hold 2 GB
   in the frame before anything is sent).
+
+PDFs sent as pages (``Documents(send_as="pages")``), each in a fresh process too:
+
+* pages: ``--pdf-rows`` distinct PDFs (default 64) of ``--pdf-pages`` pages (default 8), every
+  page drawing one shared 256 x 256 noise JPEG (a PDF of 60 KB), each page rendered to a
+  1,536-pixel PNG of about 300 KB: 512 page images, about 3 MB of base64 a request.
+* pages, hostile: ``--hostile-rows`` distinct PDFs (default 4) shaped as issue 46's: 100 pages
+  sharing one 512 x 512 noise JPEG (250 KB), whose pages would render to about 540 MB each
+  (4 MB a page). Each row must come back ``rejected`` once its pages pass the 32 MB
+  ``max_bytes``, and the peak RSS stay bounded.
 
 Peak RSS is the worker's ``ru_maxrss``; client CPU its user + system time (all threads) during
 the call, endpoint CPU that of the endpoint's process meanwhile: on a small machine both share
@@ -72,6 +83,64 @@ def noise_png(seed: int = 0) -> bytes:
     buffer = io.BytesIO()
     Image.frombytes("RGB", (SIDE, SIDE), noise).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def shared_image_pdf(pages: int, side: int, tag: int) -> bytes:
+    """A PDF of ``pages`` US-letter pages, each drawing the same ``side`` x ``side`` noise
+    JPEG (one image object, so the file stays small however many pages); ``tag`` (a comment
+    on its second line) makes PDFs of one shape distinct."""
+    import io
+
+    from PIL import Image
+
+    noise = Image.frombytes("RGB", (side, side), random.Random(side).randbytes(side * side * 3))
+    buffer = io.BytesIO()
+    noise.save(buffer, format="JPEG", quality=90)
+    jpeg = buffer.getvalue()
+    kids = " ".join(f"{5 + n} 0 R" for n in range(pages)).encode()
+    content = b"q 612 0 0 792 0 0 cm /Im0 Do Q"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + kids + b"] /Count %d >>" % pages,
+        b"<< /Type /XObject /Subtype /Image /Width %d /Height %d /ColorSpace /DeviceRGB "
+        b"/BitsPerComponent 8 /Filter /DCTDecode /Length %d >>\nstream\n"
+        % (side, side, len(jpeg))
+        + jpeg
+        + b"\nendstream",
+        b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream",
+        *[
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources "
+            b"<< /XObject << /Im0 3 0 R >> >> /Contents 4 0 R >>"
+        ]
+        * pages,
+    ]
+    out = bytearray(b"%%PDF-1.4\n%%llm-ops-bench %08d\n" % tag)
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        xref,
+    )
+    return bytes(out)
+
+
+def write_pdfs(folder: Path, name: str, rows: int, pages: int, side: int) -> Path:
+    """``rows`` distinct PDFs of ``pages`` pages in ``folder`` and the table naming them."""
+    paths = []
+    for row in range(rows):
+        path = folder / f"{name}-{row:05d}.pdf"
+        path.write_bytes(shared_image_pdf(pages, side, row))
+        paths.append(str(path))
+    table = folder / f"{name}.parquet"
+    pl.DataFrame({"doc": [f"DOC-{row:05d}" for row in range(rows)], "pdf": paths}).write_parquet(
+        table
+    )
+    return table
 
 
 def write_images(folder: Path, rows: int) -> Path:
@@ -137,10 +206,45 @@ def rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def run_pages_worker(side: str, params: dict[str, Any]) -> Result:
+    """A PDF table sent as page images: wall time, peak RSS and what became of the rows."""
+    import llm_ops
+    from llm_ops import Documents, llm_complete
+
+    frame = pl.read_parquet(params["table"])
+    rss_before = rss_mb()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = llm_complete(
+        frame,
+        prompt="Summarize {doc}.",
+        documents=Documents("pdf", send_as="pages", folders=[Path(params["table"]).parent]),
+        model=MODEL,
+        endpoint=params["base_url"],
+        cache=params["cache"],
+        concurrency=params["concurrency"],
+        progress=False,
+    )
+    statuses = out["completion_status"].cast(pl.String).to_list()
+    return {
+        "side": side,
+        "rows": frame.height,
+        "wall": time.perf_counter() - wall,
+        "cpu": time.process_time() - cpu,
+        "rss_before_mb": rss_before,
+        "peak_rss_mb": peak_rss_mb(),
+        "ok": statuses.count("ok"),
+        "rejected": statuses.count("rejected"),
+        "llm_ops": str(Path(llm_ops.__file__ or "").parent),
+    }
+
+
 def run_worker(side: str, params: dict[str, Any]) -> Result:
     import llm_ops
-    from llm_ops import llm_complete
+    from llm_ops import Images, llm_complete
     from llm_ops.testing import expected_reply
+
+    if side.startswith("pages"):
+        return run_pages_worker(side, params)
 
     frame = pl.read_parquet(params["table"]).head(params["rows"])
     binary = side.endswith("binary")
@@ -164,7 +268,7 @@ def run_worker(side: str, params: dict[str, Any]) -> Result:
         out = llm_complete(
             frame,
             prompt=PROMPT,
-            images="photo",
+            images=Images("photo", folders=[Path(params["table"]).parent]),
             model=MODEL,
             endpoint=params["base_url"],
             cache=params["cache"],
@@ -319,6 +423,84 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+PAGES_HEADERS = (
+    "side",
+    "PDFs",
+    "pages each",
+    "PDF KB",
+    "wall s",
+    "pages/s",
+    "RSS before MB",
+    "peak RSS MB",
+    "client CPU s",
+    "requests sent",
+    "page images received",
+    "rows ok",
+    "rows rejected",
+)
+
+
+def pages_table(rows: list[list[str]]) -> str:
+    lines = [
+        "| " + " | ".join(PAGES_HEADERS) + " |",
+        "|" + "|".join(" --- " for _ in PAGES_HEADERS) + "|",
+    ]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def run_pages(args: argparse.Namespace, endpoint: Any, scratch: Path) -> str:
+    """The PDF runs: a table of PDFs sent as pages, and issue 46's hostile PDFs."""
+    from run import endpoint_cpu_seconds
+
+    plans = [
+        ("pages", args.pdf_rows, args.pdf_pages, 256),
+        ("pages, hostile", args.hostile_rows, 100, 512),
+    ]
+    body = []
+    for side, rows, pages, image_side in plans:
+        if not rows:
+            continue
+        name = side.replace(", ", "-")
+        table_file = write_pdfs(scratch, name, rows, pages, image_side)
+        endpoint.reset()
+        endpoint_cpu = endpoint_cpu_seconds(endpoint)
+        params = {
+            "table": str(table_file),
+            "base_url": endpoint.base_url,
+            "concurrency": args.concurrency,
+            "cache": str(scratch / f"{name}.duckdb"),
+        }
+        result = spawn(side, params)
+        result["endpoint_cpu"] = endpoint_cpu_seconds(endpoint) - endpoint_cpu
+        stats = endpoint.stats()
+        sent_pages = stats["media_parts"]
+        print(f"{side}: {result['wall']:.1f} s", file=sys.stderr, flush=True)
+        body.append(
+            [
+                side,
+                fmt(rows),
+                fmt(pages),
+                fmt(len(shared_image_pdf(pages, image_side, 0)) / 1000),
+                fmt(result["wall"], 2),
+                fmt(sent_pages / max(result["wall"], 1e-9), 1),
+                fmt(result["rss_before_mb"]),
+                fmt(result["peak_rss_mb"]),
+                fmt(result["cpu"], 1),
+                fmt(stats["requests"]),
+                fmt(sent_pages),
+                fmt(result["ok"]),
+                fmt(result["rejected"]),
+            ]
+        )
+    if not body:
+        return ""
+    return (
+        f'PDFs sent as page images (`Documents(send_as="pages")`, defaults: 32 MB of '
+        f"rendered pages a request, 256 MiB of media in flight), concurrency {args.concurrency}."
+        "\n\n" + pages_table(body)
+    )
+
+
 def run_all(args: argparse.Namespace) -> str:
     # here, not at the top: run.py imports llm_ops, which the baseline's workers must not carry
     from run import endpoint_cpu_seconds
@@ -338,8 +520,11 @@ def run_all(args: argparse.Namespace) -> str:
         )
         results: dict[str, Result] = {}
         with LocalEndpoint() as endpoint:
-            plans = [("baseline", args.rows, None), ("llm_ops", args.rows, "paths.duckdb")]
-            plans.append(("rerun", args.rows, "paths.duckdb"))
+            pages = run_pages(args, endpoint, scratch)
+            plans = []
+            if args.rows:
+                plans = [("baseline", args.rows, None), ("llm_ops", args.rows, "paths.duckdb")]
+                plans.append(("rerun", args.rows, "paths.duckdb"))
             if args.binary_rows:
                 plans += [
                     ("baseline binary", args.binary_rows, None),
@@ -368,9 +553,12 @@ def run_all(args: argparse.Namespace) -> str:
                     result["image_bytes_in_cache"] = image_bytes_in(scratch / cache, png)
                 results[side] = result
                 print(f"{side}: {result['wall']:.1f} s", file=sys.stderr, flush=True)
+    if not results:
+        return pages
     body = [row_of(LABELS[side], r) for side, r in results.items()]
-    body.append(ratio_row("llm_ops / baseline, paths", results["llm_ops"], results["baseline"]))
-    body.append(ratio_row("rerun / baseline, paths", results["rerun"], results["baseline"]))
+    if args.rows:
+        body.append(ratio_row("llm_ops / baseline, paths", results["llm_ops"], results["baseline"]))
+        body.append(ratio_row("rerun / baseline, paths", results["rerun"], results["baseline"]))
     if args.binary_rows:
         body.append(
             ratio_row(
@@ -383,7 +571,7 @@ def run_all(args: argparse.Namespace) -> str:
         f"{args.rows:,} rows of distinct {len(png) / 1000:.0f} KB PNG images (path column"
         + (f"; {args.binary_rows:,} rows as a Binary column" if args.binary_rows else "")
         + f"), local simulator with no latency, concurrency {args.concurrency}, "
-        f"{os.cpu_count()} cores.\n\n" + table(body)
+        f"{os.cpu_count()} cores.\n\n" + table(body) + ("\n\n" + pages if pages else "")
     )
 
 
@@ -394,6 +582,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--binary-rows", type=int, default=None, help="rows of the Binary column (0: skip)"
     )
     parser.add_argument("--quick", action="store_true", help="300 rows (and 300 Binary)")
+    parser.add_argument("--pdf-rows", type=int, default=None, help="PDFs sent as pages (0: skip)")
+    parser.add_argument("--pdf-pages", type=int, default=8, help="pages of each of those PDFs")
+    parser.add_argument(
+        "--hostile-rows", type=int, default=None, help="100-page hostile PDFs (0: skip)"
+    )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--worker", nargs=2, metavar=("SIDE", "JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -401,6 +594,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rows = 300 if args.quick else 10_000
     if args.binary_rows is None:
         args.binary_rows = min(args.rows, 300 if args.quick else 2_000)
+    if args.pdf_rows is None:
+        args.pdf_rows = 8 if args.quick else 64
+    if args.hostile_rows is None:
+        args.hostile_rows = 1 if args.quick else 4
     return args
 
 

@@ -58,7 +58,7 @@ from llm_ops import (
     options_from_settings,
     parse_duration,
 )
-from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written
+from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written, media_folders
 
 STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
 DEMO_PROMPT = "Summarize this customer review in one sentence:\n\n{text}"
@@ -197,6 +197,18 @@ class EnrichConfig(BaseModel):
     max_pages: int | None = Field(
         None, ge=1, description="with documents: the most pages a PDF may have (default 100)"
     )
+    max_pixels: int | None = Field(
+        None,
+        ge=1,
+        description="with images: the most pixels an image may have, read from its header "
+        "(default: 89478485, Pillow's limit); a larger one's row is rejected",
+    )
+    media_folders: list[str] | None = Field(
+        None,
+        description="with images or documents: the folders whose files a path in the table "
+        "may name, after symlinks (default: the input's folder); a path elsewhere is its "
+        "row's rejected status",
+    )
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
         None, description="how long a reasoning model thinks before it answers"
     )
@@ -301,6 +313,7 @@ class EnrichConfig(BaseModel):
             if name in names and value is not None
         }
         settings["output"] = self.output_column
+        settings["media_folders"] = media_folders(self.input, settings)
         settings["progress"] = False  # the flow reports through its artifacts and logs
         if self.api_key_secret:
             settings["api_key"] = _secret(self.api_key_secret)
@@ -591,6 +604,7 @@ _CLI_METAVARS = {
     "max_cost": "USD",
     "images": "COLUMN",
     "documents": "COLUMN",
+    "media_folders": "FOLDER",
 }
 
 
@@ -611,7 +625,7 @@ def command_line() -> argparse.ArgumentParser:
         if name in _CLI_SKIPPED:
             continue
         how: dict[str, Any]
-        if name in ("model", "pricing", "images", "documents"):
+        if name in ("model", "pricing", "images", "documents", "media_folders"):
             how = {"action": "append"}
         elif kinds == [bool]:
             how = {"action": "store_true", "default": None}

@@ -31,6 +31,8 @@ import functools
 import hashlib
 import io
 import os
+import stat
+import struct
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +61,10 @@ PDF = "application/pdf"
 MAX_IMAGE_BYTES = 20 * 2**20  # OpenAI's limit per image
 MAX_DOCUMENT_BYTES = 32 * 2**20  # OpenAI's limit per file part
 PAGE_PIXELS = 1536  # the longest side of a page rendered as an image
+# The most a rendered page's PNG can hold: every pixel's 4 bytes (RGBA), and room for PNG's
+# row filters and zlib's stored blocks on incompressible pages.
+PAGE_BYTES = PAGE_PIXELS * PAGE_PIXELS * 4 + 2**16
+MAX_PIXELS = 89_478_485  # Pillow's own warning limit (Image.MAX_IMAGE_PIXELS)
 REMOTE_SIZE = (1024, 1024)  # what a remote image is counted as: it is never fetched here
 
 
@@ -80,6 +86,29 @@ def _limit(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+Folders = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def _folders(name: str, folders: object) -> tuple[str, ...] | None:
+    """``folders=`` as a tuple of texts (``None``: the working directory when read)."""
+    if folders is None:
+        return None
+    given = [folders] if isinstance(folders, str | os.PathLike) else folders
+    if (
+        not isinstance(given, Sequence)
+        or not given
+        or not all(isinstance(f, str | os.PathLike) and os.fspath(f) for f in given)
+    ):
+        raise ConfigError(f"{name} folders takes a folder or a list of them, got {folders!r}")
+    return tuple(os.fspath(folder) for folder in given)
+
+
+def allowed_folders(folders: tuple[str, ...] | None) -> tuple[Path, ...]:
+    """The folders a media path may be read from, resolved (symlinks and all) now: ``None``
+    is the working directory."""
+    return tuple(Path(f).expanduser().resolve() for f in folders or (os.getcwd(),))
+
+
 @dataclass(frozen=True)
 class Images:
     """Image columns sent with each row's prompt: ``images=`` of a completion call (a column
@@ -98,23 +127,37 @@ class Images:
         an image costs; part of the cache key. Unset, the endpoint's default.
     max_bytes
         The largest image sent; a larger one makes its row ``rejected`` (OpenAI: 20 MB).
+        A file is read only up to this many bytes, whatever size it claims.
+    max_pixels
+        The most pixels (width x height, read from the image's header, never decoded) an
+        image may have; a larger one, a decompression bomb say, makes its row ``rejected``
+        (default: Pillow's own limit, about 89.5 million).
+    folders
+        The folders a path or ``file://`` value may be read from, after symlinks are
+        resolved; one outside them makes its row ``rejected``. A folder or a list of them;
+        unset, the working directory. A table from an untrusted source chooses which files
+        are read and sent: see the media guide's section on safety.
 
     Examples
     --------
     >>> from llm_ops import Images
-    >>> Images("photo", detail="low")
-    Images(columns=('photo',), detail='low', max_bytes=20971520)
-    """
+    >>> Images("photo", detail="low", folders="photos")
+    Images(columns=('photo',), detail='low', max_bytes=20971520, max_pixels=89478485, folders=('photos',))
+    """  # noqa: E501
 
     columns: str | Sequence[str]
     detail: ImageDetail | None = None
     max_bytes: int = MAX_IMAGE_BYTES
+    max_pixels: int = MAX_PIXELS
+    folders: Folders | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", _columns("images", self.columns))
         if self.detail is not None and self.detail not in get_args(ImageDetail):
             raise ConfigError(f"detail must be 'low', 'high' or 'auto', got {self.detail!r}")
         _limit("images max_bytes", self.max_bytes)
+        _limit("max_pixels", self.max_pixels)
+        object.__setattr__(self, "folders", _folders("images", self.folders))
 
 
 @dataclass(frozen=True)
@@ -138,19 +181,27 @@ class Documents:
     max_pages
         The most pages a PDF may have; a longer one makes its row ``rejected``.
     max_bytes
-        The largest PDF sent; a larger one makes its row ``rejected`` (OpenAI: 32 MB).
+        The largest PDF sent; a larger one makes its row ``rejected`` (OpenAI: 32 MB). A
+        file is read only up to this many bytes, whatever size it claims. With
+        ``send_as="pages"``, the most its rendered pages may hold: a PDF whose pages render
+        to more makes its row ``rejected``.
+    folders
+        The folders a path or ``file://`` value may be read from, after symlinks are
+        resolved; one outside them makes its row ``rejected``. A folder or a list of them;
+        unset, the working directory.
 
     Examples
     --------
     >>> from llm_ops import Documents
     >>> Documents("contract", send_as="pages", max_pages=20)
-    Documents(columns=('contract',), send_as='pages', max_pages=20, max_bytes=33554432)
-    """
+    Documents(columns=('contract',), send_as='pages', max_pages=20, max_bytes=33554432, folders=None)
+    """  # noqa: E501
 
     columns: str | Sequence[str]
     send_as: SendAs = "file"
     max_pages: int = 100
     max_bytes: int = MAX_DOCUMENT_BYTES
+    folders: Folders | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "columns", _columns("documents", self.columns))
@@ -158,6 +209,7 @@ class Documents:
             raise ConfigError(f"send_as must be 'file' or 'pages', got {self.send_as!r}")
         _limit("max_pages", self.max_pages)
         _limit("documents max_bytes", self.max_bytes)
+        object.__setattr__(self, "folders", _folders("documents", self.folders))
 
 
 ImagesOption = str | Sequence[str] | Images
@@ -238,44 +290,66 @@ class Unusable(LlmOpsError):
     is planned or sent: it never leaves llm-ops."""
 
 
-def describe(value: str, *, document: bool, media: Media) -> dict[str, Any]:
+def describe(
+    value: str, *, document: bool, media: Media, folders: tuple[Path, ...] | None = None
+) -> dict[str, Any]:
     """:func:`read_value`, remembered for a local file while its inode says it is unchanged:
     a table job keys its rows when it plans and again when it writes, and a rerun keys them
-    all again, so a file is read and hashed once per process, not three times.
+    all again, so a file is read and hashed once per process, not three times. ``folders``:
+    where a path may be read from (see :func:`allowed_folders`); by default its option's.
 
     The inode's change time is part of what is compared, not only the size and modification
     time: tools that keep a file's modification time (``cp -p``, ``rsync -t``, ``tar x``) can
     replace its bytes under the same size and time, and a remembered hash would then be the
     old file's, answered from the cache with the old image's answer. No tool sets ``ctime``.
     """
+    if folders is None:  # resolved once per job by describe_values, else here
+        folders = allowed_folders(_folders_of(media, document))
     if "://" not in value[:12] and not value.startswith("data:"):
         try:
-            stat = os.stat(os.path.expanduser(value))
+            found = os.stat(os.path.expanduser(value))
         except OSError:
             pass  # read_value says why
         else:
-            inode = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-            return dict(_described_file(value, inode, document, media))
-    return read_value(value, document=document, media=media)
+            inode = (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+            return dict(_described_file(value, inode, document, media, folders))
+    return read_value(value, document=document, media=media, folders=folders)
 
 
 @functools.lru_cache(maxsize=2**17)  # a descriptor is a few hundred bytes
 def _described_file(
-    value: str, inode: tuple[int, int, int, int], document: bool, media: Media
+    value: str,
+    inode: tuple[int, int, int, int],
+    document: bool,
+    media: Media,
+    folders: tuple[Path, ...],
 ) -> Mapping[str, Any]:
-    return read_value(value, document=document, media=media)
+    return read_value(value, document=document, media=media, folders=folders)
 
 
-def read_value(value: str, *, document: bool, media: Media) -> dict[str, Any]:
+def _folders_of(media: Media, document: bool) -> tuple[str, ...] | None:
+    option = media.documents if document else media.images
+    return None if option is None else option.folders  # type: ignore[return-value]
+
+
+def read_value(
+    value: str, *, document: bool, media: Media, folders: tuple[Path, ...] | None = None
+) -> dict[str, Any]:
     """The descriptor of a text value (a path or a URL), or :class:`Unusable` saying why it
-    cannot be sent.
+    cannot be sent. A path is read only inside ``folders`` (default: those of the value's
+    option, see :func:`allowed_folders`), only if it is a regular file, and only up to the
+    size limit.
 
     A descriptor holds ``kind`` (``"image"`` or ``"document"``), ``sha256``, ``mime``,
     ``bytes``, ``width``/``height`` (images) or ``pages`` (documents), and where its bytes are:
     ``path``, ``data`` (base64), ``url`` (a remote image, with none of the rest) or, for a
     ``Binary`` column's value, ``inline`` and ``row`` (see :func:`describe_binary`).
     """
-    data, source = _read(value, document=document, limit=_limit_of(media, document))
+    if folders is None:
+        folders = allowed_folders(_folders_of(media, document))
+    data, source = _read(
+        value, document=document, limit=_limit_of(media, document), folders=folders
+    )
     if data is None:
         return {"kind": "image", **source}
     return {**facts_of(data, document=document, media=media), **source}
@@ -299,13 +373,14 @@ def facts_of(
     limit = _limit_of(media, document and not scan)
     if len(data) > limit:
         raise Unusable(f"{_size(len(data))}, over the {_size(limit)} limit")
+    max_pixels = media.images.max_pixels if media.images else MAX_PIXELS
     if scan:
         try:
-            facts = _image(data)
-        except Unusable:
+            facts = _image(data, max_pixels)
+        except NotAnImage:
             raise Unusable("neither a PDF nor an image (PNG, JPEG, WebP or GIF)") from None
     else:
-        facts = _document(data, media) if document else _image(data)
+        facts = _document(data, media) if document else _image(data, max_pixels)
     sha256 = sha256 or hashlib.sha256(data).hexdigest()
     return {"sha256": sha256, "bytes": len(data), **facts}
 
@@ -361,7 +436,9 @@ def attach_bytes(requests: pl.DataFrame, frame: pl.DataFrame, media: Media) -> p
     return requests
 
 
-def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict[str, Any]]:
+def _read(
+    value: str, *, document: bool, limit: int, folders: tuple[Path, ...]
+) -> tuple[bytes | None, dict[str, Any]]:
     """The bytes a text value names (``None`` for a remote image) and where they came from."""
     scheme = urlsplit(value).scheme.lower() if ":" in value[:12] else ""
     if scheme == "data":
@@ -391,33 +468,111 @@ def _read(value: str, *, document: bool, limit: int) -> tuple[bytes | None, dict
     else:
         path = Path(value).expanduser()
     try:
-        size = path.stat().st_size
-        if size > limit:
-            raise Unusable(f"{_size(size)}, over the {_size(limit)} limit")
-        return path.read_bytes(), {"path": str(path.absolute())}
+        resolved = path.resolve(strict=True)
     except FileNotFoundError:
         raise Unusable(f"no such file: {value}") from None
-    except IsADirectoryError:
-        raise Unusable(f"a directory, not a file: {value}") from None
-    except PermissionError:
-        raise Unusable(f"cannot read {value}: permission denied") from None
-    except OSError as exc:
-        raise Unusable(f"cannot read {value}: {exc.strerror or exc}") from None
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a parent not searchable
+        raise Unusable(f"cannot read {value}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not any(resolved.is_relative_to(folder) for folder in folders):
+        shown = value if Path(value) == resolved else f"{value} (which is {resolved})"
+        raise Unusable(
+            f"{shown} is outside the folders media are read from "
+            f"({', '.join(map(str, folders))}); to read it, add its folder to folders= of "
+            "Images or Documents (the CLI's --media-folder, the flow's media_folders)"
+        )
+    return _read_regular(resolved, value, limit), {"path": str(resolved)}
 
 
-def _image(data: bytes) -> dict[str, Any]:
-    from PIL import Image, UnidentifiedImageError
+class TooLarge(Unusable):
+    """A file holding more bytes than it may."""
 
+
+def _read_regular(path: Path, shown: str, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (resolved already), at most ``limit`` of them
+    (:class:`TooLarge` past that, whatever size the file claims); :class:`Unusable` for a
+    device, a FIFO, a socket or a directory, which are never read (``/dev/zero`` says it
+    holds nothing and never ends, a FIFO blocks). Opened without following a symlink swapped
+    in since it was resolved, and without blocking, then checked again from the open file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with Image.open(io.BytesIO(data)) as image:  # reads the header only
-            kind, (width, height) = image.format, image.size
-    except (UnidentifiedImageError, OSError, ValueError):
+        _regular(os.stat(path).st_mode, shown)  # a device is not even opened
+        descriptor = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise Unusable(f"no such file: {shown}") from None
+    except PermissionError:
+        raise Unusable(f"cannot read {shown}: permission denied") from None
+    except OSError as exc:
+        raise Unusable(f"cannot read {shown}: {exc.strerror or exc}") from None
+    with open(descriptor, "rb") as file:
+        found = os.fstat(descriptor)
+        _regular(found.st_mode, shown)
+        if found.st_size > limit:
+            raise TooLarge(f"{_size(found.st_size)}, over the {_size(limit)} limit")
+        try:
+            data = file.read(found.st_size + 1)
+            if found.st_size < len(data) <= limit:  # it grew since: read on, to the limit
+                data += file.read(limit + 1 - len(data))
+        except OSError as exc:
+            raise Unusable(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise TooLarge(f"over the {_size(limit)} limit")
+    return data
+
+
+def _regular(mode: int, shown: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise Unusable(f"a directory, not a file: {shown}")
+    if not stat.S_ISREG(mode):
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        )
+        raise Unusable(f"{kind}, not a regular file: {shown}; media are read from files only")
+
+
+class NotAnImage(Unusable):
+    """Bytes Pillow reads as no image at all."""
+
+
+def _image(data: bytes, max_pixels: int) -> dict[str, Any]:
+    try:
+        kind, (width, height) = _header(data)
+    except NotAnImage:
         if data.startswith(b"%PDF-"):
-            raise Unusable("a PDF, not an image: pass its column as documents=") from None
-        raise Unusable("not an image Pillow can read (PNG, JPEG, WebP or GIF)") from None
+            raise NotAnImage("a PDF, not an image: pass its column as documents=") from None
+        raise
     if kind is None or kind not in IMAGE_TYPES:
         raise Unusable(f"a {kind} image; endpoints take PNG, JPEG, WebP or GIF")
+    if width * height > max_pixels:
+        raise Unusable(
+            f"{width:,} x {height:,} pixels, over max_pixels={max_pixels:,} (a decompression "
+            "bomb?); raise Images(max_pixels=) to send it"
+        )
     return {"kind": "image", "mime": IMAGE_TYPES[kind], "width": width, "height": height}
+
+
+_NOT_THIS_FORMAT = (SyntaxError, IndexError, TypeError, struct.error, OSError, ValueError, EOFError)
+
+
+def _header(data: bytes) -> tuple[str | None, tuple[int, int]]:
+    """An image's format and pixel size, read from its header as ``Image.open`` does, but
+    without Pillow's decompression-bomb check: that one raises, or warns through the global
+    warning filters, on the header alone, where :func:`_image` compares the size with
+    ``max_pixels`` itself. Nothing is decoded."""
+    from PIL import Image
+
+    Image.init()
+    prefix = data[:16]
+    for name in list(Image.ID):
+        factory, accept = Image.OPEN[name]
+        try:
+            accepted = accept is None or accept(prefix)
+            if not accepted or isinstance(accepted, str):
+                continue
+            with factory(io.BytesIO(data), "") as image:
+                return image.format, image.size
+        except _NOT_THIS_FORMAT:
+            continue
+    raise NotAnImage("not an image Pillow can read (PNG, JPEG, WebP or GIF)")
 
 
 _PDFIUM = threading.Lock()  # pdfium is not thread-safe: one call into it at a time
@@ -501,6 +656,7 @@ def _described(
     described, or why it cannot be sent, with the column named; paths and URLs are read by
     :data:`READERS` threads at once."""
     documents = set(media.document_columns)
+    allowed = {kind: allowed_folders(_folders_of(media, kind)) for kind in (False, True)}
 
     def read(item: tuple[str, str]) -> dict[str, Any] | str:
         column, value = item
@@ -508,7 +664,8 @@ def _described(
             seen = known[column][value]
         else:
             try:
-                seen = describe(value, document=column in documents, media=media)
+                document = column in documents
+                seen = describe(value, document=document, media=media, folders=allowed[document])
             except Unusable as exc:
                 seen = str(exc)
         return f"{column}: {seen}; row not sent" if isinstance(seen, str) else seen
@@ -582,14 +739,15 @@ def sent_parts(
         if "url" in item:
             parts.append(_image_url(item["url"], detail))
             continue
+        if item["kind"] == "document" and pages:
+            assert media.documents is not None
+            data = base64.b64decode(item["data"]) if "data" in item else None
+            rendered = _render_pages(data or _bytes_of(item, inline or {}), media.documents)
+            parts += [_image_url(f"data:image/png;base64,{page}", None) for page in rendered]
+            continue
         payload = item.get("data") or base64.b64encode(_bytes_of(item, inline or {})).decode()
         if item["kind"] == "image":
             parts.append(_image_url(f"data:{item['mime']};base64,{payload}", detail))
-        elif pages:
-            parts += [
-                _image_url(f"data:image/png;base64,{page}", None)
-                for page in _render_pages(base64.b64decode(payload))
-            ]
         else:
             name = Path(item["path"]).name if "path" in item else f"{item['sha256'][:16]}.pdf"
             parts.append(
@@ -633,35 +791,65 @@ def _bytes_of(item: Mapping[str, Any], inline: Mapping[int, bytes | None]) -> by
             raise Unusable("its bytes did not travel with the request")
         return data
     path = item["path"]
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise Unusable(f"{path} could not be read again to send: {exc.strerror or exc}") from None
+    changed = f"{path} changed after the job keyed it; run the job again to key its new bytes"
+    try:  # read as it was keyed: a regular file, and no more bytes than it held then
+        data = _read_regular(Path(path), path, item["bytes"])
+    except TooLarge:
+        raise Unusable(changed) from None
+    except Unusable as exc:
+        raise Unusable(f"{path} could not be read again to send: {exc}") from None
     if hashlib.sha256(data).hexdigest() != item["sha256"]:
-        raise Unusable(
-            f"{path} changed after the job keyed it; run the job again to key its new bytes"
-        )
+        raise Unusable(changed)
     return data
 
 
-def _render_pages(data: bytes) -> list[str]:
-    """Each page of a PDF as base64 PNG, its longest side :data:`PAGE_PIXELS`."""
+def _render_pages(data: bytes, documents: Documents) -> list[str]:
+    """Each page of a PDF as base64 PNG, its longest side :data:`PAGE_PIXELS`; at most
+    ``documents.max_bytes`` of PNG in all (:class:`Unusable` past that): a PDF of a few
+    hundred KB can repeat one image on every page, and its pages then render to hundreds of
+    MB."""
     import pypdfium2
 
     rendered = []
+    total = 0
     with _PDFIUM:  # encoded inside too: a bitmap's image shares pdfium's memory
         pdf = pypdfium2.PdfDocument(data)
         try:
-            for page in pdf:
+            for number, page in enumerate(pdf, 1):
                 width, height = page.get_size()  # in points, 72 an inch
                 bitmap = page.render(scale=PAGE_PIXELS / max(width, height, 1.0))
                 buffer = io.BytesIO()
                 bitmap.to_pil().save(buffer, format="PNG")
-                rendered.append(base64.b64encode(buffer.getvalue()).decode())
                 page.close()
+                total += buffer.tell()
+                if total > documents.max_bytes:
+                    raise Unusable(
+                        f"its pages rendered as images hold over {_size(documents.max_bytes)} "
+                        f"by page {number} of {len(pdf)}, the max_bytes of Documents; raise it, "
+                        "or send it as a file"
+                    )
+                rendered.append(base64.b64encode(buffer.getbuffer()).decode())
         finally:
             pdf.close()
     return rendered
+
+
+def sent_bytes(descriptors: Iterable[Mapping[str, Any]], media: Media) -> int:
+    """The most bytes of media (base64, as sent) a request with ``descriptors`` carries: what
+    it holds of the job's :class:`~llm_ops._outcome.InFlight` budget while it is sent. A PDF
+    sent as pages counts what its pages may render to (:data:`PAGE_BYTES` a page, at most the
+    ``max_bytes`` of :class:`Documents`); a remote image, nothing."""
+    pages = media.documents is not None and media.documents.send_as == "pages"
+    total = 0
+    for item in descriptors:
+        if "url" in item:
+            continue
+        raw = item["bytes"]
+        if item["kind"] == "document" and pages:
+            assert media.documents is not None
+            raw = min(media.documents.max_bytes, item["pages"] * PAGE_BYTES)
+        total += (raw + 2) // 3 * 4
+    return total
 
 
 def media_tokens(descriptors: Iterable[Mapping[str, Any]], media: Media, model: str) -> int:

@@ -305,12 +305,15 @@ SETTINGS: Mapping[str, tuple[str, str]] = {
     "image_detail": ("images", "detail"),
     "documents_as": ("documents", "send_as"),
     "max_pages": ("documents", "max_pages"),
+    "max_pixels": ("images", "max_pixels"),
+    "media_folders": ("images", "folders"),  # and documents' folders too
     "escalate": ("model", "escalate"),
     "semantic_cache_threshold": ("semantic_cache", "threshold"),
 }
 """The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
 a field of an option's object: setting -> (option, field). Every other setting is the option
-of its name."""
+of its name. ``media_folders`` is the ``folders`` of both :class:`Images` and
+:class:`Documents`."""
 
 _GROUPS: Mapping[str, type] = {
     "endpoint": Endpoint,
@@ -389,7 +392,7 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {k: v for k, v in given.items() if k not in SETTINGS}
     fields: dict[str, dict[str, Any]] = {}
     for name, value in given.items():
-        if name in SETTINGS:
+        if name in SETTINGS and name != "media_folders":
             option, field_name = SETTINGS[name]
             fields.setdefault(option, {})[field_name] = value
     if isinstance(options.get("pricing"), list | tuple):
@@ -410,11 +413,26 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{_settings_of(given, 'batch')} only in batch mode")
         else:
             options[option] = _GROUPS[option](**values)
+    if "media_folders" in given:
+        _set_media_folders(options, given["media_folders"])
     if isinstance(options.get("semantic_cache"), str):
         options["semantic_cache"] = SemanticCache(options["semantic_cache"])
     if options.get("batch") is False:
         del options["batch"]
     return options
+
+
+def _set_media_folders(options: dict[str, Any], folders: Any) -> None:
+    """``media_folders`` as the ``folders`` of the images and the documents given."""
+    given = [option for option in ("images", "documents") if option in options]
+    if not given:
+        raise ConfigError("media_folders applies only with images or documents")
+    for option in given:
+        kind: type[Images | Documents] = Images if option == "images" else Documents
+        value = options[option]
+        options[option] = replace(
+            value if isinstance(value, kind) else kind(value), folders=folders
+        )
 
 
 def _settings_of(given: Mapping[str, Any], option: str) -> str:

@@ -9,7 +9,9 @@ types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -22,6 +24,76 @@ Sent = Status | Literal["aborted"]
 STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 """Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
 TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
+MEDIA_IN_FLIGHT = 256 * 2**20
+"""The most bytes of images and PDFs (as sent, base64) a dispatch's requests hold at once."""
+
+
+class Share:
+    """What one request holds of an :class:`InFlight` budget."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class InFlight:
+    """A dispatch's budget of media bytes in flight: a request carrying images or PDFs holds
+    its share (:attr:`Request.media_bytes`, the most its media may take) from reading its
+    files to its last attempt, and waits for room first; once its files are read, it gives
+    back what they did not take (a PDF's pages rendered to less than they might). So however
+    many requests are in flight, and whatever a PDF's pages render to, their media hold at
+    most ``limit`` bytes (one request alone may hold more: it is never refused, only made to
+    wait until it is alone)."""
+
+    def __init__(self, limit: int = MEDIA_IN_FLIGHT) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiting: list[asyncio.Future[None]] = []
+
+    @contextlib.asynccontextmanager
+    async def holding(self, size: int) -> AsyncIterator[Share]:
+        """Hold ``size`` bytes (all of the budget, at most) while the block runs."""
+        share = Share(min(size, self.limit))
+        while self.held + share.size > self.limit:
+            room = asyncio.get_running_loop().create_future()
+            self._waiting.append(room)
+            try:
+                await room
+            finally:
+                if room in self._waiting:
+                    self._waiting.remove(room)
+        self.held += share.size
+        try:
+            yield share
+        finally:  # given back at once, without awaiting: a cancelled request returns it too
+            self.shrink(share, 0)
+
+    def shrink(self, share: Share, size: int) -> None:
+        """Hold only ``size`` bytes of ``share`` from now on (when that is less)."""
+        if size >= share.size:
+            return
+        self.held -= share.size - size
+        share.size = size
+        waiting, self._waiting = self._waiting, []
+        for room in waiting:  # each looks again whether its share fits
+            if not room.done():
+                room.set_result(None)
+
+
+# The share the request being sent holds, for Request.sent_messages to shrink to what its
+# media took: set by Request.holding, in the task that sends the request.
+_SHARE: contextvars.ContextVar[Share | None] = contextvars.ContextVar("share", default=None)
+
+
+def media_bytes_in(messages: list[dict[str, Any]]) -> int:
+    """The bytes of the ``data:`` URLs in ``messages``: what their images and files take."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            inner = part.get("image_url") or part.get("file") or {}
+            url = inner.get("url") or inner.get("file_data") or ""
+            total += len(url) if url.startswith("data:") else 0
+    return total
 
 
 def text_of(content: str | list[dict[str, Any]]) -> str:
@@ -56,11 +128,34 @@ class Request:
     # the images and PDFs as the hashes that were keyed, these their bytes. Raises
     # llm_ops._media.Unusable when a file changed or went since it was keyed.
     load: Callable[[], list[dict[str, Any]]] | None = field(default=None, repr=False)
+    # the most media bytes the messages as sent hold, and the dispatch's budget they count in
+    media_bytes: int = 0
+    in_flight: InFlight | None = field(default=None, repr=False, compare=False)
+
+    @contextlib.asynccontextmanager
+    async def holding(self) -> AsyncIterator[None]:
+        """Hold this request's share of the media bytes in flight (nothing without media),
+        shrunk by :meth:`sent_messages` to what they took."""
+        if self.in_flight is None or not self.media_bytes:
+            yield
+            return
+        async with self.in_flight.holding(self.media_bytes) as share:
+            token = _SHARE.set(share)
+            try:
+                yield
+            finally:
+                _SHARE.reset(token)
 
     async def sent_messages(self) -> list[dict[str, Any]]:
         """The messages to send: :attr:`messages`, or what :attr:`load` makes, in a thread
         (reading files, encoding and rendering PDF pages would stall the loop)."""
-        return self.messages if self.load is None else await asyncio.to_thread(self.load)
+        if self.load is None:
+            return self.messages
+        messages = await asyncio.to_thread(self.load)
+        share = _SHARE.get()
+        if self.in_flight is not None and share is not None:
+            self.in_flight.shrink(share, media_bytes_in(messages))
+        return messages
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,10 @@ def test_media_benchmark_rerun_sends_nothing_and_the_cache_holds_no_image_bytes(
             "30",
             "--binary-rows",
             "0",
+            "--pdf-rows",
+            "0",
+            "--hostile-rows",
+            "0",
         ],
         cwd=REPO,
         capture_output=True,
@@ -179,3 +183,21 @@ def test_media_benchmark_rerun_sends_nothing_and_the_cache_holds_no_image_bytes(
     # 30 images are 6 MB; the cache file (DuckDB's blocks, mostly empty) stays near 2.5 MB
     assert float(rows["llm_ops, paths, fresh cache"][column["cache file MB"]]) < 4
     assert "**ratio llm_ops / baseline, paths**" in rows
+
+
+def test_media_benchmark_sends_pdf_pages_and_rejects_the_hostile_pdf() -> None:
+    command = [sys.executable, str(REPO / "benchmarks" / "media.py"), "--rows", "0"]
+    command += ["--binary-rows", "0", "--pdf-rows", "2", "--hostile-rows", "1"]
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {
+        cells[0]: cells
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.strip("|").split("|")])
+    }
+    column = {name: rows["side"].index(name) for name in rows["side"]}
+    pages, hostile = rows["pages"], rows["pages, hostile"]
+    assert (pages[column["rows ok"]], pages[column["page images received"]]) == ("2", "16")
+    assert (hostile[column["rows rejected"]], hostile[column["requests sent"]]) == ("1", "0")

@@ -122,6 +122,13 @@ def test_output_equal_to_input_is_refused(config):
         open_table(config.model_copy(update={"output": config.input}))
 
 
+def test_media_paths_are_read_beside_the_input_unless_media_folders_says(config, tmp_path):
+    table = open_table(config.model_copy(update={"images": ["text"]}))
+    assert table.job.spec.media.images.folders == (str(tmp_path),)
+    wide = config.model_copy(update={"images": ["text"], "media_folders": ["/srv/scans"]})
+    assert open_table(wide).job.spec.media.images.folders == ("/srv/scans",)
+
+
 def test_counters_of_chunks_add_up():
     total = Counters()
     total.add(Counters(sent=2, retries=1, by_status={"ok": 2}))

@@ -38,6 +38,12 @@ def requests_in(cache_file) -> list[str]:
         return [row[0] for row in con.sql("SELECT request FROM llm_cache").fetchall()]
 
 
+@pytest.fixture(autouse=True)
+def _media_beside(tmp_path, monkeypatch):
+    """Media paths are read inside the working directory by default: the tests' files are."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def photos(tmp_path):
     for name, data in (("a.png", PNG), ("b.jpg", JPEG), ("c.webp", WEBP)):

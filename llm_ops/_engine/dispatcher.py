@@ -233,7 +233,8 @@ class Dispatcher:
     async def _attempt_loop(self, request: Request) -> Outcome:
         if isinstance(request, Pack):
             return await self._pack_loop(request)
-        return await self._request_loop(request)
+        async with request.holding():  # its images' and PDFs' bytes, read until it is done
+            return await self._request_loop(request)
 
     async def _pack_loop(self, pack: Pack) -> Outcome:
         """Send a pack; when its ids do not come back exactly once, split it and retry."""

@@ -22,10 +22,10 @@ import polars as pl
 from .._claims import Claims
 from .._engine.dispatcher import Dispatcher
 from .._key import canonical_json
-from .._media import Media, media_of, media_tokens, sent_parts
+from .._media import Media, media_of, media_tokens, sent_bytes, sent_parts
 from .._options import Job
 from .._order import send_order
-from .._outcome import Counters, Outcome, Request, make_pack
+from .._outcome import Counters, InFlight, Outcome, Request, make_pack
 from .._pricing import CHARS_PER_TOKEN, SpendingCap
 from .._progress import Tracker
 from .._status import RESULTS
@@ -48,7 +48,8 @@ def requests_for(
     ``claims``, only the misses this dispatch claimed (see :meth:`Claims.take`); with
     ``refuse``, only those it returns ``False`` for (it settles the others). A request with
     images or PDFs gets a :attr:`~llm_ops._outcome.Request.load` that reads them when it is
-    sent (an estimate never calls it)."""
+    sent (an estimate never calls it), and holds its bytes' share of one budget of media in
+    flight (:class:`~llm_ops._outcome.InFlight`) while it is sent."""
     per_request = job.packing.rows_per_request
     if per_request > 1:
         misses = misses.sort("system", nulls_last=False, maintain_order=True)
@@ -62,6 +63,7 @@ def requests_for(
     spec = job.spec
     # the Binary media columns' values, where the plan attached them (see attach_bytes)
     carried = [int(c.rsplit("_", 1)[1]) for c in misses.columns if c.startswith("media_bytes_")]
+    in_flight = InFlight() if spec.media else None
     for key, system, prompt, rows, *more in distinct:
         media = media_of(more[0]) if more and spec.media else []
         request = spec.request(system, prompt, media)
@@ -79,6 +81,8 @@ def requests_for(
             single = replace(
                 single,
                 load=functools.partial(sent_messages, single.messages, media, spec.media, inline),
+                media_bytes=sent_bytes(media, spec.media),
+                in_flight=in_flight,
             )
         if per_request == 1:
             yield single

@@ -104,7 +104,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
     named = {}
     for name, flag in OPTION_FLAGS.items():  # in the table's order
         how = {
-            "action": "append" if name in ("stop", "images", "documents") else "store",
+            "action": "append"
+            if name in ("stop", "images", "documents", "media_folders")
+            else "store",
             **(_flag(setting_type(name)) or {}),
         }
         if how["action"] != "store_true":

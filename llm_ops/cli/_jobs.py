@@ -19,7 +19,7 @@ from .._failures import TOP_REASONS, shown
 from .._options import options_from_settings, split_options
 from .._status import ANSWERED
 from ..exceptions import ConfigError, RowsFailedWarning
-from ..tables import Table, input_files
+from ..tables import Table, input_files, media_folders
 from ._job_arguments import add_job_arguments, job_options
 from ._parser import DEFAULT_KEY_ENV, Commands, command, output_format
 
@@ -127,6 +127,7 @@ def estimate(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _table(args: argparse.Namespace, out: Path, options: dict[str, Any]) -> Iterator[Table]:
     model = args.model if len(args.model) > 1 else args.model[0]
+    options = {**options, "media_folders": media_folders(args.input, options)}
     grouped = options_from_settings({**options, "model": model})
     model = grouped.pop("model")
     made, call = split_options(grouped)

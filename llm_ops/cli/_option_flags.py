@@ -71,6 +71,18 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "(default: 100)",
         "N",
     ),
+    "max_pixels": OptionFlag(
+        "with --images: the most pixels an image may have (from its header; a decompression "
+        "bomb's row is rejected; default: 89478485, Pillow's limit)",
+        "N",
+    ),
+    "media_folders": OptionFlag(
+        "with --images or --documents: a folder whose files a path in the table may name "
+        "(after symlinks); again for another; a path elsewhere is its row's rejected status "
+        "(default: the input file's folder)",
+        "FOLDER",
+        flag="--media-folder",
+    ),
     "base_url": OptionFlag("endpoint (default: $OPENAI_BASE_URL, then OpenAI's)", "URL"),
     "endpoint_name": OptionFlag(
         "the endpoint's name in cache keys instead of its URL, so one server reached under "

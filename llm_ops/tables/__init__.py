@@ -29,7 +29,7 @@ A cascade (``model=[small, large]``) runs batch by batch through the models inst
 
 from .._outcome import Counters
 from .._pipeline.batch import BatchPart
-from ._files import input_files
+from ._files import input_files, input_folder, media_folders
 from ._plan import TablePlan
 from ._send import send_chunk as send_chunk
 from ._table import Table
@@ -45,4 +45,6 @@ __all__ = [
     "WorkerStore",
     "Written",
     "input_files",
+    "input_folder",
+    "media_folders",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -45,6 +46,34 @@ def input_files(pattern: str | os.PathLike[str]) -> list[Path]:
             "'data/*.parquet' are allowed)"
         )
     return files
+
+
+def input_folder(pattern: str | os.PathLike[str]) -> Path:
+    """The folder of a table job's input: a file's own folder, or the folder a glob starts
+    in (``data`` for ``data/*.parquet`` and ``data/**/part-*.parquet``), resolved.
+
+    Examples
+    --------
+    >>> from llm_ops.tables import input_folder
+    >>> input_folder("/srv/tables/*/part-*.parquet").as_posix()
+    '/srv/tables'
+    """
+    parts = Path(pattern).parts
+    first_glob = next((n for n, part in enumerate(parts) if glob.has_magic(part)), None)
+    if first_glob is None:  # a file: its folder
+        return Path(pattern).resolve().parent
+    return Path(*parts[:first_glob]).resolve() if first_glob else Path.cwd()
+
+
+def media_folders(pattern: str | os.PathLike[str], settings: Mapping[str, Any]) -> Any:
+    """The ``media_folders`` setting of a job on files (the CLI's, the flow's): as given, or
+    with images or documents, the input's folder (:func:`input_folder`): a table names the
+    files it sends, and by default only those beside it may be read."""
+    if settings.get("media_folders") is not None:
+        return settings["media_folders"]
+    if settings.get("images") is None and settings.get("documents") is None:
+        return None
+    return [str(input_folder(pattern))]
 
 
 def read_batches(files: list[Path], rows_per_read: int) -> Iterator[pl.DataFrame]:
