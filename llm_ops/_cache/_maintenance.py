@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Protocol
 
 from .._journal import live_writers
-from .._locks import LockFile
+from .._locks import LockFile, held_by_another
 from ..exceptions import CacheError, CacheLockedError
 
 MAINTENANCE_LOCK = "maintenance.lock"
 """The lock file, in the journal folder, a rewrite takes exclusive and a writer shared."""
+WAITING = "maintenance.waiting"
+"""The lock file a writer holds shared while it waits for a rewrite to end: the next
+rewrite waits for it."""
 
 
 class _Place(Protocol):
@@ -64,12 +67,17 @@ def writing(place: _Place, *, wait: float) -> Iterator[float]:
         return
     start = time.monotonic()
     with _open_lock(place) as lock:
-        if not lock.take(shared=True, timeout=wait):
-            raise CacheLockedError(
-                f"the cache {place.path} is being rewritten (llm-ops cache vacuum); waited "
-                f"{wait:.0f}s for it. What a job had to merge stays in its journal, read by "
-                "lookups, and is merged by its next merge or its end"
-            )
+        if not lock.take(shared=True, blocking=False):
+            # Said while waiting, so that a rewrite waits its turn after this writer: vacuums
+            # in a loop would otherwise keep a job from merging at all.
+            with LockFile(place.journal / WAITING) as waiting:
+                waiting.take(shared=True)
+                if not lock.take(shared=True, timeout=wait):
+                    raise CacheLockedError(
+                        f"the cache {place.path} is being rewritten (llm-ops cache vacuum); "
+                        f"waited {wait:.0f}s for it. What a job had to merge stays in its "
+                        "journal, read by lookups, and is merged by its next merge or its end"
+                    )
         yield max(0.0, wait - (time.monotonic() - start))
 
 
@@ -79,9 +87,16 @@ def rewriting(place: _Place, *, wait: float | None, doing: str = "vacuum") -> It
     waits up to ``wait`` seconds for the writers that have it open (``None``: not at all),
     then raises :class:`CacheLockedError` naming the jobs that write it."""
     lock_path = place.journal / MAINTENANCE_LOCK
+    deadline = time.monotonic() + (wait or 0.0)
     with _open_lock(place) as lock:
-        if not lock.take(timeout=wait or 0.0):
-            raise CacheLockedError(_busy(place, doing, wait))
+        delay = 0.005
+        # a writer waiting goes first: merging what a job paid for matters more than space
+        while held_by_another(place.journal / WAITING) or not lock.take(blocking=False):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CacheLockedError(_busy(place, doing, wait))
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.1)
         locks: set[Path] = getattr(_REWRITING, "locks", None) or set()
         _REWRITING.locks = locks
         locks.add(lock_path)
