@@ -13,7 +13,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import Cache, CacheLockedError
+from llm_ops import Cache, CacheError, CacheLockedError, open_cache
 
 JOB = """
 import sys
@@ -22,7 +22,7 @@ from llm_ops import Cache, llm_complete
 base_url, path, rows = sys.argv[1:4]
 texts = pl.DataFrame({"text": [f"paid {i}" for i in range(int(rows))]})
 # small, frequent merges: many windows for a vacuum to race
-cache = Cache(path, flush_every=20, flush_seconds=0.02, merge_wait=120)
+cache = Cache(path, flush_every=5, flush_seconds=0.02, merge_wait=120)
 out = texts.pipe(llm_complete, prompt="{text}", model="sim", endpoint=base_url, cache=cache,
                  concurrency=16, progress=False)
 assert out["completion_status"].eq("ok").all(), out["completion_status"].value_counts()
@@ -78,3 +78,15 @@ def test_vacuum_with_wait_runs_once_the_merge_is_over(complete, cache):
     vacuum.join()
     assert len(sizes) == 1
     assert _answers_in_file(cache) == 2
+
+
+def test_vacuum_refuses_while_this_process_has_the_file_open(complete, cache):
+    complete(pl.DataFrame({"text": ["a"]}), prompt="{text}", progress=False)
+    with open_cache(cache, read_only=False) as mine:
+        mine.execute("CREATE TABLE mine AS SELECT 1 AS x")
+        with pytest.raises(CacheError, match="open_cache"):
+            Cache(cache).vacuum()
+        mine.execute("INSERT INTO mine VALUES (2)")  # into the file that stays
+    with duckdb.connect(str(cache), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM mine").fetchall() == [(2,)]
+    assert _answers_in_file(cache) == 1

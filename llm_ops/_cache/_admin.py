@@ -110,6 +110,14 @@ def vacuum(place: Place, *, wait: float | None = None) -> tuple[int, int]:
             con.execute(f"ATTACH {sql_string(str(fresh))} AS fresh {NEW_FILE}")
             con.execute(f"COPY FROM DATABASE {name} TO fresh")
             con.execute("DETACH fresh")
+        wal = place.path.with_name(place.path.name + ".wal")
+        if wal.exists():  # the last connection to close removes it: another is open
+            fresh.unlink(missing_ok=True)
+            raise CacheError(
+                f"cannot vacuum {place.path}: another connection of this process has it open "
+                f"(its write-ahead log {wal.name} is there), and would go on writing the file "
+                "the vacuum replaces; close it (say, the one open_cache gave) and vacuum again"
+            )
         fresh.replace(place.path)
         return before, place.path.stat().st_size
 
