@@ -4,6 +4,7 @@ processes, real files, real HTTP)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -43,10 +44,8 @@ def test_vacuums_racing_a_job_keep_every_answer_it_paid_for(endpoint, cache):
         text=True,
     )
     while job.poll() is None:  # vacuum for as long as the job runs, refused or not
-        try:
+        with contextlib.suppress(CacheLockedError):
             Cache(cache).vacuum()
-        except CacheLockedError:
-            pass
     assert job.wait() == 0, job.stderr.read() if job.stderr else ""
     assert endpoint.stats()["distinct_answered"] == 600
     assert _answers_in_file(cache) == 600
@@ -58,9 +57,9 @@ def test_vacuum_refuses_at_once_while_a_job_merges_and_names_it(complete, cache)
     store = Cache(cache)
     writer = store.writer()  # a job's, alive
     try:
-        with store.connect(read_only=False):  # ... merging into the file
-            with pytest.raises(CacheLockedError, match=f"process {os.getpid()} on .*--wait"):
-                store.vacuum()
+        merging = pytest.raises(CacheLockedError, match=f"process {os.getpid()} on .*--wait")
+        with store.connect(read_only=False), merging:  # ... merging into the file
+            store.vacuum()
     finally:
         writer.close(wait=None)
     assert _answers_in_file(cache) == 1
