@@ -111,7 +111,7 @@ def _busy(place: _Place, doing: str, wait: float | None) -> str:
     who = (
         f"a job ({', '.join(writers)}) is merging answers into it"
         if writers
-        else "another process has it open for writing"
+        else "another connection is writing it (a merge, a prune, or open_cache's)"
     )
     waited = "" if wait is None else f", and went on doing so for the {wait:g}s waited"
     return (
