@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import socket
 import threading
 import uuid
@@ -108,6 +109,24 @@ def finished(lock: Path) -> bool:
         return not held_by_another(lock)
     except OSError:
         return False  # cannot tell: keep its files for a merge that can
+
+
+_WRITER_LOCK = re.compile(r"^(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{12}\.lock$")
+
+
+def live_writers(directory: Path) -> list[str]:
+    """The processes whose journal writers are alive in ``directory`` (jobs running, or
+    about to merge), each as ``"process PID on HOST"``."""
+    found: list[str] = []
+    with contextlib.suppress(OSError):
+        for lock in sorted(directory.glob("*.lock")):
+            name = _WRITER_LOCK.match(lock.name)
+            if name is None or finished(lock):
+                continue
+            who = f"process {name['pid']} on {name['host']}"
+            if who not in found:
+                found.append(who)
+    return found
 
 
 @contextmanager

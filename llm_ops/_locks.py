@@ -10,6 +10,7 @@ job never leaves a lock behind. :mod:`portalocker` gives those locks the same me
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import ModuleType, TracebackType
 
@@ -32,8 +33,13 @@ class LockFile:
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         self._file = os.fdopen(fd, "r+b", buffering=0)  # Windows locks need a file object
 
-    def take(self, *, shared: bool = False, blocking: bool = True) -> bool:
-        """Take the lock (shared or exclusive); without ``blocking``, whether it was free."""
+    def take(
+        self, *, shared: bool = False, blocking: bool = True, timeout: float | None = None
+    ) -> bool:
+        """Take the lock (shared or exclusive); without ``blocking``, whether it was free;
+        with ``timeout``, whether it came free within so many seconds (0: at once)."""
+        if timeout is not None:
+            return self._take_within(timeout, shared=shared)
         portalocker = _portalocker()
         flags = portalocker.LockFlags.SHARED if shared else portalocker.LockFlags.EXCLUSIVE
         if not blocking:
@@ -44,6 +50,20 @@ class LockFile:
             if blocking:
                 raise
             return False
+        return True
+
+    def _take_within(self, seconds: float, *, shared: bool) -> bool:
+        # Polled, not a blocking call with an alarm: no system gives a lock call a timeout,
+        # and a waiter that only polls never makes the holders of a shared lock queue
+        # behind it.
+        deadline = time.monotonic() + seconds
+        delay = 0.005
+        while not self.take(shared=shared, blocking=False):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.1)
         return True
 
     def release(self) -> None:

@@ -14,6 +14,7 @@ import pyarrow as pa
 from ..exceptions import CacheError, ConfigError
 from ._connection import DUCKDB_CONFIG, NEW_FILE, Place, attached, connect, sql_string
 from ._journal_sql import journal_files, journal_sql
+from ._maintenance import rewriting
 from ._migrations import COLUMNS, stored
 from ._writes import insert_new, merge_orphans, replace_older
 
@@ -87,18 +88,38 @@ def prune(
     return count
 
 
-def vacuum(place: Place) -> tuple[int, int]:
-    """Rewrite the file to reclaim the space of deleted rows; sizes before and after."""
-    before = place.path.stat().st_size
-    fresh = place.path.with_name(place.path.name + ".vacuum")
-    fresh.unlink(missing_ok=True)
-    with connect(place, read_only=False) as con:
-        name = con.execute("SELECT current_database()").fetchall()[0][0]
-        con.execute(f"ATTACH {sql_string(str(fresh))} AS fresh {NEW_FILE}")
-        con.execute(f"COPY FROM DATABASE {name} TO fresh")
-        con.execute("DETACH fresh")
-    fresh.replace(place.path)
-    return before, place.path.stat().st_size
+def vacuum(place: Place, *, wait: float | None = None) -> tuple[int, int]:
+    """Rewrite the file to reclaim the space of deleted rows; sizes before and after.
+
+    Safe while jobs run: no one writes the file from the copy to the rename, so no answer
+    merged meanwhile is lost. A job's merges wait for the vacuum, or leave their answers in
+    the journal for the next merge. The vacuum does not start while a job merges into the
+    file, but raises :class:`~llm_ops.CacheLockedError` naming the job, unless ``wait``:
+    seconds to wait for the merges to pause.
+    """
+    if wait is not None and (
+        isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6
+    ):
+        raise ConfigError(f"wait must be 0 or more seconds, got {wait!r}")
+    with rewriting(place, wait=wait, doing="vacuum"):
+        before = place.path.stat().st_size
+        fresh = place.path.with_name(place.path.name + ".vacuum")
+        fresh.unlink(missing_ok=True)
+        with connect(place, read_only=False) as con:
+            name = con.execute("SELECT current_database()").fetchall()[0][0]
+            con.execute(f"ATTACH {sql_string(str(fresh))} AS fresh {NEW_FILE}")
+            con.execute(f"COPY FROM DATABASE {name} TO fresh")
+            con.execute("DETACH fresh")
+        wal = place.path.with_name(place.path.name + ".wal")
+        if wal.exists():  # the last connection to close removes it: another is open
+            fresh.unlink(missing_ok=True)
+            raise CacheError(
+                f"cannot vacuum {place.path}: another connection of this process has it open "
+                f"(its write-ahead log {wal.name} is there), and would go on writing the file "
+                "the vacuum replaces; close it (say, the one open_cache gave) and vacuum again"
+            )
+        fresh.replace(place.path)
+        return before, place.path.stat().st_size
 
 
 def insert(

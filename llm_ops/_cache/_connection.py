@@ -24,6 +24,7 @@ import duckdb
 
 from .._journal import is_out_of_space, out_of_space
 from ..exceptions import CacheError, CacheLockedError
+from ._maintenance import writing
 from ._migrations import LATEST_VERSION, migrate, schema_version
 
 CACHE_ENV = "LLM_OPS_CACHE"
@@ -231,14 +232,27 @@ def open_retrying(path: Path, *, read_only: bool, wait: float) -> duckdb.DuckDBP
 def connect(
     place: Place, *, read_only: bool = True, wait: float | None = None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection, migrated when writable, retried while the file is held."""
+    """A short-lived connection, migrated when writable, retried while the file is held (up
+    to ``wait`` seconds, else the place's ``lock_timeout``). A writable one also keeps the
+    file from being rewritten while it is open (see :mod:`._maintenance`)."""
+    wait = place.lock_timeout if wait is None else wait
+    if read_only:
+        with _connected(place, read_only=True, wait=wait) as con:
+            yield con
+        return
+    place.path.parent.mkdir(parents=True, exist_ok=True)
+    # before _IN_PROCESS: a rewrite in another thread takes that lock after this one
+    with writing(place, wait=wait) as left, _connected(place, read_only=False, wait=left) as con:
+        yield con
+
+
+@contextmanager
+def _connected(
+    place: Place, *, read_only: bool, wait: float
+) -> Iterator[duckdb.DuckDBPyConnection]:
     path = place.path
-    if not read_only:
-        path.parent.mkdir(parents=True, exist_ok=True)
     with _IN_PROCESS:
-        con = open_retrying(
-            path, read_only=read_only, wait=place.lock_timeout if wait is None else wait
-        )
+        con = open_retrying(path, read_only=read_only, wait=wait)
         try:
             identity = (path, path.stat().st_ino)  # DuckDB created the file
             if not read_only and identity not in _MIGRATED:

@@ -67,11 +67,21 @@ def add_commands(commands: Commands) -> None:
         "original.",
     )
     snapshot_parser.add_argument("out", help="DuckDB file to create")
-    action(
+    vacuum_parser = action(
         "vacuum",
         vacuum,
         "rewrite the file to reclaim space",
-        "Rewrite the cache file to reclaim the space of deleted rows.",
+        "Rewrite the cache file to reclaim the space of deleted rows. Safe while jobs run: "
+        "their merges wait for it, and nothing they write is lost; it refuses to start while "
+        "a job is merging into the file, unless --wait.",
+    )
+    vacuum_parser.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for running jobs to pause merging into the file "
+        "(default: do not wait, refuse at once)",
     )
     merge_parser = action(
         "merge",
@@ -128,7 +138,9 @@ def snapshot(args: argparse.Namespace) -> int:
 
 def vacuum(args: argparse.Namespace) -> int:
     cache = _existing(args)
-    before, after = cache.vacuum()
+    if args.wait is not None and args.wait < 0:
+        raise ConfigError(f"--wait must be 0 or more seconds, got {args.wait:g}")
+    before, after = cache.vacuum(wait=args.wait)
     print(f"vacuumed {cache.path}: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
     return 0
 
