@@ -9,6 +9,7 @@ import gzip
 import socket
 import ssl
 import tracemalloc
+import zlib
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -198,6 +199,15 @@ def test_a_new_connection_reset_before_its_answer_is_not_sent_again():
 def test_gzip_is_inflated():
     body = gzip.compress(b'{"x": 1}')
     answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%b"
+    with RawServer(answer % (len(body), body)) as server:
+        assert post(server.url).body == b'{"x": 1}'
+
+
+@pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib", "raw"])
+def test_deflate_is_inflated_with_or_without_its_zlib_header(wbits):
+    compressor = zlib.compressobj(wbits=wbits)
+    body = compressor.compress(b'{"x": 1}') + compressor.flush()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n%b"
     with RawServer(answer % (len(body), body)) as server:
         assert post(server.url).body == b'{"x": 1}'
 

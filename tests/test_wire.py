@@ -5,6 +5,7 @@ it refuses it, never ``ok`` from a malformed frame, and nothing is paid for twic
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -77,6 +78,14 @@ def test_a_malformed_answer_is_not_cached(tmp_path: Path):
         )
     with duckdb.connect(str(tmp_path / "cache.duckdb"), read_only=True) as con:
         assert con.sql("SELECT count(*) FROM llm_cache").fetchall() == [(0,)]
+
+
+def test_a_raw_deflate_answer_is_answered():
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)  # no zlib header, as early IIS sent
+    body = compressor.compress(completion()) + compressor.flush()
+    answer = with_length(body).replace(b"\r\n", b"\r\nContent-Encoding: deflate\r\n", 1)
+    with RawServer(respond=endpoint(lambda request: answer)) as server:
+        assert job(server.base_url)["completion_status"].to_list() == ["ok"] * 3
 
 
 def test_a_lenient_head_is_answered():

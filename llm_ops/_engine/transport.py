@@ -208,7 +208,11 @@ async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
 
 
 class _Inflater:
-    """gzip or (zlib-wrapped) deflate, inflated a chunk at a time to ``max_bytes`` in all."""
+    """gzip or deflate, inflated a chunk at a time to ``max_bytes`` in all.
+
+    ``deflate`` is zlib-wrapped by the standard (RFC 9110), but some servers send it raw (no
+    zlib header), as early IIS did; aiohttp and httpx read both, so we do: the first bytes
+    tell which (see :meth:`_raw_deflate`)."""
 
     def __init__(self, encoding: str, max_bytes: int):
         if encoding in ("gzip", "x-gzip"):
@@ -224,10 +228,16 @@ class _Inflater:
         self.max_bytes = max_bytes
         self.room = max_bytes
         self._decoder = zlib.decompressobj(self.wbits)
+        self._started = False  # whether deflate's first bytes have been read
 
     def inflate(self, chunk: bytes) -> bytes:
         out: list[bytes] = []
         data = chunk
+        if self.encoding == "deflate" and not self._started and data:
+            self._started = True
+            if self._raw_deflate(data):
+                self.wbits = -zlib.MAX_WBITS
+                self._decoder = zlib.decompressobj(self.wbits)
         while data:
             try:
                 # never more than one byte past the limit, however well the data compresses
@@ -243,6 +253,18 @@ class _Inflater:
                 data = self._decoder.unused_data + data
                 self._decoder = zlib.decompressobj(self.wbits)
         return b"".join(out)
+
+    @staticmethod
+    def _raw_deflate(first: bytes) -> bool:
+        """Whether a deflate body starting with ``first`` lacks its zlib header (RFC 1950:
+        method 8, a window of at most 32 KiB, the two bytes a multiple of 31), as aiohttp
+        (the method) and httpx (whether zlib refuses the header) decide. Only a raw stream
+        opening with an uncompressed, non-final block can pass for a header; it then fails
+        as a corrupt body, as in both."""
+        method, window = first[0] & 0x0F, first[0] >> 4
+        if method != 8 or window > 7:
+            return True
+        return len(first) > 1 and (first[0] << 8 | first[1]) % 31 != 0
 
 
 def _too_large(max_bytes: int, detail: str = "") -> str:
