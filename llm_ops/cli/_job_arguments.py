@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from .._cache import parse_duration
 from .._options import setting_names, setting_type
+from ..exceptions import ConfigError
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
     add_api_key_env,
@@ -59,7 +60,7 @@ def _flag(hint: object) -> dict[str, Any] | None:
         return {"choices": list(get_args(hint))}
     kinds = {arg for arg in (get_args(hint) or (hint,)) if arg is not type(None)}
     if timedelta in kinds:  # max_age: 1d, 6h, 30m, 45s or seconds
-        return {"type": parse_duration}
+        return {"type": _duration}
     if len(kinds) == 1 and get_origin(choice := next(iter(kinds))) is Literal:
         return {"choices": list(get_args(choice))}  # an optional choice: reasoning_effort
     for kind in (int, float, str):
@@ -165,3 +166,13 @@ def job_options(args: argparse.Namespace) -> dict[str, Any]:
         settings["semantic_cache_threshold"] = args.semantic_cache_threshold
     settings["api_key"] = api_key(args)
     return {**settings, **connection_options(args)}
+
+
+def _duration(text: str) -> timedelta:
+    """:func:`parse_duration` for argparse, which shows the message of an
+    :class:`argparse.ArgumentTypeError` (what a duration is, or its range) but not of
+    another error."""
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
