@@ -172,10 +172,13 @@ class Cache:
     connect = _connection.connect
     attached = _connection.attached
 
-    def lookup(self, keys: pa.Table, *, any_age: bool = False) -> pa.Table:
+    def lookup(
+        self, keys: pa.Table, *, any_age: bool = False, reasoning: bool = False
+    ) -> pa.Table:
         """Cached answers for the ``key`` column of ``keys`` (journal included), the newest
-        of each key, none older than :attr:`max_age` unless ``any_age``."""
-        return _reads.lookup(self, keys, since=self._since(any_age))
+        of each key, none older than :attr:`max_age` unless ``any_age``; their thinking only
+        if ``reasoning`` (see :func:`._reads.lookup`)."""
+        return _reads.lookup(self, keys, since=self._since(any_age), reasoning=reasoning)
 
     lookup_embeddings = _reads.lookup_embeddings
 
