@@ -172,9 +172,7 @@ class Cache:
     connect = _connection.connect
     attached = _connection.attached
 
-    def lookup(
-        self, keys: pa.Table, *, any_age: bool = False, reasoning: bool = False
-    ) -> pa.Table:
+    def lookup(self, keys: pa.Table, *, any_age: bool = False, reasoning: bool = False) -> pa.Table:
         """Cached answers for the ``key`` column of ``keys`` (journal included), the newest
         of each key, none older than :attr:`max_age` unless ``any_age``; their thinking only
         if ``reasoning`` (see :func:`._reads.lookup`)."""

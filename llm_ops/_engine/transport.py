@@ -24,7 +24,16 @@ What is ours, and why:
   server may have closed the idle connection as the request left. aiohttp does that only for
   idempotent methods; a completion is a POST, but one whose connection broke before any byte
   of the answer was not answered (:class:`_Connector` tells a reused connection from a new
-  one).
+  one);
+- **an answer is read only from a connection that sent nothing unasked**: a server (or a
+  proxy) that writes an answer twice leaves the copy on the kept-alive connection, where
+  aiohttp reads it as the answer to the next request sent on it, and every later answer on it
+  one request late: another prompt's answer, ``ok``. A connection that holds bytes while idle
+  is closed instead of reused (:class:`_Connector`); a copy that comes after the connection
+  was taken is known by its bytes, those of an answer already read in the dispatch
+  (:class:`RecentAnswers`): that connection is closed and the request sent again on a new one,
+  where the first answer read is the answer to it. Not by the answer's ``id``: some servers
+  (Ollama) repeat them.
 
 Redirects are never followed, cookies never kept. aiohttp's exceptions become ours (a
 :class:`~llm_ops._engine.boundary.TransportError`) at the one boundary,
@@ -57,6 +66,9 @@ from .boundary import (
     shown_proxy,
 )
 
+RECENT_ANSWERS = 2**16
+"""Answers a dispatch remembers (by hash, ~5 MB) to know a copy of one: a copy is read within
+moments of its original, on the connection the original came on (see :class:`RecentAnswers`)."""
 KEEPALIVE_SECONDS = 30.0  # an idle connection older than this is closed, not reused
 DNS_SECONDS = 60  # a host's addresses are looked up again after this long
 READ_CHUNK = 2**16
@@ -64,6 +76,9 @@ ACCEPT_ENCODING = "gzip, deflate"  # what we can inflate with a bound (see _Infl
 PROXY_SCHEMES = ("http", "https")
 
 _reused: ContextVar[bool] = ContextVar("llm_ops_reused_connection", default=False)
+_protocol: ContextVar[aiohttp.client_proto.ResponseHandler | None] = ContextVar(
+    "llm_ops_connection", default=None
+)  # the request's connection: once its answer is read aiohttp holds it no more
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,41 @@ class Answer:
     status: int
     headers: Mapping[str, str]
     body: bytes
+
+
+class RecentAnswers:
+    """The bodies of the last ``size`` successful answers one dispatch read, by hash: an answer
+    read again on a reused connection is a copy the server wrote twice, never the answer to the
+    request that read it (see :meth:`Transport.request`).
+
+    Only answers with an ``id`` are remembered: two requests of a dispatch are distinct, and
+    answers that carry an id (and a time) are not byte for byte the same unless one is a copy;
+    a server whose are (its ids repeat, as Ollama's may) has the second request sent again, on
+    a new connection, whose answer is taken. Answers without one (a mock server's fixed reply)
+    may well repeat, and are not taken for copies."""
+
+    def __init__(self, size: int = RECENT_ANSWERS):
+        self.size = size
+        self._hashes: dict[int, None] = {}  # in the order read: the oldest is forgotten first
+
+    @staticmethod
+    def remembered(body: bytes) -> bool:
+        """Whether ``body`` carries an ``id`` (a JSON string's quotes are escaped: only a key
+        reads ``"id"``)."""
+        return b'"id"' in body
+
+    def __contains__(self, body: bytes) -> bool:
+        return hash(body) in self._hashes
+
+    def add(self, body: bytes) -> None:
+        self._hashes[hash(body)] = None
+        if len(self._hashes) > self.size:
+            del self._hashes[next(iter(self._hashes))]
+
+
+class _Copy(Exception):
+    """An answer read on a reused connection was a copy of one read before; the connection is
+    closed."""
 
 
 class Transport:
@@ -103,49 +153,81 @@ class Transport:
                 "kinds llm-ops speaks to; name another one (proxy= or HTTPS_PROXY)"
             )
         self._session: aiohttp.ClientSession | None = None
+        # for a request sent again: each of its connections is new and closed after it
+        self._new_connections: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = _Connector(
-                limit=self.limit,
-                limit_per_host=0,
-                keepalive_timeout=KEEPALIVE_SECONDS,
-                ttl_dns_cache=DNS_SECONDS,
-                ssl=self.tls if self.tls is not None else True,
-                # the system's resolver, on a thread: what every other client of the host uses
-                resolver=aiohttp.ThreadedResolver(),
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent",),  # the SDK's is among ``headers``
-            )
+            self._session = self._make_session(keep_alive=True)
         return self._session
+
+    def _open_new(self) -> aiohttp.ClientSession:
+        if self._new_connections is None or self._new_connections.closed:
+            self._new_connections = self._make_session(keep_alive=False)
+        return self._new_connections
+
+    def _make_session(self, *, keep_alive: bool) -> aiohttp.ClientSession:
+        connector = _Connector(
+            limit=self.limit,
+            limit_per_host=0,
+            keepalive_timeout=KEEPALIVE_SECONDS if keep_alive else None,
+            force_close=not keep_alive,
+            ttl_dns_cache=DNS_SECONDS,
+            ssl=self.tls if self.tls is not None else True,
+            # the system's resolver, on a thread: what every other client of the host uses
+            resolver=aiohttp.ThreadedResolver(),
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent",),  # the SDK's is among ``headers``
+        )
 
     async def get(self, url: URL, *, timeout: float, max_bytes: int) -> Answer:
         return await self.request("GET", url, None, timeout, max_bytes)
 
     async def request(
-        self, method: str, url: URL, body: bytes | None, timeout: float, max_bytes: int
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        timeout: float,
+        max_bytes: int,
+        *,
+        recent: RecentAnswers | None = None,
     ) -> Answer:
         """One attempt: its answer, its body read to at most ``max_bytes``. A reused
-        connection that broke before any byte of the answer came is replaced once."""
+        connection that broke before any byte of the answer came, or whose answer was a copy
+        of one of ``recent`` (the dispatch's answers so far, which this one joins), is
+        replaced once, by a new connection."""
         try:
-            return await self._exchange(method, url, body, timeout, max_bytes)
+            return await self._exchange(self._open(), method, url, body, timeout, max_bytes, recent)
+        except _Copy:
+            pass
         except AIOHTTP_FAILURES as exc:
             if not (_reused.get() and is_reset_before_answer(exc)):
                 raise no_answer(exc, timeout, self.proxy) from exc
         try:
-            return await self._exchange(method, url, body, timeout, max_bytes)
+            return await self._exchange(
+                self._open_new(), method, url, body, timeout, max_bytes, recent
+            )
         except AIOHTTP_FAILURES as exc:
             raise no_answer(exc, timeout, self.proxy) from exc
 
     async def _exchange(
-        self, method: str, url: URL, body: bytes | None, timeout: float, max_bytes: int
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        timeout: float,
+        max_bytes: int,
+        recent: RecentAnswers | None,
     ) -> Answer:
         _reused.set(False)
-        async with self._open().request(
+        _protocol.set(None)
+        async with session.request(
             method,
             url,
             data=body,
@@ -156,17 +238,27 @@ class Transport:
         ) as response:
             if response.status == 407 and self.proxy is not None:
                 raise proxy_refused(self.proxy, 407)
-            return Answer(response.status, response.headers, await _read(response, max_bytes))
+            read = await _read(response, max_bytes)
+            if recent is not None and 200 <= response.status < 300 and recent.remembered(read):
+                if _reused.get() and read in recent:
+                    _close(_protocol.get())  # the answer to this request may be on its way
+                    raise _Copy
+                recent.add(read)
+            return Answer(response.status, response.headers, read)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._new_connections):
+            if session is not None:
+                await session.close()
+        self._session = self._new_connections = None
 
 
 class _Connector(aiohttp.TCPConnector):
     """aiohttp's connector, telling the request (by :data:`_reused`) whether its connection
-    served a request before."""
+    served a request before, and never handing out an idle connection that holds bytes: no
+    request asked for them, so they are no answer to the next one (a copy of an answer the
+    server wrote twice, a 408 before it closes); aiohttp looks for them only as a connection
+    is released, not as it is taken."""
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -176,11 +268,28 @@ class _Connector(aiohttp.TCPConnector):
         self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
     ) -> aiohttp.connector.Connection:
         connection = await super().connect(req, traces, timeout)
+        while connection.protocol in self._served and _holds_bytes(connection.protocol):
+            connection.close()
+            connection = await super().connect(req, traces, timeout)
         protocol = connection.protocol
         _reused.set(protocol in self._served)
+        _protocol.set(protocol)
         if protocol is not None:
             self._served.add(protocol)
         return connection
+
+
+def _close(protocol: aiohttp.client_proto.ResponseHandler | None) -> None:
+    """Close a connection, in the pool by now (the answer was read to its end): it is no longer
+    connected, so the pool hands it out no more."""
+    if protocol is not None:
+        protocol.close()
+
+
+def _holds_bytes(protocol: aiohttp.client_proto.ResponseHandler | None) -> bool:
+    """Whether an idle connection read bytes (or broke) since its last answer: aiohttp's own
+    test of a connection not to keep (``should_close``), made as it is taken."""
+    return protocol is not None and protocol.should_close
 
 
 @functools.lru_cache(maxsize=8)  # the same one or two, for every request
