@@ -67,9 +67,11 @@ from .boundary import (
     shown_proxy,
 )
 
-RECENT_ANSWERS = 2**16
-"""Answers a dispatch remembers (by hash, ~5 MB) to know a copy of one: a copy is read within
-moments of its original, on the connection the original came on (see :class:`RecentAnswers`)."""
+RECENT_ANSWERS = 2**14
+"""Answers a dispatch remembers (by hash, 1.9 MiB) to know a copy of one. A copy that came while
+its connection was idle closes it (see :class:`_Connector`); this is for one that comes after
+the connection was taken, moments after its original: seconds of answers at thousands a
+second."""
 KEEPALIVE_SECONDS = 30.0  # an idle connection older than this is closed, not reused
 DNS_SECONDS = 60  # a host's addresses are looked up again after this long
 READ_CHUNK = 2**16
@@ -105,7 +107,7 @@ class RecentAnswers:
     def __init__(self, size: int = RECENT_ANSWERS):
         self.size = size
         # in the order read, the oldest forgotten first: an OrderedDict pops its first in O(1),
-        # where a dict scans the holes its earlier deletions left (174 us an answer at 2**16)
+        # where a dict scans the holes its earlier deletions left (174 us an answer at 2**16 of them)
         self._hashes: OrderedDict[int, None] = OrderedDict()
 
     @staticmethod
