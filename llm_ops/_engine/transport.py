@@ -106,8 +106,8 @@ class RecentAnswers:
 
     def __init__(self, size: int = RECENT_ANSWERS):
         self.size = size
-        # in the order read, the oldest forgotten first: an OrderedDict pops its first in O(1),
-        # where a dict scans the holes its earlier deletions left (174 us an answer at 2**16 of them)
+        # in the order read, the oldest forgotten first: an OrderedDict pops its first in
+        # O(1), where a dict scans the holes its deletions left (174 us an answer at 2**16)
         self._hashes: OrderedDict[int, None] = OrderedDict()
 
     @staticmethod
@@ -123,11 +123,6 @@ class RecentAnswers:
         self._hashes[hash(body)] = None
         if len(self._hashes) > self.size:
             self._hashes.popitem(last=False)
-
-
-class _Copy(Exception):
-    """An answer read on a reused connection was a copy of one read before; the connection is
-    closed."""
 
 
 class Transport:
@@ -207,18 +202,22 @@ class Transport:
         of one of ``recent`` (the dispatch's answers so far, which this one joins), is
         replaced once, by a new connection."""
         try:
-            return await self._exchange(self._open(), method, url, body, timeout, max_bytes, recent)
-        except _Copy:
-            pass
+            answer = await self._exchange(
+                self._open(), method, url, body, timeout, max_bytes, recent
+            )
+            if answer is not None:
+                return answer
         except AIOHTTP_FAILURES as exc:
             if not (_reused.get() and is_reset_before_answer(exc)):
                 raise no_answer(exc, timeout, self.proxy) from exc
-        try:
-            return await self._exchange(
+        try:  # on a new connection, the first answer read is the answer to this request
+            answer = await self._exchange(
                 self._open_new(), method, url, body, timeout, max_bytes, recent
             )
         except AIOHTTP_FAILURES as exc:
             raise no_answer(exc, timeout, self.proxy) from exc
+        assert answer is not None
+        return answer
 
     async def _exchange(
         self,
@@ -229,7 +228,9 @@ class Transport:
         timeout: float,
         max_bytes: int,
         recent: RecentAnswers | None,
-    ) -> Answer:
+    ) -> Answer | None:
+        """The answer, or ``None`` when it was a copy of one of ``recent`` read on a reused
+        connection (which is closed)."""
         _reused.set(False)
         _protocol.set(None)
         async with session.request(
@@ -247,7 +248,7 @@ class Transport:
             if recent is not None and 200 <= response.status < 300 and recent.remembered(read):
                 if _reused.get() and read in recent:
                     _close(_protocol.get())  # the answer to this request may be on its way
-                    raise _Copy
+                    return None
                 recent.add(read)
             return Answer(response.status, response.headers, read)
 
