@@ -106,10 +106,15 @@ def _rows_for_keys(
                 # cast only when needed: it imports pyarrow.compute (~60 ms, once)
                 return rows if rows.schema.equals(schema) else rows.cast(schema)
         except (CacheError, duckdb.IOException) as exc:
-            # A journal file merged and removed between listing and reading, or a line
-            # appended to one after it was measured and longer than it: list and measure
-            # again.
-            gone = ("No files found", "needs at least one file", "maximum_object_size")
+            # A journal file merged and removed between listing and reading (before the
+            # query was planned, or after: "Cannot open file"), or a line appended to one
+            # after it was measured and longer than it: list and measure again.
+            gone = (
+                "No files found",
+                "needs at least one file",
+                "Cannot open file",
+                "maximum_object_size",
+            )
             if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
                 raise
             time.sleep(0.01 * random.uniform(0.5, 1.5))
