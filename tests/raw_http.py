@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import socket
 import ssl
@@ -46,6 +47,7 @@ class RawServer:
         self.tls = tls
         self.host, self.port = host, port
         self.requests: list[bytes] = []
+        self.answered = 0  # answers written to their last byte
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -95,6 +97,7 @@ class RawServer:
                     await writer.drain()
                     if not isinstance(answer, bytes):
                         await asyncio.sleep(0.01)
+                self.answered += 1
                 if self.close_after_each:
                     break
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
@@ -116,11 +119,15 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
+_ids = itertools.count()
+
+
 def completion(text: str = "fine") -> bytes:
-    """The JSON body of a chat completion answering ``text``."""
+    """The JSON body of a chat completion answering ``text``, with an id of its own, as a real
+    server's answers have: an answer read twice is a copy (see ``RecentAnswers``)."""
     return json.dumps(
         {
-            "id": "x",
+            "id": f"chatcmpl-{next(_ids)}",
             "object": "chat.completion",
             "choices": [
                 {

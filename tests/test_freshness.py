@@ -25,6 +25,7 @@ from llm_ops import (
     options_from_settings,
     parse_duration,
 )
+from llm_ops._cache._store import MAX_AGE_LIMIT
 from llm_ops.cli import main
 from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 from llm_ops.sql import register
@@ -112,6 +113,25 @@ def test_a_duration_is_read_as_the_cli_and_the_flow_spell_it(text, seconds):
 def test_a_max_age_that_is_no_positive_duration_is_refused(cache, age):
     with pytest.raises(ConfigError, match=r"max_age|duration"):
         Cache(cache, max_age=age)
+
+
+@pytest.mark.parametrize(
+    "age", [float("inf"), "inf", "999999d", 1e11, 10**400, timedelta.max], ids=repr
+)
+def test_a_max_age_beyond_what_the_cache_holds_is_refused_with_the_range(cache, age):
+    with pytest.raises(ConfigError, match="at most 365,000 days"):
+        Cache(cache, max_age=age)
+
+
+def test_a_max_age_at_its_limit_reuses_an_old_answer(complete, aged, endpoint):
+    TEXTS.pipe(complete, prompt="{text}", cache=Cache(aged.path, max_age=MAX_AGE_LIMIT))
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_the_cli_refuses_a_max_age_beyond_the_limit(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "in.parquet", "--prompt", "{text}", "--model", "sim", "--max-age", "1e11"])
+    assert "at most 365,000 days" in capsys.readouterr().err
 
 
 def test_the_cli_takes_max_age(cache, aged, endpoint, tmp_path, capsys):

@@ -1,11 +1,13 @@
 """Reasoning models: their options, the max_tokens they refuse, and the thinking they bill."""
 
+import json
 import re
 from datetime import timedelta
 
 import duckdb
 import polars as pl
 import pytest
+from raw_http import RawServer, endpoint, with_length
 
 from flows.enrich import EnrichConfig, open_table
 from llm_ops import (
@@ -13,14 +15,17 @@ from llm_ops import (
     Cache,
     Client,
     ConfigError,
+    Endpoint,
     Packing,
     Price,
     Sampling,
     estimate,
+    llm_complete,
     options_from_settings,
 )
 from llm_ops._engine.answers import thinking
 from llm_ops._pipeline.estimate import REASONING_MODEL
+from llm_ops._pipeline.plan import lookup_answers
 from llm_ops.cli import main
 from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 from llm_ops.testing import expected_reasoning, expected_reply
@@ -349,3 +354,17 @@ def test_a_batch_line_resent_keeps_its_key_as_asked(complete, in_batches):
 
 def test_a_batch_report_counts_a_resent_line_once(complete, in_batches):
     assert _ask(complete, **in_batches)[1].requests_sent == 2
+
+
+def test_a_hit_that_does_not_keep_the_thinking_does_not_read_it(cache):
+    thinking = "t" * 5_000_000  # a tester's was 50 MB: a job not keeping it loaded it all
+    message = {"role": "assistant", "content": "fine", "reasoning_content": thinking}
+    body = json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+    with RawServer(respond=endpoint(lambda request: with_length(body.encode()))) as server:
+        ep = Endpoint(server.base_url, max_response_bytes=10**8)
+        DF.head(1).pipe(llm_complete, prompt="{text}", model="m", endpoint=ep, cache=cache)
+    with duckdb.connect(str(cache), read_only=True) as con:
+        keys = con.sql("SELECT key FROM llm_cache").pl()
+    hit = lookup_answers(Cache(cache), keys)
+    assert hit["reasoning"].to_list() == [None] and hit.estimated_size() < 100_000
+    assert lookup_answers(Cache(cache), keys, reasoning=True)["reasoning"][0] == thinking

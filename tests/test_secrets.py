@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import html
+import json
 import logging
+import re
+import warnings
+from urllib.parse import quote, quote_plus, unquote
 
 import polars as pl
 import pytest
+from raw_http import RawServer, endpoint, with_length
 
-from llm_ops import ConfigError, Endpoint, JobAbortedError, llm_complete
+from llm_ops import ConfigError, Endpoint, JobAbortedError, Retries, llm_complete
+from llm_ops._engine.boundary import redact
 from llm_ops.testing import LocalEndpoint
 
 SECRET = "sk-test-do-not-leak-0123456789"
@@ -96,3 +103,59 @@ def test_a_refused_key_costs_one_request_whatever_the_concurrency(guarded, cache
             concurrency=64,
         )
     assert guarded.stats()["requests"] == 1
+
+
+GATEWAY_KEY = "gw+Key/0123=="  # a key whose characters a URL's query encodes (%2B, %2F, %3D)
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        lambda path: path,
+        lambda path: re.sub(rb"%[0-9A-F]{2}", lambda hexes: hexes[0].lower(), path),
+        lambda path: path.replace(b"%", b"%25"),
+        lambda path: json.dumps(unquote(path.decode())).encode().replace(b"/", b"\\/"),
+    ],
+    ids=["as-sent", "lower-case-hex", "encoded-twice", "json-escaped"],
+)
+@pytest.mark.parametrize("status", ["400 Bad Request", "500 Oops"])
+def test_a_key_in_the_url_query_is_redacted_in_every_form_a_server_echoes(echo, status, caplog):
+    caplog.set_level(logging.DEBUG)
+
+    def echoed(request: bytes) -> bytes:
+        path = request.split(b" ")[1]
+        return with_length(b'{"error": {"message": "no route: %b"}}' % echo(path), status)
+
+    with (
+        RawServer(respond=endpoint(echoed)) as server,
+        warnings.catch_warnings(record=True) as seen,
+    ):
+        warnings.simplefilter("always")
+        out, report = pl.DataFrame({"text": ["a"]}).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="m",
+            endpoint=f"{server.base_url}?key={quote(GATEWAY_KEY, safe='')}",
+            cache=False,
+            retries=Retries(max_attempts=1),
+            return_report=True,
+        )
+    assert b"%2B" in server.requests[-1].split(b"\r\n")[0]  # the key was sent, encoded
+    said = str(out.rows()) + str(report) + str(report.as_dict()) + caplog.text
+    said += "".join(str(warning.message) for warning in seen)
+    assert "no route" in said and "***" in said
+    for form in (GATEWAY_KEY, quote(GATEWAY_KEY, safe=""), "gw%2Bkey", "gw%252B", "gw+Key\\/"):
+        assert form.lower() not in said.lower()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        quote_plus("tok en/0123+="),
+        json.dumps("tok en/0123+=")[1:-1].replace("+", "\\u002b"),
+        html.escape("tok en/0123+=").replace("+", "&#43;"),
+    ],
+    ids=["quote-plus", "json-unicode-escape", "html"],
+)
+def test_a_secret_is_redacted_in_the_encodings_servers_write(form):
+    assert redact(f"echo: key={form}&next", "tok en/0123+=") == "echo: key=***&next"

@@ -9,6 +9,7 @@ import gzip
 import socket
 import ssl
 import tracemalloc
+import zlib
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -36,7 +37,7 @@ from llm_ops._engine.boundary import (
     Refused,
     TimedOut,
 )
-from llm_ops._engine.transport import Answer, Transport
+from llm_ops._engine.transport import Answer, RecentAnswers, Transport
 
 
 def post(url: str, *, max_bytes: int = 1000, timeout: float = 5.0, **options: object) -> Answer:
@@ -189,6 +190,66 @@ def test_a_reused_connection_reset_before_its_answer_is_replaced_once():
     assert (server.posts, server.connections) == (3, 2)
 
 
+def answered_twice(number: int) -> list[bytes]:
+    """The ``number``-th answer, written twice with a pause between, as a broken server may."""
+    answer = with_length(b'{"id": "a%d"}' % number)
+    return [answer, answer]
+
+
+def posts_in_turn(url: str, *, recent: RecentAnswers | None, after=None) -> list[bytes]:
+    """The bodies of two POSTs on one transport, one after the other (``after``: awaited in
+    between)."""
+
+    async def both(transport: Transport) -> list[bytes]:
+        first = await transport.request("POST", URL(url), b"{}", 5.0, 1000, recent=recent)
+        if after is not None:
+            await after()
+        second = await transport.request("POST", URL(url), b"{}", 5.0, 1000, recent=recent)
+        return [first.body, second.body]
+
+    bodies: list[bytes] = []
+
+    async def keep(transport: Transport) -> Answer:
+        bodies.extend(await both(transport))
+        return Answer(200, {}, b"")
+
+    exchange(keep, url)
+    return bodies
+
+
+def test_a_copy_of_an_answer_is_not_taken_for_the_next_requests():
+    answers = iter(range(10))
+    with RawServer(respond=lambda request: answered_twice(next(answers))) as server:
+        bodies = posts_in_turn(server.url, recent=RecentAnswers())
+    assert server.posts > 1  # the second request was sent after the copy came
+    assert bodies == [b'{"id": "a0"}', b'{"id": "a%d"}' % (server.posts - 1)]
+
+
+def test_an_idle_connection_that_received_bytes_is_not_reused():
+    late = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n"
+    with RawServer([OK, late], OK) as server:
+
+        async def until_written() -> None:
+            while server.answered < 1:  # both pieces of the first answer were written
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # and read off the socket by the client's loop
+
+        bodies = posts_in_turn(server.url, recent=None, after=until_written)
+    assert bodies == [b"ok", b"ok"] and server.connections == 2
+
+
+def test_answers_that_repeat_byte_for_byte_are_taken_from_a_new_connection():
+    with RawServer(with_length(b'{"id": "same"}')) as server:
+        bodies = posts_in_turn(server.url, recent=RecentAnswers())
+    assert bodies == [b'{"id": "same"}'] * 2 and (server.posts, server.connections) == (3, 2)
+
+
+def test_answers_without_an_id_may_repeat():
+    with RawServer(OK) as server:
+        assert posts_in_turn(server.url, recent=RecentAnswers()) == [b"ok", b"ok"]
+    assert server.posts == 2
+
+
 def test_a_new_connection_reset_before_its_answer_is_not_sent_again():
     with RawServer(DROP) as server, pytest.raises(ConnectionFailed, match="before answering"):
         post(server.url)
@@ -198,6 +259,15 @@ def test_a_new_connection_reset_before_its_answer_is_not_sent_again():
 def test_gzip_is_inflated():
     body = gzip.compress(b'{"x": 1}')
     answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%b"
+    with RawServer(answer % (len(body), body)) as server:
+        assert post(server.url).body == b'{"x": 1}'
+
+
+@pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS], ids=["zlib", "raw"])
+def test_deflate_is_inflated_with_or_without_its_zlib_header(wbits):
+    compressor = zlib.compressobj(wbits=wbits)
+    body = compressor.compress(b'{"x": 1}') + compressor.flush()
+    answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n%b"
     with RawServer(answer % (len(body), body)) as server:
         assert post(server.url).body == b'{"x": 1}'
 

@@ -5,6 +5,8 @@ it refuses it, never ``ok`` from a malformed frame, and nothing is paid for twic
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 import duckdb
@@ -43,8 +45,10 @@ def job(endpoint: str | Endpoint, **options: object) -> pl.DataFrame:
 
 
 def test_a_chunked_answer_whose_end_comes_later_is_answered_once_per_row():
-    pieces = [chunked(completion()) + b"0\r\n", b"\r\n"]
-    with RawServer(respond=endpoint(lambda request: pieces)) as server:
+    def pieces(request: bytes) -> list[bytes]:
+        return [chunked(completion()) + b"0\r\n", b"\r\n"]
+
+    with RawServer(respond=endpoint(pieces)) as server:
         out = job(server.base_url)
     assert out["completion_status"].to_list() == ["ok"] * 3 and server.posts == 3
 
@@ -77,6 +81,28 @@ def test_a_malformed_answer_is_not_cached(tmp_path: Path):
         )
     with duckdb.connect(str(tmp_path / "cache.duckdb"), read_only=True) as con:
         assert con.sql("SELECT count(*) FROM llm_cache").fetchall() == [(0,)]
+
+
+def test_a_raw_deflate_answer_is_answered():
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)  # no zlib header, as early IIS sent
+    body = compressor.compress(completion()) + compressor.flush()
+    answer = with_length(body).replace(b"\r\n", b"\r\nContent-Encoding: deflate\r\n", 1)
+    with RawServer(respond=endpoint(lambda request: answer)) as server:
+        assert job(server.base_url)["completion_status"].to_list() == ["ok"] * 3
+
+
+def test_a_server_writing_each_answer_twice_answers_each_row_with_its_own():
+    def twice(request: bytes) -> list[bytes]:
+        prompt = json.loads(request.split(b"\r\n\r\n", 1)[1])["messages"][-1]["content"]
+        answer = with_length(completion(f"about {prompt}"))
+        return [answer, answer]  # the copy stays on the kept-alive connection
+
+    rows = pl.DataFrame({"text": [f"row {i}" for i in range(20)]})
+    with RawServer(respond=endpoint(twice)) as server:
+        out = rows.pipe(
+            llm_complete, prompt="{text}", model="m", endpoint=server.base_url, cache=False
+        )
+    assert out["completion"].to_list() == [f"about {text}" for text in rows["text"]]
 
 
 def test_a_lenient_head_is_answered():

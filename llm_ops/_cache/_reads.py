@@ -46,10 +46,19 @@ BATCH_STATES = (
 )
 
 
-def lookup(place: Place, keys: pa.Table, *, since: datetime | None = None) -> pa.Table:
+UNREAD_UNLESS_ASKED = ("reasoning_text",)
+"""Columns of ``llm_cache`` a lookup reads only when asked to: a reasoning model's thinking can
+be megabytes an answer, and a job that does not keep it must not load it (it reads as null)."""
+
+
+def lookup(
+    place: Place, keys: pa.Table, *, since: datetime | None = None, reasoning: bool = False
+) -> pa.Table:
     """Cached answers for the ``key`` column of ``keys`` (journal included), in one join: the
-    newest of each key, and none that came before ``since`` (older ones are misses)."""
-    return _rows_for_keys(place, "llm_cache", CACHE_SCHEMA, keys, since=since)
+    newest of each key, and none that came before ``since`` (older ones are misses); their
+    thinking (``reasoning_text``) only if ``reasoning``, else null."""
+    unread = () if reasoning else UNREAD_UNLESS_ASKED
+    return _rows_for_keys(place, "llm_cache", CACHE_SCHEMA, keys, since=since, unread=unread)
 
 
 def lookup_embeddings(place: Place, keys: pa.Table) -> pa.Table:
@@ -64,8 +73,9 @@ def _rows_for_keys(
     keys: pa.Table,
     *,
     since: datetime | None = None,
+    unread: Sequence[str] = (),
 ) -> pa.Table:
-    columns = list(schema.names)
+    columns = [name for name in schema.names if name not in unread]
     dated = "created_at" in COLUMNS[table]
     for attempt in range(LIST_ATTEMPTS):
         files = journal_files(place, table)
@@ -81,7 +91,10 @@ def _rows_for_keys(
         if files:  # the file's answer to a key and the journal's
             order = " ORDER BY key, rank, created_at DESC" if dated else ""
             query = f"SELECT DISTINCT ON (key) * FROM ({query}){order}"
-        listed = ", ".join(columns)
+        listed = ", ".join(
+            f"CAST(NULL AS {COLUMNS[table][name]}) AS {name}" if name in unread else name
+            for name in schema.names
+        )
         try:
             with reader(place) as con:
                 con.register("wanted_keys", keys)
@@ -93,10 +106,15 @@ def _rows_for_keys(
                 # cast only when needed: it imports pyarrow.compute (~60 ms, once)
                 return rows if rows.schema.equals(schema) else rows.cast(schema)
         except (CacheError, duckdb.IOException) as exc:
-            # A journal file merged and removed between listing and reading, or a line
-            # appended to one after it was measured and longer than it: list and measure
-            # again.
-            gone = ("No files found", "needs at least one file", "maximum_object_size")
+            # A journal file merged and removed between listing and reading (before the
+            # query was planned, or after: "Cannot open file"), or a line appended to one
+            # after it was measured and longer than it: list and measure again.
+            gone = (
+                "No files found",
+                "needs at least one file",
+                "Cannot open file",
+                "maximum_object_size",
+            )
             if attempt == LIST_ATTEMPTS - 1 or not any(sign in str(exc) for sign in gone):
                 raise
             time.sleep(0.01 * random.uniform(0.5, 1.5))

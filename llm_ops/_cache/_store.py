@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import reprlib
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,25 +39,31 @@ def _seconds(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
+MAX_AGE_LIMIT = timedelta(days=365_000)
+"""The longest ``max_age``, about 1,000 years: the oldest answer it reuses (now less it) must
+be a date that Python and DuckDB hold, and no cached answer is older. For any age, give none."""
+
+
 def parse_duration(text: str) -> timedelta:
     """A duration as the command line and the flow spell it: ``1d``, ``6h``, ``30m``, ``45s``
-    or a number of seconds.
+    or a number of seconds, of at most :data:`MAX_AGE_LIMIT`.
 
     >>> parse_duration("6h"), parse_duration("90")
     (datetime.timedelta(seconds=21600), datetime.timedelta(seconds=90))
     """
     seconds = _limits.parse_duration(text.lower()) if isinstance(text, str) else None
-    if seconds is None or not 0 < seconds < float("inf"):
+    if seconds is None or not seconds > 0:  # not a duration, or nan
         raise ConfigError(
             f"a duration is a positive number with s, m, h or d (1d, 6h, 30m, 45s) or a "
             f"number of seconds, got {text!r}"
         )
-    return timedelta(seconds=seconds)
+    return _within_limit(seconds, text)
 
 
 def max_age_of(value: object) -> timedelta | None:
     """``max_age``: a positive :class:`~datetime.timedelta`, number of seconds or duration
-    (see :func:`parse_duration`), or ``None`` for answers of any age."""
+    (see :func:`parse_duration`) of at most :data:`MAX_AGE_LIMIT`, or ``None`` for answers of
+    any age."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -64,12 +71,23 @@ def max_age_of(value: object) -> timedelta | None:
     if isinstance(value, timedelta):
         if value <= timedelta(0):
             raise ConfigError(f"max_age must be a positive duration, got {value!r}")
-        return value
+        return _within_limit(value.total_seconds(), value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(
             f"max_age must be a timedelta or a positive number of seconds, got {value!r}"
         )
-    return timedelta(seconds=value)
+    return _within_limit(value, value)
+
+
+def _within_limit(seconds: float, given: object) -> timedelta:
+    """``seconds`` as a timedelta, or a :class:`ConfigError` beyond :data:`MAX_AGE_LIMIT`
+    (infinity included: a timedelta of it, or now less it, would be an ``OverflowError``)."""
+    if not seconds <= MAX_AGE_LIMIT.total_seconds():
+        raise ConfigError(
+            f"max_age must be at most {MAX_AGE_LIMIT.days:,} days (about 1,000 years), got "
+            f"{reprlib.repr(given)}; for answers of any age, give no max_age"
+        )
+    return timedelta(seconds=seconds)
 
 
 class Cache:
@@ -103,9 +121,10 @@ class Cache:
         Seconds a read waits for another process holding the file.
     max_age
         How old a cached answer may be and still be reused (a :class:`~datetime.timedelta`,
-        seconds, or ``"6h"``, ``"1d"``; ``None``, the default: any age). An older one is a
-        miss: its request is sent again and the new answer becomes the one later jobs reuse,
-        while the old one moves to ``llm_cache_history``, never deleted by this setting.
+        seconds, or ``"6h"``, ``"1d"``, up to :data:`MAX_AGE_LIMIT`; ``None``, the default: any
+        age). An older one is a miss: its request is sent again and the new answer becomes the
+        one later jobs reuse, while the old one moves to ``llm_cache_history``, never deleted
+        by this setting.
 
     Examples
     --------
@@ -153,10 +172,11 @@ class Cache:
     connect = _connection.connect
     attached = _connection.attached
 
-    def lookup(self, keys: pa.Table, *, any_age: bool = False) -> pa.Table:
+    def lookup(self, keys: pa.Table, *, any_age: bool = False, reasoning: bool = False) -> pa.Table:
         """Cached answers for the ``key`` column of ``keys`` (journal included), the newest
-        of each key, none older than :attr:`max_age` unless ``any_age``."""
-        return _reads.lookup(self, keys, since=self._since(any_age))
+        of each key, none older than :attr:`max_age` unless ``any_age``; their thinking only
+        if ``reasoning`` (see :func:`._reads.lookup`)."""
+        return _reads.lookup(self, keys, since=self._since(any_age), reasoning=reasoning)
 
     lookup_embeddings = _reads.lookup_embeddings
 

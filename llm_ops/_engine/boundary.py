@@ -28,6 +28,9 @@ SDK's logs (:func:`redact_in_logs`): an API key never reaches an error message o
 
 from __future__ import annotations
 
+import functools
+import html
+import json
 import logging
 import re
 from collections.abc import Iterable, Iterator
@@ -176,13 +179,53 @@ def provider_errors(secrets: Iterable[str | None]) -> Iterator[None]:
 def redact(text: str, *secrets: str | None) -> str:
     """Remove secrets (and anything shaped like an API key) from a message.
 
-    A secret is only removed where it stands on its own, not inside a longer word, and only if
-    it is long enough to be one, so a server's message stays readable with ``api_key="x"``.
+    A secret is removed in each form a server may echo it in (see :func:`_secret_pattern`),
+    only where it stands on its own, not inside a longer word, and only if it is long enough
+    to be one, so a server's message stays readable with ``api_key="x"``.
     """
     for secret in secrets:
         if secret and len(secret) >= MIN_SECRET_LENGTH:
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
+            text = _secret_pattern(secret).sub("***", text)
     return _SECRET_LIKE.sub("***", text)
+
+
+@functools.lru_cache(maxsize=64)  # the same few secrets, for every message
+def _secret_pattern(secret: str) -> re.Pattern[str]:
+    """``secret`` as a server may echo it: as is, or with any of its characters
+    percent-encoded (``quote``, ``quote_plus``; hex digits in either case), encoded twice
+    (``%252B``), ``+`` for a space, JSON-escaped (``\\/``, ``\\u002b``) or HTML-escaped
+    (``&#43;``): a gateway key in the URL's query comes back in an error's echo of the URL,
+    encoded as the server writes URLs. A boundary is a character that is not a letter or
+    digit, or an escape (``%3D`` in ``key%3D<secret>``)."""
+    forms = "".join(f"(?:{'|'.join(_char_forms(char))})" for char in secret)
+    before = r"(?:(?<![A-Za-z0-9])|(?<=%[0-9A-Fa-f]{2})|(?<=\\u[0-9A-Fa-f]{4}))"
+    return re.compile(f"{before}{forms}(?![A-Za-z0-9])")
+
+
+def _char_forms(char: str) -> list[str]:
+    """Patterns of the forms one character of a secret takes (see :func:`_secret_pattern`)."""
+    hexes = [f"{byte:02x}" for byte in char.encode()]
+    units = char.encode("utf-16-be")
+    json_units = [f"{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2)]
+    forms = {
+        re.escape(char),
+        "".join(f"%(?:25)?{_hex_either(h)}" for h in hexes),
+        "".join(rf"\\u{_hex_either(unit)}" for unit in json_units),
+        f"&#0*{ord(char)};",
+        f"&#[xX]0*{_hex_either(f'{ord(char):x}')};",
+        re.escape(html.escape(char)),
+        re.escape(json.dumps(char)[1:-1]),
+    }
+    if char == " ":
+        forms.add(r"\+")
+    if char == "/":
+        forms.add(r"\\/")
+    return sorted(forms)
+
+
+def _hex_either(digits: str) -> str:
+    """A pattern of the hex ``digits`` in upper or lower case."""
+    return "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in digits)
 
 
 class _RedactingFilter(logging.Filter):

@@ -53,7 +53,7 @@ from .boundary import (
     redact,
 )
 from .engine import Engine
-from .transport import Answer
+from .transport import Answer, RecentAnswers
 
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
@@ -118,6 +118,7 @@ class Dispatcher:
             or DEFAULT_COMPLETION_TOKENS
         )
         self.url = engine.url(self.path)
+        self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
         return CompletionReader(self.counters, self.engine.secrets, validate)
@@ -446,7 +447,12 @@ class Dispatcher:
         sent_at = time.monotonic()
         try:
             answer = await engine.http.request(
-                "POST", self.url, body, self.settings.timeout, self.max_bytes(request)
+                "POST",
+                self.url,
+                body,
+                self.settings.timeout,
+                self.max_bytes(request),
+                recent=self.recent,
             )
         except TransportError as exc:
             raise self._no_answer(exc) from exc

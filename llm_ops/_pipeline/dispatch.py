@@ -194,7 +194,9 @@ async def _settle_claimed_by_others(
         # who is gone first, then what landed: a claimer answers before it goes, if at all
         gone = pending - claims.held_by_others(pending)
         wanted = pl.DataFrame({"key": sorted(pending)}, schema={"key": pl.String})
-        answered = await asyncio.to_thread(lookup_answers, backend.cache, wanted)
+        answered = await asyncio.to_thread(
+            lookup_answers, backend.cache, wanted, reasoning=job.columns.reasoning
+        )
         done.settled = pl.concat([done.settled, answered])
         pending.difference_update(answered["key"].to_list())
         free = frozenset(gone & pending)

@@ -72,7 +72,7 @@ class ModelPass:
 async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass:
     """Plan, look up both cache tiers, send the misses and join back, for ``job.spec.model``."""
     started_at, clock = datetime.now(UTC), time.perf_counter()
-    planned = await plan(frame, job.spec, backend.cache)
+    planned = await plan(frame, job.spec, backend.cache, reasoning=job.columns.reasoning)
     done = await answer_misses(planned.misses, job, backend, rows=frame.height)
     results = results_frame([planned.hits, done.settled], done.outcomes)
     columns = await join(

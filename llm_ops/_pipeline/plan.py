@@ -234,15 +234,20 @@ def group_and_key(
     return keys.gather(row_group).to_frame("key"), grouped
 
 
-async def plan(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> Plan:
+async def plan(
+    frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None, *, reasoning: bool = False
+) -> Plan:
     """:func:`plan_frame` on a worker thread (DuckDB and Polars leave the event loop free)."""
-    return await asyncio.to_thread(plan_frame, frame, spec, cache)
+    return await asyncio.to_thread(plan_frame, frame, spec, cache, reasoning=reasoning)
 
 
-def plan_frame(frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None) -> Plan:
-    """Render every row, key it, dedupe and anti-join the distinct requests against the cache."""
+def plan_frame(
+    frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None, *, reasoning: bool = False
+) -> Plan:
+    """Render every row, key it, dedupe and anti-join the distinct requests against the cache
+    (the hits' thinking read only if ``reasoning``: see :func:`lookup_answers`)."""
     keyed = key_rows(frame, spec)
-    hits = lookup_answers(cache, keyed.distinct)
+    hits = lookup_answers(cache, keyed.distinct, reasoning=reasoning)
     misses = keyed.distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
     if spec.media:  # the bytes of the Binary media to send, gathered (not copied) from frame
         misses = attach_bytes(misses, frame, spec.media)
@@ -278,11 +283,15 @@ def _memory_db() -> duckdb.DuckDBPyConnection:
         return _shared[1].cursor()
 
 
-def lookup_answers(cache: Cache | None, distinct: pl.DataFrame) -> pl.DataFrame:
-    """The cached answers to the ``key`` column of ``distinct``, as :data:`RESULTS` rows."""
+def lookup_answers(
+    cache: Cache | None, distinct: pl.DataFrame, *, reasoning: bool = False
+) -> pl.DataFrame:
+    """The cached answers to the ``key`` column of ``distinct``, as :data:`RESULTS` rows; their
+    thinking only if ``reasoning`` (``keep_reasoning``: it is read from the cache for no other
+    job), else null."""
     if cache is None or distinct.is_empty():
         return pl.DataFrame(schema=RESULTS)
-    found = pl.from_arrow(cache.lookup(distinct.select("key").to_arrow()))
+    found = pl.from_arrow(cache.lookup(distinct.select("key").to_arrow(), reasoning=reasoning))
     assert isinstance(found, pl.DataFrame)
     truncated = pl.col("status") == "truncated"
     return found.select(

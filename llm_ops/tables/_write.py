@@ -57,7 +57,8 @@ def write_output(
         for batch in read_batches(files, rows_per_read):
             keyed = key_rows(batch, job.spec)
             wanted = keyed.distinct.select("key")
-            results = _batch_results(lookup_answers(cache, wanted), wanted.join(fresh, on="key"))
+            cached = lookup_answers(cache, wanted, reasoning=job.columns.reasoning)
+            results = _batch_results(cached, wanted.join(fresh, on="key"))
             added = join_back(
                 keyed.groups, results, job.columns, job.spec.schema, row_group=keyed.row_group
             )
