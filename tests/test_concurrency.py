@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -268,4 +269,6 @@ def test_against_a_gpu_like_server_it_rises_far_past_where_it_starts(endpoint):
 
 def test_against_an_8_slot_server_it_settles_near_the_slots(endpoint):
     endpoint.configure(slots=8, step_base=0.002, step_per_sequence=0.0002)
-    assert _decisions(endpoint, 1_500)[-1] <= 3 * 8
+    decisions = _decisions(endpoint, 1_500)
+    # where it held, not its last probe: on a busy machine a job may end mid-probe
+    assert statistics.median_low(decisions[len(decisions) // 2 :]) <= 3 * 8
