@@ -129,6 +129,14 @@ def test_the_first_answer_ends_the_slow_start():
     assert times == [0.0, 0.0, 1.0]
 
 
+def test_a_request_rate_lets_a_burst_through_then_one_request_per_its_share_of_a_minute():
+    clock = VirtualTime()
+    limiter = RateLimiter(rpm=120, tpm=None, burst=1.0, clock=clock, sleep=clock.sleep)
+    times = _times_let_through(clock, [limiter.admit(1) for _ in range(5)])
+    # a burst of one second's worth (two), then one every half second
+    assert times == pytest.approx([0.0, 0.0, 0.5, 1.0, 1.5])
+
+
 def test_a_limit_given_needs_no_slow_start():
     assert RateLimiter(rpm=600, tpm=None).slow_start is None
 
