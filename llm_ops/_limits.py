@@ -13,8 +13,13 @@ import math
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock: :func:`time.monotonic`, or a test's fake one."""
+Sleep = Callable[[float], Awaitable[None]]
+"""How the limiter waits: :func:`asyncio.sleep`, or a test's, which moves its fake clock."""
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -39,11 +44,12 @@ def parse_duration(text: str) -> float | None:
 class _TokenBucket:
     """A per-minute rate paced as a token bucket holding ``burst`` seconds of it."""
 
-    def __init__(self, per_minute: float, burst: float):
+    def __init__(self, per_minute: float, burst: float, *, clock: Clock = time.monotonic):
         self.per_minute = per_minute
         self.capacity = max(1.0, per_minute * burst / 60)
         self.level = self.capacity
-        self.stamp = time.monotonic()
+        self._clock = clock
+        self.stamp = clock()
         self.burst = burst
 
     def set_rate(self, per_minute: float) -> None:
@@ -53,7 +59,7 @@ class _TokenBucket:
         self.level = min(self.level, self.capacity)
 
     def _refill(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if now > self.stamp:
             self.level = min(self.capacity, self.level + (now - self.stamp) * self.per_minute / 60)
             self.stamp = now
@@ -86,8 +92,8 @@ class _LeasedTokenBucket(_TokenBucket):
     processes (see :class:`LeasedLimiter`), spent as :class:`RateLimiter` spends
     its own."""
 
-    def __init__(self) -> None:
-        super().__init__(per_minute=0.0, burst=1.0)
+    def __init__(self, *, clock: Clock = time.monotonic) -> None:
+        super().__init__(per_minute=0.0, burst=1.0, clock=clock)
         self.capacity = math.inf
         self.level = 0.0
 
@@ -110,11 +116,23 @@ class SlowStart:
     about ``doubling * (log2(concurrency / first) - 1.4)`` seconds of its concurrency, once
     per client; an endpoint farther away than ``doubling`` answers too late to spare the
     wave its 429s (they are retried), and ``rpm=`` spares them.
+
+    ``clock`` tells the time and ``sleep`` waits for a turn: :func:`time.monotonic` and
+    :func:`asyncio.sleep` but in tests, whose fake ones drive time.
     """
 
-    def __init__(self, *, first: int = 4, doubling: float = 0.01):
+    def __init__(
+        self,
+        *,
+        first: int = 4,
+        doubling: float = 0.01,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ):
         self.first = first
         self.doubling = doubling
+        self._clock = clock
+        self._sleep = sleep
         self.sent = 0
         self.started = 0.0  # when the second request went: the gate held the rest till then
         self._ended: asyncio.Future[None] | None = None
@@ -122,7 +140,7 @@ class SlowStart:
     async def admit(self) -> None:
         """Wait for this request's turn, or for the end of the slow start."""
         sent, self.sent = self.sent, self.sent + 1
-        now = time.monotonic()
+        now = self._clock()
         if sent == 1:
             self.started = now
         if sent <= self.first:
@@ -131,7 +149,11 @@ class SlowStart:
         if wait > 0:
             if self._ended is None:
                 self._ended = asyncio.get_running_loop().create_future()
-            await asyncio.wait((self._ended,), timeout=wait)
+            turn = asyncio.ensure_future(self._sleep(wait))
+            try:
+                await asyncio.wait((self._ended, turn), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                turn.cancel()
 
     def end(self) -> None:
         """An answer came: whoever waits for a turn goes on to the budgets."""
@@ -163,6 +185,10 @@ class RateLimiter:
     The tighter of the two wins. A ``Retry-After`` pauses every sender until it has passed and
     empties the budgets but for one request then, so traffic resumes at the paced rate rather
     than all at once.
+
+    ``clock`` tells the time and every wait goes through ``sleep``: :func:`time.monotonic` and
+    :func:`asyncio.sleep` but in tests, whose fake ones drive time, so what the limiter lets
+    through when does not depend on how busy the machine is.
     """
 
     def __init__(
@@ -172,16 +198,22 @@ class RateLimiter:
         tpm: float | None,
         burst: float = 1.0,
         slow_start: bool = True,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
     ):
         self.user_rpm, self.user_tpm = rpm, tpm
+        self._clock = clock
+        self._sleep = sleep
         # with no limit given, the first requests go slowly until an answer names one
-        self.slow_start = SlowStart() if slow_start and not rpm and not tpm else None
+        self.slow_start = (
+            SlowStart(clock=clock, sleep=sleep) if slow_start and not rpm and not tpm else None
+        )
         self.learned_rpm: float | None = None
         self.learned_tpm: float | None = None
         self.burst = burst
         self.paused_until = 0.0
-        self.requests: _TokenBucket | None = _TokenBucket(rpm, burst) if rpm else None
-        self.tokens: _TokenBucket | None = _TokenBucket(tpm, burst) if tpm else None
+        self.requests: _TokenBucket | None = _TokenBucket(rpm, burst, clock=clock) if rpm else None
+        self.tokens: _TokenBucket | None = _TokenBucket(tpm, burst, clock=clock) if tpm else None
 
     @property
     def rpm(self) -> float | None:
@@ -201,10 +233,10 @@ class RateLimiter:
         if self.slow_start is not None:
             await self.slow_start.admit()
         while True:
-            now = time.monotonic()
+            now = self._clock()
             if now < self.paused_until:
                 # Spread the restart so senders do not come back as one herd.
-                await asyncio.sleep(self.paused_until - now + random.uniform(0, 0.05))
+                await self._sleep(self.paused_until - now + random.uniform(0, 0.05))
                 continue
             wait = self.shortfall(tokens)
             if wait <= 0:
@@ -225,7 +257,7 @@ class RateLimiter:
     async def refill(self, wait: float, tokens: int) -> None:
         """Wait until the budgets can pay for a request of ``tokens``: ``wait`` seconds, at
         their pace. (A budget that time does not refill is refilled here otherwise.)"""
-        await asyncio.sleep(wait)
+        await self._sleep(wait)
 
     def settle(self, estimated: int, actual: int) -> None:
         """Correct the token budget once ``usage`` tells what a request really cost."""
@@ -240,7 +272,7 @@ class RateLimiter:
     def pause(self, seconds: float) -> None:
         """Stop every sender for ``seconds`` (a ``Retry-After``)."""
         self._answered()
-        until = time.monotonic() + seconds
+        until = self._clock() + seconds
         if until > self.paused_until:
             self.paused_until = until
             # Retry-After names when the refused request will be taken: one may go then, the
@@ -296,7 +328,7 @@ class RateLimiter:
             rate, bucket = self.tpm, self.tokens
         assert rate is not None
         if bucket is None:
-            bucket = _TokenBucket(rate, self.burst)
+            bucket = _TokenBucket(rate, self.burst, clock=self._clock)
             # What the server still allows now, less one for safety (an answer in flight may
             # not be counted yet); without the header, start paced: we cannot know.
             allowed = 0.0 if remaining is None else remaining - 1.0
@@ -338,8 +370,9 @@ class SharedQuota:
     handed out in leases (see :class:`LeasedLimiter`). It lives in one process (a Ray actor:
     :class:`llm_ops.ray.Quota`); the others reach it through a :class:`QuotaLink`."""
 
-    def __init__(self, rpm: float | None, tpm: float | None):
-        self.limiter = RateLimiter(rpm=rpm, tpm=tpm)
+    def __init__(self, rpm: float | None, tpm: float | None, *, clock: Clock = time.monotonic):
+        self.limiter = RateLimiter(rpm=rpm, tpm=tpm, clock=clock)
+        self._clock = clock
 
     def limits(self) -> tuple[float | None, float | None]:
         return self.limiter.rpm, self.limiter.tpm
@@ -347,7 +380,7 @@ class SharedQuota:
     def lease(self, requests: int, tokens: int) -> tuple[int, int, float]:
         """Up to ``requests`` requests and ``tokens`` tokens, what the budgets hold now:
         (requests granted, tokens granted, seconds to wait when nothing could be)."""
-        limiter, now = self.limiter, time.monotonic()
+        limiter, now = self.limiter, self._clock()
         if now < limiter.paused_until:
             return 0, 0, limiter.paused_until - now
         per_request, per_token = limiter.requests, limiter.tokens
@@ -395,8 +428,17 @@ class LeasedLimiter(RateLimiter):
     that leases from a :class:`SharedQuota` (through ``quota``) refill instead of time; it
     tells the quota what the endpoint says (limits, ``Retry-After``)."""
 
-    def __init__(self, quota: QuotaLink, *, rpm: float | None, tpm: float | None):
-        super().__init__(rpm=None, tpm=None, slow_start=False)  # the quota paces them all
+    def __init__(
+        self,
+        quota: QuotaLink,
+        *,
+        rpm: float | None,
+        tpm: float | None,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+    ):
+        # the quota paces them all
+        super().__init__(rpm=None, tpm=None, slow_start=False, clock=clock, sleep=sleep)
         self.quota = quota
         self._checked = -CHECK_SECONDS
         self._told: dict[str, str] = {}  # header values the quota has heard
@@ -408,8 +450,9 @@ class LeasedLimiter(RateLimiter):
         too under a tokens-per-minute limit."""
         self.user_rpm, self.user_tpm = rpm, tpm
         limited = rpm is not None or tpm is not None
-        self.requests = (self.requests or _LeasedTokenBucket()) if limited else None
-        self.tokens = (self.tokens or _LeasedTokenBucket()) if tpm is not None else None
+        leased = _LeasedTokenBucket
+        self.requests = (self.requests or leased(clock=self._clock)) if limited else None
+        self.tokens = (self.tokens or leased(clock=self._clock)) if tpm is not None else None
 
     async def admit(self, tokens: int) -> None:
         await self._learn_limits()
@@ -418,7 +461,7 @@ class LeasedLimiter(RateLimiter):
     async def _learn_limits(self) -> None:
         """Ask the quota for the shared limits, at most every :data:`CHECK_SECONDS`, so an
         unlimited process hears of a limit another one learned."""
-        now = time.monotonic()
+        now = self._clock()
         if now - self._checked > CHECK_SECONDS:
             # Each sender asks before it goes: none goes unleased on limits not yet known.
             self._limit(*await self.quota.limits())
@@ -438,7 +481,7 @@ class LeasedLimiter(RateLimiter):
             if self.tokens is not None:
                 self.tokens.level += more_tokens
             if empty_for:
-                await asyncio.sleep(empty_for)
+                await self._sleep(empty_for)
 
     def pause(self, seconds: float) -> None:
         super().pause(seconds)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import io
+import itertools
 import json
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning, _limits
+from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning
 from llm_ops._engine.answers import retry_after
 from llm_ops._limits import RateLimiter, SlowStart, parse_duration
 from llm_ops._progress import TerminalDisplay, resolve_progress
@@ -47,28 +49,92 @@ def test_a_request_rate_limit_fails_no_row(complete, endpoint):
     assert out["completion_status"].to_list() == ["ok"] * 120  # the rate: benchmarks/run.py
 
 
-def test_a_slow_start_doubles_what_it_lets_through():
-    async def scenario() -> float:
-        slow = SlowStart(first=4, doubling=0.05)
-        started = time.monotonic()
-        await asyncio.gather(*(slow.admit() for _ in range(17)))
-        return time.monotonic() - started
+class VirtualTime:
+    """A fake clock for the rate limiter, and the sleep that moves it: time stands still while
+    any task can run, then jumps to the earliest wake-up. What the limiter lets through at
+    what time is then its plan, not how fast a busy machine ran it."""
 
-    assert asyncio.run(scenario()) >= 0.05 * 2  # the 17th went two doublings after the 2nd
+    SETTLE = 20  # loop turns for every task that can run to reach its next wait (a few hops)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._wakeups: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        wakeup = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._wakeups, (self.now + max(seconds, 0.0), next(self._order), wakeup))
+        await wakeup
+
+    def run(self, main):
+        """Run the coroutine ``main`` to its end, moving the clock whenever every task waits."""
+
+        async def drive():
+            task = asyncio.ensure_future(main)
+            while True:
+                for _ in range(self.SETTLE):
+                    await asyncio.sleep(0)
+                if task.done():
+                    return task.result()
+                while self._wakeups and self._wakeups[0][2].done():  # a sleep cancelled
+                    heapq.heappop(self._wakeups)
+                assert self._wakeups, "every task waits on something other than time"
+                self.now = max(self.now, self._wakeups[0][0])
+                while self._wakeups and self._wakeups[0][0] <= self.now:
+                    wakeup = heapq.heappop(self._wakeups)[2]
+                    if not wakeup.done():
+                        wakeup.set_result(None)
+
+        return asyncio.run(drive())
+
+
+def _times_let_through(clock: VirtualTime, admissions) -> list[float]:
+    """The fake times at which each of ``admissions`` (coroutines) was let through."""
+
+    async def stamped(admission) -> float:
+        await admission
+        return clock.now
+
+    async def everyone() -> list[float]:
+        return list(await asyncio.gather(*(stamped(a) for a in admissions)))
+
+    return clock.run(everyone())
+
+
+def test_a_slow_start_doubles_what_it_lets_through():
+    clock = VirtualTime()
+    slow = SlowStart(first=4, doubling=0.05, clock=clock, sleep=clock.sleep)
+    times = _times_let_through(clock, [slow.admit() for _ in range(17)])
+    # the first (the engine's gate sends it alone) and 4 more at once, then 8 by one
+    # doubling, 16 by two
+    let_through_by = [sum(t <= moment + 1e-9 for t in times) for moment in (0.0, 0.05, 0.1)]
+    assert let_through_by == [1 + 4, 1 + 8, 1 + 16]
 
 
 def test_the_first_answer_ends_the_slow_start():
-    async def scenario() -> float:
-        limiter = RateLimiter(rpm=None, tpm=None)
-        limiter.slow_start = SlowStart(first=1, doubling=10.0)
-        started = time.monotonic()
-        waiting = asyncio.gather(*(limiter.admit(1) for _ in range(3)))
-        await asyncio.sleep(0.05)
-        limiter.observe({})  # an answer, whatever it says
-        await waiting
-        return time.monotonic() - started
+    clock = VirtualTime()
+    limiter = RateLimiter(rpm=None, tpm=None, clock=clock, sleep=clock.sleep)
+    limiter.slow_start = SlowStart(first=1, doubling=10.0, clock=clock, sleep=clock.sleep)
 
-    assert asyncio.run(scenario()) < 5
+    async def answer_at_one_second() -> None:
+        await clock.sleep(1.0)
+        limiter.observe({})  # an answer, whatever it says
+
+    admissions = [limiter.admit(1) for _ in range(3)]
+    *times, _ = _times_let_through(clock, [*admissions, answer_at_one_second()])
+    # the third would have waited for its turn until 10 s; the answer at 1 s let it go
+    assert times == [0.0, 0.0, 1.0]
+
+
+def test_a_request_rate_lets_a_burst_through_then_one_request_per_its_share_of_a_minute():
+    clock = VirtualTime()
+    limiter = RateLimiter(rpm=120, tpm=None, burst=1.0, clock=clock, sleep=clock.sleep)
+    times = _times_let_through(clock, [limiter.admit(1) for _ in range(5)])
+    # a burst of one second's worth (two), then one every half second
+    assert times == pytest.approx([0.0, 0.0, 0.5, 1.0, 1.5])
 
 
 def test_a_limit_given_needs_no_slow_start():
@@ -168,14 +234,12 @@ def test_parse_reset_durations(text, seconds):
 
 
 def test_a_pause_holds_every_sender():
-    async def scenario() -> float:
-        limiter = RateLimiter(rpm=None, tpm=None)
-        limiter.pause(0.2)
-        started = time.monotonic()
-        await asyncio.gather(*(limiter.admit(1) for _ in range(3)))
-        return time.monotonic() - started
-
-    assert asyncio.run(scenario()) >= 0.2
+    clock = VirtualTime()
+    limiter = RateLimiter(rpm=None, tpm=None, clock=clock, sleep=clock.sleep)
+    limiter.pause(0.2)
+    times = _times_let_through(clock, [limiter.admit(1) for _ in range(3)])
+    # all at its end, spread over up to 50 ms so they do not come back as one herd
+    assert all(0.2 <= t <= 0.2 + 0.05 for t in times)
 
 
 @pytest.mark.parametrize(("remaining", "level"), [("19", 18.0), (None, 0.0), ("-3", 0.0)])
@@ -204,26 +268,19 @@ def _answer_headers(endpoint) -> dict[str, str]:
         return {k.lower(): v for k, v in refused.headers.items()}
 
 
-def test_after_a_429_the_next_request_goes_when_retry_after_says(endpoint, monkeypatch):
+def test_after_a_429_the_next_request_goes_when_retry_after_says(endpoint):
     endpoint.configure(rpm=60, rate_window=1.0)  # a budget of one request
     answered, refused = _answer_headers(endpoint), _answer_headers(endpoint)
     wait = retry_after(refused)
     assert answered["x-ratelimit-remaining-requests"] == "0" and wait is not None
-    # The limiter's clock is a counter its sleeps advance: what it plans, not what it takes.
-    clock = SimpleNamespace(now=0.0)
-
-    async def sleep(seconds: float) -> None:
-        clock.now += seconds
-
-    monkeypatch.setattr(_limits, "time", SimpleNamespace(monotonic=lambda: clock.now))
-    monkeypatch.setattr(_limits, "asyncio", SimpleNamespace(sleep=sleep))
-    limiter = RateLimiter(rpm=None, tpm=None)
+    clock = VirtualTime()  # what the limiter plans, not what a busy machine takes
+    limiter = RateLimiter(rpm=None, tpm=None, clock=clock, sleep=clock.sleep)
     limiter.observe(answered)
     limiter.observe(refused)
     limiter.pause(wait)  # as the dispatcher does for a 429 with Retry-After
-    asyncio.run(limiter.admit(1))
+    [went] = _times_let_through(clock, [limiter.admit(1)])
     # Up to 50 ms spread the restart of paused senders; not a second request's time more.
-    assert wait <= clock.now <= wait + 0.05 + 1e-9
+    assert wait <= went <= wait + 0.05 + 1e-9
 
 
 JOB = """
