@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from .._cache import Cache
+from .._client import Client
 from .._options import Job
 from .._outcome import Counters
 from .._report import (
@@ -61,8 +61,9 @@ class Reports:
     """One expression's batch reports: added up for :func:`last_report`, and recorded in
     ``llm_runs``."""
 
-    def __init__(self, cache: Cache | None):
-        self.cache = cache
+    def __init__(self, client: Client):
+        self.client = client
+        self.cache = client.cache
         self.run_id = uuid.uuid4().hex[:12]
         self.total: RunReport | None = None
         self._pending: list[RunReport] = []
@@ -72,6 +73,9 @@ class Reports:
         # held while a record is written: the exit waits for one under way on the timer's
         # (daemon) thread, which the interpreter would otherwise stop inside DuckDB
         self._recording = threading.Lock()
+        # Remembered where the expression is made, in the caller's thread or task: Polars may
+        # run its batches on threads of its own, whose context the caller never reads.
+        remember_latest(lambda: self.total, client)
 
     def so_far(self, job: Job) -> RunReport:
         """Every batch's report added up (no rows yet: an empty report of ``job``)."""
@@ -84,8 +88,9 @@ class Reports:
         with self._lock:
             both = [report] if self.total is None else [self.total, report]
             self.total = dataclasses.replace(added_up(both), run_id=self.run_id)
-            # held: the expression itself is gone once its query ran
-            remember_latest(lambda: self.total)
+            # held: the expression itself is gone once its query ran; and remembered on the
+            # thread Polars runs the batch on too (often the caller's)
+            remember_latest(lambda: self.total, self.client)
             if self.cache is None:
                 return
             self._pending.append(report)
