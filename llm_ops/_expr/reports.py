@@ -30,9 +30,16 @@ _unrecorded: weakref.WeakSet[Reports] = weakref.WeakSet()
 
 
 def last_report() -> RunReport | None:
-    """The report of the ``llm`` expression (or ``llm_filter``, ``llm_classify``,
-    ``llm_extract``, or ``llm_complete`` of a LazyFrame) that ran last in this process: every
-    batch it answered so far, added up; ``None`` before any has run.
+    """The report of the job that ran last in this thread or asyncio task; ``None`` before
+    any has.
+
+    Every job counts: ``llm_complete`` (and :meth:`Client.complete <llm_ops.Client.complete>`),
+    ``llm_filter``, ``llm_classify``, ``llm_extract``, and an ``llm`` expression: every batch
+    it answered so far, added up. A LazyFrame's job and an expression belong to the thread or
+    task that made them, wherever Polars runs them. Each thread has its own last report, and
+    each asyncio task starts from its creator's and keeps its own jobs' to itself, so jobs
+    running side by side never read each other's; :meth:`Client.last_report
+    <llm_ops.Client.last_report>` is the same, of one client's jobs.
 
     A failed row is null in an expression's plain form; this report's ``statuses`` and
     ``failed_rows`` say how many there were (``with_status=True`` says which). The same
