@@ -87,6 +87,11 @@ class Client:
     them on, and send their requests through the same engine, on this loop. Use it as a
     context manager, or call :meth:`close`.
 
+    Every operator is a method of it (:meth:`complete`, :meth:`embed`, :meth:`filter`,
+    :meth:`classify`, :meth:`extract`, :meth:`estimate`), and every operator function takes
+    ``client=`` to run on it: both are one way to run a job. :meth:`last_report` is the
+    report of its last job in the calling thread or asyncio task.
+
     Parameters
     ----------
     **options

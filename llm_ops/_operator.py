@@ -187,7 +187,12 @@ def llm_complete(
         ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
         on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
     return_report
-        Return ``(frame, RunReport)`` instead of the frame alone.
+        Return ``(frame, RunReport)`` instead of the frame alone. Either way the report is
+        :func:`llm_ops.last_report` afterwards, in this thread or asyncio task.
+    client
+        A :class:`~llm_ops.Client` to run on (its engine, cache and limits), instead of one
+        made for the call from ``endpoint``, ``cache``, ``concurrency``, ``retries`` and
+        ``rate_limit``, which are then left out: the client has them.
 
     Examples
     --------
@@ -352,7 +357,7 @@ def llm_embed(
         Ask the endpoint for vectors of this size (part of the cache key).
     inputs_per_request
         Inputs per request.
-    endpoint, cache, concurrency, retries, rate_limit, on_error, progress
+    endpoint, cache, concurrency, retries, rate_limit, on_error, progress, client
         As for :func:`llm_ops.llm_complete`.
 
     Examples
@@ -458,11 +463,10 @@ def estimate(
 
     Takes exactly what :func:`~llm_ops.llm_complete` takes (transport options such as
     ``concurrency`` are ignored, and no API key is needed), so the same keyword arguments
-    price the job that ``llm_complete`` would run; cache hits are counted against the cache,
-    which is read but never created. For a cascade (``model=[small, large]``) the counts are
-    the first model's,
-    and the cost range runs from every row answered by the first model to every row sent to
-    every model.
+    price the job that ``llm_complete`` would run (``client=`` too: its endpoint and cache);
+    cache hits are counted against the cache, which is read but never created. For a cascade
+    (``model=[small, large]``) the counts are the first model's, and the cost range runs from
+    every row answered by the first model to every row sent to every model.
 
     Examples
     --------

@@ -150,3 +150,9 @@ def test_expressions_run_on_polars_threads_report_to_the_thread_that_made_them(e
     thread.start()
     thread.join()
     assert seen == [3]
+
+
+def test_estimate_counts_the_cache_of_the_client_given(client):
+    client.complete(_texts(2), "{text}", model="sim")
+    plan = llm_ops.estimate(_texts(3), "{text}", model="sim", client=client)
+    assert (plan.cache_hits, plan.requests) == (2, 1)
