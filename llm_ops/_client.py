@@ -9,7 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, overload
+from typing import Any, ClassVar, Generic, Literal, TypeVar, Unpack, cast, overload
 
 import polars as pl
 import pyarrow as pa
@@ -21,12 +21,15 @@ from ._failures import warn_columns, warn_report
 from ._frames import Frame, PolarsFrame, same_kind, schema_of, to_polars
 from ._limits import LeasedLimiter, QuotaLink
 from ._options import (
+    AskOptions,
     CallOptions,
     ClientOptions,
     Columns,
     Job,
     ModelOption,
+    RequestOptions,
     ResultOptions,
+    SchemaOption,
     check_embedding,
     check_job,
     make_job,
@@ -40,12 +43,36 @@ from ._pipeline.embed import embed_frame
 from ._pipeline.estimate import Estimate, estimate_frame
 from ._pipeline.run import run_frame
 from ._progress import resolve_progress
-from ._report import RunReport, remember_latest
+from ._report import RunReport, latest, remember_latest
 from ._signals import graceful_sigterm, stopping_gently
 from ._spec import EmbeddingSpec, Limits, RateLimit, Retries, endpoint_of
 from .exceptions import ConfigError
 
 T = TypeVar("T")
+
+SemanticOperator = Callable[..., Any]
+_semantic_operators: dict[str, SemanticOperator] = {}
+
+
+def provide_semantic_operators(**operators: SemanticOperator) -> None:
+    """Give :class:`Client` the frame operators its :meth:`~Client.filter`,
+    :meth:`~Client.classify` and :meth:`~Client.extract` run: ``llm_filter`` and the others
+    live a layer above the client (on the ``llm`` expressions), which ``import llm_ops``
+    loads, and provides them from there."""
+    _semantic_operators.update(operators)
+
+
+def given_client(client: object, made: Mapping[str, object]) -> Client:
+    """``client`` as an operator's ``client=`` gives it: a :class:`Client`, given without the
+    options a client is made with (``made``), which it already has."""
+    if not isinstance(client, Client):
+        raise ConfigError(f"client must be an llm_ops.Client, got {type(client).__name__}")
+    if made:
+        raise ConfigError(
+            f"pass either client= or the client's options ({', '.join(sorted(made))}), "
+            "not both: a Client keeps the options it was made with"
+        )
+    return client
 
 
 class Client:
@@ -59,6 +86,11 @@ class Client:
     and async callers; the ``llm`` expressions given ``client=`` run on the thread Polars calls
     them on, and send their requests through the same engine, on this loop. Use it as a
     context manager, or call :meth:`close`.
+
+    Every operator is a method of it (:meth:`complete`, :meth:`embed`, :meth:`filter`,
+    :meth:`classify`, :meth:`extract`, :meth:`estimate`), and every operator function takes
+    ``client=`` to run on it: both are one way to run a job. :meth:`last_report` is the
+    report of its last job in the calling thread or asyncio task.
 
     Parameters
     ----------
@@ -198,10 +230,22 @@ class Client:
         **options: Unpack[CallOptions],
     ) -> Frame | tuple[Frame, RunReport]:
         """:func:`llm_ops.llm_complete` on this client (same arguments but the client's)."""
+        return self._complete_any(df, prompt, model, return_report, options)
+
+    def _complete_any(
+        self,
+        df: Frame,
+        prompt: str,
+        model: ModelOption,
+        return_report: bool,
+        options: CallOptions,
+    ) -> Frame | tuple[Frame, RunReport]:
+        """:meth:`complete`, whichever ``return_report`` (for the operators that pass theirs
+        on)."""
         if isinstance(df, pl.LazyFrame):
             return self._complete_later(df, prompt, model, return_report, options)
         result, report = self.run(self._complete(df, prompt, model, options))
-        warn_failed_rows(report, options)
+        self._finished(report, options)
         return (result, report) if return_report else result
 
     @overload
@@ -259,11 +303,34 @@ class Client:
         **options: Unpack[CallOptions],
     ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete` for code already running in an event loop."""
+        return await self._complete_any_async(df, prompt, model, return_report, options)
+
+    async def _complete_any_async(
+        self,
+        df: Frame,
+        prompt: str,
+        model: ModelOption,
+        return_report: bool,
+        options: CallOptions,
+    ) -> Frame | tuple[Frame, RunReport]:
+        """:meth:`complete_async`, whichever ``return_report``."""
         if isinstance(df, pl.LazyFrame):
             return self._complete_later(df, prompt, model, return_report, options)
         result, report = await self.run_async(self._complete(df, prompt, model, options))
-        warn_failed_rows(report, options)
+        self._finished(report, options)
         return (result, report) if return_report else result
+
+    def _finished(self, report: RunReport, options: CallOptions) -> None:
+        """What a finished completion job leaves: its report, the last one of the caller's
+        thread or task (here, not on the client's loop, so each caller sees its own), and the
+        warning of its failed rows."""
+        remember_latest(lambda: report, self)
+        warn_failed_rows(report, options)
+
+    def last_report(self) -> RunReport | None:
+        """The report of the job that ran last on this client in this thread or asyncio task
+        (as :func:`llm_ops.last_report`, but of this client's jobs only); ``None``: none yet."""
+        return latest(self)
 
     def _complete_later(
         self,
@@ -282,6 +349,7 @@ class Client:
             return_report,
             options,
             send=lambda frame: self.run(self._complete(frame, prompt, model, options)),
+            client=self,
         )
 
     async def _complete(
@@ -354,6 +422,258 @@ class Client:
         warn_columns(added, columns.status, columns.error, f"the {columns.error!r} column")
         result: Frame = same_kind(df, frame.hstack(added.get_columns()))
         return result
+
+    # -- semantic operators -----------------------------------------------------------------
+
+    @overload
+    def filter(
+        self,
+        df: Frame,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[False] = ...,
+        **options: Unpack[RequestOptions],
+    ) -> Frame: ...
+    @overload
+    def filter(
+        self,
+        df: Frame,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: Literal[True],
+        **options: Unpack[RequestOptions],
+    ) -> tuple[Frame, RunReport]: ...
+    def filter(
+        self,
+        df: Frame,
+        /,
+        prompt: str,
+        *,
+        model: ModelOption,
+        return_report: bool = False,
+        **options: Unpack[RequestOptions],
+    ) -> Frame | tuple[Frame, RunReport]:
+        """:func:`llm_ops.llm_filter` on this client: keep the rows for which the model
+        answers yes to ``prompt``.
+
+        Parameters
+        ----------
+        df
+            A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+        prompt
+            A yes/no question as a template over the columns: ``"Is {text} about shipping?"``.
+        model
+            Model name, or a cascade.
+        return_report
+            Return ``(frame, RunReport)``; not for a LazyFrame (see :meth:`last_report`).
+        **options
+            As for :func:`llm_ops.llm_filter`, but the client's own (``endpoint``, ``cache``,
+            ...), which it was made with.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> from llm_ops import Client
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> reviews = pl.DataFrame({"text": ["Shipping was slow", "Love the colour",
+        ...                                  "Never arrived"]})
+        >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url,
+        ...                                          cache=False) as client:
+        ...     late = client.filter(reviews, "Is this review about shipping? {text}",
+        ...                          model="sim")
+        >>> late["text"].to_list()
+        ['Shipping was slow', 'Never arrived']
+        """
+        return cast(
+            "Frame | tuple[Frame, RunReport]",
+            _semantic_operators["filter"](
+                df, prompt, model=model, return_report=return_report, client=self, **options
+            ),
+        )
+
+    @overload
+    def classify(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        labels: Sequence[str],
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "label",
+        return_report: Literal[False] = ...,
+        **options: Unpack[RequestOptions],
+    ) -> Frame: ...
+    @overload
+    def classify(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        labels: Sequence[str],
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "label",
+        return_report: Literal[True],
+        **options: Unpack[RequestOptions],
+    ) -> tuple[Frame, RunReport]: ...
+    def classify(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        labels: Sequence[str],
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "label",
+        return_report: bool = False,
+        **options: Unpack[RequestOptions],
+    ) -> Frame | tuple[Frame, RunReport]:
+        """:func:`llm_ops.llm_classify` on this client: classify ``column`` as one of
+        ``labels``, an ``Enum`` column with status and error.
+
+        Parameters
+        ----------
+        df
+            A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+        column
+            The text to classify.
+        labels
+            The label names, each once.
+        model
+            Model name, or a cascade.
+        prompt
+            A template over the columns; by default one naming the labels.
+        output
+            Name of the label column; the others are named after it.
+        return_report, **options
+            As for :meth:`filter`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> from llm_ops import Client
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> reviews = pl.DataFrame({"text": ["Shipping was slow", "Lovely fabric"]})
+        >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url,
+        ...                                          cache=False) as client:
+        ...     topics = client.classify(reviews, "text", ["shipping", "product"], model="sim")
+        >>> topics["label"].to_list()
+        ['shipping', 'product']
+        """
+        return cast(
+            "Frame | tuple[Frame, RunReport]",
+            _semantic_operators["classify"](
+                df,
+                column,
+                labels,
+                model=model,
+                prompt=prompt,
+                output=output,
+                return_report=return_report,
+                client=self,
+                **options,
+            ),
+        )
+
+    @overload
+    def extract(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        schema: SchemaOption,
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "extracted",
+        return_report: Literal[False] = ...,
+        **options: Unpack[AskOptions],
+    ) -> Frame: ...
+    @overload
+    def extract(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        schema: SchemaOption,
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "extracted",
+        return_report: Literal[True],
+        **options: Unpack[AskOptions],
+    ) -> tuple[Frame, RunReport]: ...
+    def extract(
+        self,
+        df: Frame,
+        /,
+        column: str,
+        schema: SchemaOption,
+        *,
+        model: ModelOption,
+        prompt: str | None = None,
+        output: str = "extracted",
+        return_report: bool = False,
+        **options: Unpack[AskOptions],
+    ) -> Frame | tuple[Frame, RunReport]:
+        """:func:`llm_ops.llm_extract` on this client: extract the fields of ``schema`` from
+        ``column``, a ``Struct`` column with status and error.
+
+        Parameters
+        ----------
+        df
+            A Polars DataFrame or LazyFrame, or a pyarrow Table; the result is of the same kind.
+        column
+            The text to extract from.
+        schema
+            A pydantic model class or a JSON schema dict of an object.
+        model
+            Model name, or a cascade.
+        prompt
+            A template over the columns; by default one asking for the schema's fields.
+        output
+            Name of the struct column; the others are named after it.
+        return_report, **options
+            As for :meth:`filter`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> from pydantic import BaseModel
+        >>> from llm_ops import Client
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> class Order(BaseModel):
+        ...     item: str
+        ...     quantity: int
+        >>> notes = pl.DataFrame({"text": ["two red scarves"]})
+        >>> with LocalEndpoint() as endpoint, Client(endpoint=endpoint.base_url,
+        ...                                          cache=False) as client:
+        ...     orders = client.extract(notes, "text", Order, model="sim")
+        >>> orders["extracted_status"].to_list()
+        ['ok']
+        """
+        return cast(
+            "Frame | tuple[Frame, RunReport]",
+            _semantic_operators["extract"](
+                df,
+                column,
+                schema,
+                model=model,
+                prompt=prompt,
+                output=output,
+                return_report=return_report,
+                client=self,
+                **options,
+            ),
+        )
 
     def _job(
         self,
@@ -629,18 +949,25 @@ def complete_later(
     options: CallOptions,
     *,
     send: Callable[[pl.DataFrame], tuple[pl.DataFrame, RunReport]],
+    client: Client | None = None,
 ) -> pl.LazyFrame:
     """A completion of a LazyFrame, ``job`` already checked against its schema: ``send``
-    answers the collected frame (its report is then :func:`llm_ops.last_report`)."""
+    answers the collected frame (its report is then :func:`llm_ops.last_report`, and
+    ``client``'s :meth:`~Client.last_report`)."""
     if return_report:
         raise ConfigError(
             "return_report=True needs an eager frame: a LazyFrame is answered when it is "
             "collected; then read llm_ops.last_report()"
         )
+    reports: list[RunReport] = []
+    # Remembered here, in the thread or task that made the frame: Polars may collect it on a
+    # thread of its own, whose context the caller never reads.
+    remember_latest(lambda: reports[-1] if reports else None, client)
 
     def run(frame: pl.DataFrame) -> pl.DataFrame:
         result, report = send(frame)
-        remember_latest(lambda: report)
+        reports[:] = [report]
+        remember_latest(lambda: report, client)  # and where it ran (often the same thread)
         warn_failed_rows(report, options)
         return result
 

@@ -13,7 +13,7 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from ._client import Client, complete_later, embed_later, warn_failed_rows
+from ._client import Client, complete_later, embed_later, given_client
 from ._frames import Frame, PolarsFrame
 from ._options import (
     EmbedOptions,
@@ -36,6 +36,7 @@ def llm_complete(
     *,
     model: ModelOption,
     return_report: Literal[False] = ...,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> PolarsFrame: ...
 @overload
@@ -46,6 +47,7 @@ def llm_complete(
     *,
     model: ModelOption,
     return_report: Literal[True],
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> tuple[PolarsFrame, RunReport]: ...
 @overload
@@ -56,6 +58,7 @@ def llm_complete(
     *,
     model: ModelOption,
     return_report: Literal[False] = ...,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> pa.Table: ...
 @overload
@@ -66,6 +69,7 @@ def llm_complete(
     *,
     model: ModelOption,
     return_report: Literal[True],
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> tuple[pa.Table, RunReport]: ...
 def llm_complete(
@@ -75,6 +79,7 @@ def llm_complete(
     *,
     model: ModelOption,
     return_report: bool = False,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> Frame | tuple[Frame, RunReport]:
     """Run a prompt over every row and add the answers as new columns.
@@ -182,7 +187,12 @@ def llm_complete(
         ``None`` shows a progress line when stderr is a terminal; ``True``/``False`` force it
         on/off; a callable receives a :class:`~llm_ops.Progress` about twice a second.
     return_report
-        Return ``(frame, RunReport)`` instead of the frame alone.
+        Return ``(frame, RunReport)`` instead of the frame alone. Either way the report is
+        :func:`llm_ops.last_report` afterwards, in this thread or asyncio task.
+    client
+        A :class:`~llm_ops.Client` to run on (its engine, cache and limits), instead of one
+        made for the call from ``endpoint``, ``cache``, ``concurrency``, ``retries`` and
+        ``rate_limit``, which are then left out: the client has them.
 
     Examples
     --------
@@ -207,13 +217,13 @@ def llm_complete(
     >>> out["completion"][0]
     'sim #a9d110f4: Summarize: Lovely dress'
     """
+    made, call = split_options(options)
+    if client is not None:
+        return given_client(client, made)._complete_any(df, prompt, model, return_report, call)
     if isinstance(df, pl.LazyFrame):
         return _complete_later(df, prompt, model, return_report, options)
-    made, call = split_options(options)
-    with Client(**made) as client:
-        result, report = client.run(client._complete(df, prompt, model, call))
-    warn_failed_rows(report, call)
-    return (result, report) if return_report else result
+    with Client(**made) as own:
+        return own._complete_any(df, prompt, model, return_report, call)
 
 
 @overload
@@ -224,6 +234,7 @@ async def llm_complete_async(
     *,
     model: ModelOption,
     return_report: Literal[False] = ...,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> PolarsFrame: ...
 @overload
@@ -234,6 +245,7 @@ async def llm_complete_async(
     *,
     model: ModelOption,
     return_report: Literal[True],
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> tuple[PolarsFrame, RunReport]: ...
 @overload
@@ -244,6 +256,7 @@ async def llm_complete_async(
     *,
     model: ModelOption,
     return_report: Literal[False] = ...,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> pa.Table: ...
 @overload
@@ -254,6 +267,7 @@ async def llm_complete_async(
     *,
     model: ModelOption,
     return_report: Literal[True],
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> tuple[pa.Table, RunReport]: ...
 async def llm_complete_async(
@@ -263,20 +277,22 @@ async def llm_complete_async(
     *,
     model: ModelOption,
     return_report: bool = False,
+    client: Client | None = None,
     **options: Unpack[Options],
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments (a
     LazyFrame stays lazy: its requests are made when it is collected)."""
+    made, call = split_options(options)
+    if client is not None:
+        on_client = given_client(client, made)
+        return await on_client._complete_any_async(df, prompt, model, return_report, call)
     if isinstance(df, pl.LazyFrame):
         return _complete_later(df, prompt, model, return_report, options)
-    made, call = split_options(options)
-    client = Client(**made)
+    own = Client(**made)
     try:
-        result, report = await client.run_async(client._complete(df, prompt, model, call))
+        return await own._complete_any_async(df, prompt, model, return_report, call)
     finally:
-        client.close()
-    warn_failed_rows(report, call)
-    return (result, report) if return_report else result
+        own.close()
 
 
 @overload
@@ -289,6 +305,7 @@ def llm_embed(
     output: str = "embedding",
     dimensions: int | None = None,
     inputs_per_request: int = 256,
+    client: Client | None = None,
     **options: Unpack[EmbedOptions],
 ) -> PolarsFrame: ...
 @overload
@@ -301,6 +318,7 @@ def llm_embed(
     output: str = "embedding",
     dimensions: int | None = None,
     inputs_per_request: int = 256,
+    client: Client | None = None,
     **options: Unpack[EmbedOptions],
 ) -> pa.Table: ...
 def llm_embed(
@@ -312,6 +330,7 @@ def llm_embed(
     output: str = "embedding",
     dimensions: int | None = None,
     inputs_per_request: int = 256,
+    client: Client | None = None,
     **options: Unpack[EmbedOptions],
 ) -> Frame:
     """Add an embedding of ``column`` to every row, as a fixed-size ``Float32`` array column.
@@ -338,7 +357,7 @@ def llm_embed(
         Ask the endpoint for vectors of this size (part of the cache key).
     inputs_per_request
         Inputs per request.
-    endpoint, cache, concurrency, retries, rate_limit, on_error, progress
+    endpoint, cache, concurrency, retries, rate_limit, on_error, progress, client
         As for :func:`llm_ops.llm_complete`.
 
     Examples
@@ -353,11 +372,12 @@ def llm_embed(
     >>> out.schema["embedding"], out["embedding_status"].to_list()
     (Array(Float32, shape=(8,)), ['ok', 'skipped'])
     """
-    if isinstance(df, pl.LazyFrame):
-        return _embed_later(df, column, model, output, dimensions, inputs_per_request, options)
     made, call = split_options(options)
-    with Client(**made) as client:
-        result: Frame = client.embed(
+    if client is None and isinstance(df, pl.LazyFrame):
+        return _embed_later(df, column, model, output, dimensions, inputs_per_request, options)
+    runner = Client(**made) if client is None else given_client(client, made)
+    try:
+        result: Frame = runner.embed(
             df,
             column=column,
             model=model,
@@ -366,6 +386,9 @@ def llm_embed(
             inputs_per_request=inputs_per_request,
             **cast(ResultOptions, call),
         )
+    finally:
+        if client is None:  # a client of its own, made for this call
+            runner.close()
     return result
 
 
@@ -428,17 +451,22 @@ def _embed_later(
 
 
 def estimate(
-    df: Any, /, prompt: str, *, model: ModelOption, **options: Unpack[Options]
+    df: Any,
+    /,
+    prompt: str,
+    *,
+    model: ModelOption,
+    client: Client | None = None,
+    **options: Unpack[Options],
 ) -> Estimate:
     """Plan a :func:`~llm_ops.llm_complete` job and price it; nothing is sent.
 
     Takes exactly what :func:`~llm_ops.llm_complete` takes (transport options such as
     ``concurrency`` are ignored, and no API key is needed), so the same keyword arguments
-    price the job that ``llm_complete`` would run; cache hits are counted against the cache,
-    which is read but never created. For a cascade (``model=[small, large]``) the counts are
-    the first model's,
-    and the cost range runs from every row answered by the first model to every row sent to
-    every model.
+    price the job that ``llm_complete`` would run (``client=`` too: its endpoint and cache);
+    cache hits are counted against the cache, which is read but never created. For a cascade
+    (``model=[small, large]``) the counts are the first model's, and the cost range runs from
+    every row answered by the first model to every row sent to every model.
 
     Examples
     --------
@@ -455,6 +483,8 @@ def estimate(
     (True, True)
     """
     made, call = split_options(options)
+    if client is not None:
+        return given_client(client, made).estimate(df, prompt=prompt, model=model, **call)
     # Nothing is sent, so no key is needed; the endpoint still names the cache keys.
     endpoint = endpoint_of(made.get("endpoint"))
     if endpoint.api_key is None and not os.environ.get("OPENAI_API_KEY"):

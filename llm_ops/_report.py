@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -428,17 +430,40 @@ def dollars(amount: float | None) -> str:
     return f"${amount:,.4f}" if round(amount, 4) else "$0.0000"  # never "$-0.0000"
 
 
-_latest: Callable[[], RunReport | None] | None = None
+@dataclass(frozen=True)
+class _Latest:
+    """The last report of one thread or task, of any job and of each client's jobs: never
+    changed once set, so a task that copied its context is not changed by its parent's jobs."""
+
+    report: Callable[[], RunReport | None] | None = None
+    by_client: Mapping[weakref.ref[object], Callable[[], RunReport | None]] = field(
+        default_factory=dict
+    )
 
 
-def remember_latest(report: Callable[[], RunReport | None]) -> None:
-    """Make ``report`` what :func:`llm_ops.last_report` gives from now on: a run whose report
-    cannot be returned (an ``llm`` expression, adding up its batches as they come; a LazyFrame's
-    job, run when it is collected)."""
-    global _latest
-    _latest = report
+# A context variable, not a global: each thread has a context of its own, and each asyncio task
+# a copy of its creator's, so two jobs running side by side never see each other's report.
+_LATEST: ContextVar[_Latest | None] = ContextVar("llm_ops_last_report", default=None)
 
 
-def latest() -> RunReport | None:
-    """The report :func:`remember_latest` was given last (``None``: none yet)."""
-    return None if _latest is None else _latest()
+def remember_latest(report: Callable[[], RunReport | None], client: object = None) -> None:
+    """Make ``report`` what :func:`llm_ops.last_report` gives in this thread or task from now
+    on, and what ``client.last_report()`` gives there (``client``: the client the job ran on).
+
+    A getter, so a run whose report grows as it goes (an ``llm`` expression, adding up its
+    batches; a LazyFrame's job, run when it is collected) is read as it is when asked."""
+    now = _LATEST.get() or _Latest()
+    # clients closed and gone are dropped, so a thread calling llm_complete again and again
+    # (a client each) keeps only the reports of the clients still alive
+    by_client = {key: got for key, got in now.by_client.items() if key() is not None}
+    if client is not None:
+        by_client[weakref.ref(client)] = report
+    _LATEST.set(_Latest(report, by_client))
+
+
+def latest(client: object = None) -> RunReport | None:
+    """The report :func:`remember_latest` was given last in this thread or task (of a job on
+    ``client``, when given); ``None``: none yet."""
+    now = _LATEST.get() or _Latest()
+    report = now.report if client is None else now.by_client.get(weakref.ref(client))
+    return None if report is None else report()

@@ -165,7 +165,7 @@ class ExprBatchFunction:
         self.on_error = options.get("on_error", "null")
         if self.on_error not in ("null", "raise"):
             raise ConfigError(f"on_error must be 'null' or 'raise', got {self.on_error!r}")
-        self.reports = Reports(client.cache)
+        self.reports = Reports(client)
         self._memo: pl.DataFrame | None = None  # without a cache: what earlier batches got
         self.warned = False  # a RowsFailedWarning was given for a batch
 

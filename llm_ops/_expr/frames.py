@@ -16,7 +16,7 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from .._client import Client
+from .._client import Client, provide_semantic_operators
 from .._frames import Frame, PolarsFrame, from_arrow, schema_of
 from .._options import Cascade, ModelOption, SchemaOption
 from .._report import RunReport
@@ -493,3 +493,6 @@ def _returned(
             "collected; then read llm_ops.last_report()"
         )
     return result, batches.report()
+
+
+provide_semantic_operators(filter=llm_filter, classify=llm_classify, extract=llm_extract)

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from .._cache import Cache
+from .._client import Client
 from .._options import Job
 from .._outcome import Counters
 from .._report import (
@@ -30,9 +30,16 @@ _unrecorded: weakref.WeakSet[Reports] = weakref.WeakSet()
 
 
 def last_report() -> RunReport | None:
-    """The report of the ``llm`` expression (or ``llm_filter``, ``llm_classify``,
-    ``llm_extract``, or ``llm_complete`` of a LazyFrame) that ran last in this process: every
-    batch it answered so far, added up; ``None`` before any has run.
+    """The report of the job that ran last in this thread or asyncio task; ``None`` before
+    any has.
+
+    Every job counts: ``llm_complete`` (and :meth:`Client.complete <llm_ops.Client.complete>`),
+    ``llm_filter``, ``llm_classify``, ``llm_extract``, and an ``llm`` expression: every batch
+    it answered so far, added up. A LazyFrame's job and an expression belong to the thread or
+    task that made them, wherever Polars runs them. Each thread has its own last report, and
+    each asyncio task starts from its creator's and keeps its own jobs' to itself, so jobs
+    running side by side never read each other's; :meth:`Client.last_report
+    <llm_ops.Client.last_report>` is the same, of one client's jobs.
 
     A failed row is null in an expression's plain form; this report's ``statuses`` and
     ``failed_rows`` say how many there were (``with_status=True`` says which). The same
@@ -61,8 +68,9 @@ class Reports:
     """One expression's batch reports: added up for :func:`last_report`, and recorded in
     ``llm_runs``."""
 
-    def __init__(self, cache: Cache | None):
-        self.cache = cache
+    def __init__(self, client: Client):
+        self.client = client
+        self.cache = client.cache
         self.run_id = uuid.uuid4().hex[:12]
         self.total: RunReport | None = None
         self._pending: list[RunReport] = []
@@ -72,6 +80,9 @@ class Reports:
         # held while a record is written: the exit waits for one under way on the timer's
         # (daemon) thread, which the interpreter would otherwise stop inside DuckDB
         self._recording = threading.Lock()
+        # Remembered where the expression is made, in the caller's thread or task: Polars may
+        # run its batches on threads of its own, whose context the caller never reads.
+        remember_latest(lambda: self.total, client)
 
     def so_far(self, job: Job) -> RunReport:
         """Every batch's report added up (no rows yet: an empty report of ``job``)."""
@@ -84,8 +95,9 @@ class Reports:
         with self._lock:
             both = [report] if self.total is None else [self.total, report]
             self.total = dataclasses.replace(added_up(both), run_id=self.run_id)
-            # held: the expression itself is gone once its query ran
-            remember_latest(lambda: self.total)
+            # held: the expression itself is gone once its query ran; and remembered on the
+            # thread Polars runs the batch on too (often the caller's)
+            remember_latest(lambda: self.total, self.client)
             if self.cache is None:
                 return
             self._pending.append(report)

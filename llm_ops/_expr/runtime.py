@@ -35,12 +35,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .._cache import cache_of
-from .._client import Client
+from .._client import Client, given_client
 from .._journal import JournalWriter
 from .._options import ClientOptions
 from .._pipeline.backend import Backend
 from .._signals import graceful_sigterm
-from ..exceptions import ConfigError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -55,14 +54,7 @@ def client_for(client: Client | None, made: ClientOptions) -> Client:
     environment), so every batch and every expression with the same options share one pool,
     one rate limiter and what was learned about the endpoint."""
     if client is not None:
-        if not isinstance(client, Client):
-            raise ConfigError(f"client must be an llm_ops.Client, got {type(client).__name__}")
-        if made:
-            raise ConfigError(
-                f"pass either client= or the client's options ({', '.join(sorted(made))}), "
-                "not both: a Client keeps the options it was made with"
-            )
-        return client
+        return given_client(client, made)
     cache = cache_of(made.get("cache"))
     key = (
         tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
