@@ -243,6 +243,7 @@ async def _send(
             budget=budget,
             # a row an earlier model of a cascade refuses goes on to the next one
             stop_when_refused_alike=spec.model == job.models[-1],
+            cached=backend.cache is not None,
         )
     tracker = Tracker(
         rows=rows,

@@ -88,7 +88,9 @@ async def embed_distinct(
         hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
     misses = distinct.join(hits.select("key"), on="key", how="anti")
 
-    dispatcher = EmbeddingDispatcher(backend.engine, model=spec.model, params=spec.params)
+    dispatcher = EmbeddingDispatcher(
+        backend.engine, model=spec.model, params=spec.params, cached=backend.cache is not None
+    )
     total = rows if rows is not None else int(distinct["rows"].sum())
     tracker = Tracker(
         rows=total,
