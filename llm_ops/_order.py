@@ -33,6 +33,8 @@ from typing import Literal, get_args
 
 import polars as pl
 
+from ._in_place import in_place
+
 SendOrder = Literal["prefix", "input"]
 SEND_ORDERS: tuple[str, ...] = get_args(SendOrder)
 LANES = 64
@@ -40,6 +42,7 @@ LANES = 64
 requests in flight (a live dispatch passes its concurrency)."""
 
 
+@in_place
 def send_order(misses: pl.DataFrame, order: SendOrder, *, lanes: int = LANES) -> pl.DataFrame:
     """``misses`` (``REQUESTS``: key, system, prompt, rows) in the order to send them.
 

@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from .. import _limits
+from .._in_place import in_place
 from .._journal import JournalWriter
 from ..exceptions import CacheError, ConfigError
 from . import _admin, _connection, _nearest, _reads, _writes
@@ -90,6 +91,7 @@ def _within_limit(seconds: float, given: object) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+@in_place
 class Cache:
     """One cache database file and its journal, the face every stage talks to.
 

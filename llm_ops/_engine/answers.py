@@ -122,9 +122,16 @@ def rejection_hint(message: str) -> str:
     )
 
 
-def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple[str, str | None]:
+def refusal(
+    status: int,
+    payload: bytes,
+    secrets: Sequence[str | None],
+    *,
+    kept: str = "answers so far are cached",
+) -> tuple[str, str | None]:
     """An error answer's one-line message, and, when it refuses the whole job (the
-    credentials, an empty quota), why the job stops; else ``None``."""
+    credentials, an empty quota), why the job stops; else ``None``. ``kept`` says what
+    became of the answers so far (the cache is off: they are not kept)."""
     error = error_body(payload)
     message = one_line(
         redact(f"HTTP {status}: {error.get('message') or preview(payload)}", *secrets)
@@ -138,7 +145,7 @@ def refusal(status: int, payload: bytes, secrets: Sequence[str | None]) -> tuple
     if status == 429 and "insufficient_quota" in (error.get("code"), error.get("type")):
         return message, (
             f"the account is out of quota ({message}); the job was stopped and nothing more "
-            "was sent. Add credit or raise the quota, then rerun: answers so far are cached."
+            f"was sent. Add credit or raise the quota, then rerun: {kept}."
         )
     return message, None
 

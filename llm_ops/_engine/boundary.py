@@ -170,7 +170,7 @@ def provider_errors(secrets: Iterable[str | None]) -> Iterator[None]:
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             hint = "check the API key and its access to the Batch API"
         elif isinstance(exc, openai.NotFoundError):
-            hint = "the endpoint may have no Files and Batches API: use mode='live'"
+            hint = "the endpoint may have no Files and Batches API: use batch=False"
         else:
             hint = "rerun to pick the recorded batches up where they stopped"
         raise JobAbortedError(f"the Batch API failed ({detail}); {hint}") from exc

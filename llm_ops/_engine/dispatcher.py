@@ -92,8 +92,15 @@ class Dispatcher:
         repair: bool = False,
         budget: SpendingCap | None = None,
         stop_when_refused_alike: bool = True,
+        cached: bool = True,
     ):
         self.engine = engine
+        self.cached = cached  # whether the job has a cache: what its stop messages may promise
+        self.kept = (
+            "answers so far are cached"
+            if cached
+            else "the cache is off, so answers so far are not kept for a rerun"
+        )
         self.settings = engine.limits
         self.budget = budget
         self.repair = repair
@@ -149,8 +156,12 @@ class Dispatcher:
             raise self._aborted
         if self._stopping:
             raise JobInterruptedError(
-                "the job was stopped by SIGTERM; what was in flight was answered and every "
-                "answer is cached, so a rerun sends only the rest"
+                "the job was stopped by SIGTERM; what was in flight was answered and "
+                + (
+                    "every answer is cached, so a rerun sends only the rest"
+                    if self.cached
+                    else "the cache is off, so a rerun sends every row again"
+                )
             )
 
     def _staff(self) -> None:
@@ -502,7 +513,7 @@ class Dispatcher:
             message = redact(str(exc), *engine.secrets)
             self._abort(
                 f"{message}; the job was stopped and nothing more was sent. Rerun once that is "
-                "fixed: answers so far are cached."
+                f"fixed: {self.kept}."
             )
             return Final("aborted", message)
         if isinstance(exc, Malformed):
@@ -531,7 +542,7 @@ class Dispatcher:
             message, stop = redirection(status, answer.headers, self.engine.base_url)
             self._abort(stop)
             return Final("aborted", message, http_status=status)
-        message, refused = refusal(status, answer.body, self.engine.secrets)
+        message, refused = refusal(status, answer.body, self.engine.secrets, kept=self.kept)
         if refused is not None:
             self._abort(refused)
             return Final("aborted", message)
@@ -584,8 +595,8 @@ class Dispatcher:
             self._abort(
                 f"{engine.endpoint} asks every request to wait {duration(wait)} (HTTP {status}, "
                 f"Retry-After), more than max_retry_after={cap:g}s; the job was stopped and "
-                "nothing more was sent. Rerun after that time (answers so far are cached), or "
-                "raise max_retry_after."
+                f"nothing more was sent. Rerun after that time ({self.kept}), or raise "
+                "max_retry_after."
             )
         return Final(
             "failed",

@@ -19,6 +19,7 @@ from .._failures import failure_reasons, warn_columns
 from .._media import Documents, Images
 from .._options import (
     CallOptions,
+    ClientOptions,
     EmbedOptions,
     Job,
     ModelOption,
@@ -65,7 +66,8 @@ def completion(
             "with_status=True gives the answer with its status and error"
         )
     batches = Completions(
-        client_for(client, made),
+        client,
+        made,
         prompt,
         model,
         cast(RequestOptions, call),
@@ -94,7 +96,8 @@ def embedding(
             f"embed takes no option(s) {', '.join(sorted(unknown))}; see help(llm_ops.llm_embed)"
         )
     batches = Embeddings(
-        client_for(client, made),
+        client,
+        made,
         model=model,
         dimensions=dimensions,
         inputs_per_request=inputs_per_request,
@@ -158,8 +161,16 @@ class ExprBatchFunction:
     ask: Ask  # what the batches ask, and the shape of their answer
     job: Job  # as checked when the expression was made
 
-    def __init__(self, client: Client, *, output: Output, options: Mapping[str, Any]):
-        self.client = client
+    def __init__(
+        self,
+        client: Client | None,
+        made: ClientOptions,
+        *,
+        output: Output,
+        options: Mapping[str, Any],
+    ):
+        # this expression holds the shared client it is given: it is not closed under it
+        self.client = client = client_for(client, made, user=self)
         self.runtime = runtime_of(client)
         self.output = output
         self.on_error = options.get("on_error", "null")
@@ -271,7 +282,8 @@ class Completions(ExprBatchFunction):
 
     def __init__(
         self,
-        client: Client,
+        client: Client | None,
+        made: ClientOptions,
         prompt: str | None,
         model: ModelOption,
         options: RequestOptions,
@@ -281,7 +293,7 @@ class Completions(ExprBatchFunction):
         answer: str = "answer",
         caller: str,
     ):
-        super().__init__(client, output=output, options=options)
+        super().__init__(client, made, output=output, options=options)
         self.ask = ask
         self.model = model
         self.caller = caller
@@ -400,7 +412,8 @@ class Embeddings(ExprBatchFunction):
 
     def __init__(
         self,
-        client: Client,
+        client: Client | None,
+        made: ClientOptions,
         *,
         model: str,
         dimensions: int | None,
@@ -408,7 +421,7 @@ class Embeddings(ExprBatchFunction):
         output: Output,
         options: EmbedOptions,
     ):
-        super().__init__(client, output=output, options=options)
+        super().__init__(client, made, output=output, options=options)
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(
                 f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
@@ -417,7 +430,7 @@ class Embeddings(ExprBatchFunction):
             positive_int("dimensions", dimensions)
         self.inputs_per_request = positive_int("inputs_per_request", inputs_per_request)
         self.progress = resolve_progress(options.get("progress"))
-        self.spec = EmbeddingSpec(client.endpoint.identity, model, dimensions)
+        self.spec = EmbeddingSpec(self.client.endpoint.identity, model, dimensions)
         self.vector: pl.DataType = (
             pl.List(pl.Float32) if dimensions is None else pl.Array(pl.Float32, dimensions)
         )
@@ -425,8 +438,8 @@ class Embeddings(ExprBatchFunction):
         self.job = make_job(
             prompt="{value}",  # an embedding's "job" only names its columns
             model=model,
-            endpoint=client.endpoint.identity,
-            cached=client.cache is not None,
+            endpoint=self.client.endpoint.identity,
+            cached=self.client.cache is not None,
             options={"output": "answer", "progress": False},
         )
 

@@ -91,8 +91,7 @@ class LlmNamespace:
         client
             A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
         **options
-            As for :func:`~llm_ops.llm_complete`: ``system``, ``endpoint``, ``cache``,
-            ``max_tokens``, ``temperature``, ``schema``, ``semantic_cache``, ``mode``, ...
+            As for :func:`~llm_ops.llm_complete`, the keys of :class:`~llm_ops.ExprOptions`.
 
         Returns
         -------
@@ -348,7 +347,7 @@ class LlmNamespace:
         with_status, client
             As for :meth:`complete`.
         **options
-            As for :func:`~llm_ops.llm_embed`: ``endpoint``, ``cache``, ``on_error``, ...
+            As for :func:`~llm_ops.llm_embed`, the keys of :class:`~llm_ops.EmbedOptions`.
 
         Examples
         --------
@@ -382,3 +381,20 @@ def _shape(with_status: bool) -> Output:
     if not isinstance(with_status, bool):
         raise ConfigError(f"with_status must be True or False, got {with_status!r}")
     return "struct" if with_status else "answer"
+
+
+def _name_options() -> None:
+    """Name the options in the methods' docstrings (``help()``), from the option types
+    themselves: a renamed or new option is listed as it is spelled, never as it was. (The
+    rendered reference links to the types, which list them too.)"""
+    for method, options in (
+        (LlmNamespace.complete, ExprOptions),
+        (LlmNamespace.embed, EmbedOptions),
+    ):
+        said = f"the keys of :class:`~llm_ops.{options.__name__}`."
+        names = ", ".join(f"``{name}``" for name in options.__annotations__)
+        if method.__doc__ is not None:  # python -OO drops docstrings
+            method.__doc__ = method.__doc__.replace(said, f"{said[:-1]}: {names}.")
+
+
+_name_options()

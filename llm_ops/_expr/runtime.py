@@ -23,11 +23,11 @@ such a concurrent query a client of its own.)
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
-import contextvars
 import dataclasses
-import functools
+import hashlib
 import os
 import threading
 import weakref
@@ -36,7 +36,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from .._cache import cache_of
 from .._client import Client, given_client
-from .._journal import JournalWriter
+from .._in_place import runs_in_place
 from .._options import ClientOptions
 from .._pipeline.backend import Backend
 from .._signals import graceful_sigterm
@@ -44,29 +44,80 @@ from .._signals import graceful_sigterm
 P = ParamSpec("P")
 T = TypeVar("T")
 
-_clients: dict[tuple[Any, ...], Client] = {}
+SHARED_CLIENTS = 8
+"""How many shared clients (one per set of options) a process keeps: a loop making
+expressions of ever new options (an endpoint per row of a config table) does not pile up
+connection pools and loop threads without end."""
+
+_clients: collections.OrderedDict[str, Client] = collections.OrderedDict()  # least recent first
+_retired: list[Client] = []  # evicted while an expression still held them: closed once none does
+_users: weakref.WeakKeyDictionary[Client, weakref.WeakSet[object]] = weakref.WeakKeyDictionary()
 _runtimes: weakref.WeakKeyDictionary[Client, Runtime] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def client_for(client: Client | None, made: ClientOptions) -> Client:
+def client_for(client: Client | None, made: ClientOptions, *, user: object = None) -> Client:
     """``client``, or the process's shared client for ``made`` (one per set of options and
     environment), so every batch and every expression with the same options share one pool,
-    one rate limiter and what was learned about the endpoint."""
+    one rate limiter and what was learned about the endpoint.
+
+    The shared clients are the :data:`SHARED_CLIENTS` most recently asked for; an evicted one
+    is closed once no ``user`` (the expression it was given to) is alive, never under one."""
     if client is not None:
         return given_client(client, made)
+    key = _shared_key(made)
+    with _lock:
+        shared = _clients.get(key)
+        if shared is None:
+            shared = _clients[key] = Client(**made)
+        _clients.move_to_end(key)
+        if user is not None:
+            _users.setdefault(shared, weakref.WeakSet()).add(user)
+        while len(_clients) > SHARED_CLIENTS:
+            _retired.append(_clients.popitem(last=False)[1])
+        unused = _take_unused_retired()
+    for evicted, runtime in unused:
+        _close(evicted, runtime)
+    return shared
+
+
+def _shared_key(made: ClientOptions) -> str:
+    """A digest of the options and environment a shared client is made from: the key holds
+    no secret (an endpoint's API key, ``OPENAI_API_KEY``) in plain, where the cache is kept
+    for the process's life."""
     cache = cache_of(made.get("cache"))
-    key = (
+    canonical = (
         tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
         None if cache is None else (str(cache.path), _identity(vars(cache))),
         os.environ.get("OPENAI_BASE_URL"),
         os.environ.get("OPENAI_API_KEY"),
     )
-    with _lock:
-        shared = _clients.get(key)
-        if shared is None:
-            shared = _clients[key] = Client(**made)
-        return shared
+    return hashlib.sha256(repr(canonical).encode()).hexdigest()
+
+
+def _take_unused_retired() -> list[tuple[Client, Runtime | None]]:
+    """The evicted clients no expression holds and no batch runs on, with their runtimes,
+    taken out of :data:`_retired` (under :data:`_lock`)."""
+    unused = [
+        client
+        for client in _retired
+        if not _users.get(client) and not _running(_runtimes.get(client))
+    ]
+    for client in unused:
+        _retired.remove(client)
+    return [(client, _runtimes.pop(client, None)) for client in unused]
+
+
+def _running(runtime: Runtime | None) -> bool:
+    return runtime is not None and runtime.lock.locked()
+
+
+def _close(client: Client, runtime: Runtime | None) -> None:
+    """Close an evicted shared client: its expressions' loop, its connection pool and its
+    loop thread."""
+    with contextlib.suppress(Exception):  # closing frees what it can; the caller wants a client
+        if runtime is None or runtime.close(wait=0):
+            client.close()
 
 
 def _identity(value: object) -> object:
@@ -92,8 +143,9 @@ def close_runtimes() -> None:
     their connections are closed on their loops."""
     with _lock:
         runtimes = dict(_runtimes.items())
-        shared = list(_clients.values())
+        shared = [*_clients.values(), *_retired]
         _clients.clear()
+        _retired.clear()
     for client, runtime in runtimes.items():
         closed = False
         with contextlib.suppress(Exception):  # a loop still running on a killed thread
@@ -104,8 +156,9 @@ def close_runtimes() -> None:
 
 
 class InPlace(concurrent.futures.ThreadPoolExecutor):
-    """The default executor of a runtime's loop: llm-ops' own work (``asyncio.to_thread`` in
-    the pipeline) runs on the thread driving the loop, the rest on a small thread pool."""
+    """The default executor of a runtime's loop: the pipeline's work marked
+    :func:`~llm_ops._in_place.in_place` (its ``asyncio.to_thread`` calls) runs on the thread
+    driving the loop, the rest on a small thread pool."""
 
     def __init__(self) -> None:
         super().__init__(4, thread_name_prefix="llm-ops")
@@ -113,13 +166,7 @@ class InPlace(concurrent.futures.ThreadPoolExecutor):
     def submit(
         self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> concurrent.futures.Future[T]:
-        target: Any = fn
-        while isinstance(target, functools.partial):  # to_thread: partial(context.run, fn)
-            in_context = isinstance(getattr(target.func, "__self__", None), contextvars.Context)
-            target = target.args[0] if in_context and target.args else target.func
-        owner = getattr(target, "__self__", None)
-        ours = getattr(target, "__module__", "") or ""
-        if not ours.startswith("llm_ops") or isinstance(owner, JournalWriter):
+        if not runs_in_place(fn):
             return super().submit(fn, *args, **kwargs)
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         try:

@@ -21,6 +21,7 @@ import polars as pl
 
 from .._claims import Claims
 from .._engine.dispatcher import Dispatcher
+from .._in_place import in_place
 from .._key import canonical_json
 from .._media import Media, media_of, media_tokens, sent_bytes, sent_parts
 from .._options import Job
@@ -97,6 +98,7 @@ def requests_for(
         yield make_pack(tuple(pack), pack_system)
 
 
+@in_place
 def sent_messages(
     messages: list[dict[str, Any]],
     media: list[dict[str, Any]],
@@ -241,6 +243,7 @@ async def _send(
             budget=budget,
             # a row an earlier model of a cascade refuses goes on to the next one
             stop_when_refused_alike=spec.model == job.models[-1],
+            cached=backend.cache is not None,
         )
     tracker = Tracker(
         rows=rows,

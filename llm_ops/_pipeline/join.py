@@ -6,6 +6,7 @@ import asyncio
 
 import polars as pl
 
+from .._in_place import in_place
 from .._options import Columns
 from .._outcome import Outcome
 from .._schema import OutputSchema
@@ -50,6 +51,7 @@ async def join(
     )
 
 
+@in_place
 def join_back(
     row_keys: pl.DataFrame,
     results: pl.DataFrame,

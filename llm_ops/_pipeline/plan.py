@@ -17,6 +17,7 @@ import duckdb
 import polars as pl
 
 from .._cache import DUCKDB_CONFIG, Cache
+from .._in_place import in_place
 from .._key import UPPERCASE_ESCAPE_PATTERN
 from .._media import attach_bytes, binary_positions, describe_binary, describe_values, media_of
 from .._outcome import TRUNCATED_MESSAGE
@@ -241,6 +242,7 @@ async def plan(
     return await asyncio.to_thread(plan_frame, frame, spec, cache, reasoning=reasoning)
 
 
+@in_place
 def plan_frame(
     frame: pl.DataFrame, spec: RequestSpec, cache: Cache | None, *, reasoning: bool = False
 ) -> Plan:
@@ -283,6 +285,7 @@ def _memory_db() -> duckdb.DuckDBPyConnection:
         return _shared[1].cursor()
 
 
+@in_place
 def lookup_answers(
     cache: Cache | None, distinct: pl.DataFrame, *, reasoning: bool = False
 ) -> pl.DataFrame:

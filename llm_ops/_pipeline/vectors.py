@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from .._engine.dispatcher import EmbeddingDispatcher
+from .._in_place import in_place
 from .._key import canonical_json
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Request
 from .._progress import ProgressCallback, Tracker
@@ -21,6 +22,7 @@ from .persist import CacheSink, dispatch_durably
 from .plan import group_and_key
 
 
+@in_place
 def distinct_texts(
     frame: pl.DataFrame, column: str, spec: EmbeddingSpec
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -86,7 +88,9 @@ async def embed_distinct(
         hits = found.select("key", pl.col("embedding").cast(pl.List(pl.Float32)))
     misses = distinct.join(hits.select("key"), on="key", how="anti")
 
-    dispatcher = EmbeddingDispatcher(backend.engine, model=spec.model, params=spec.params)
+    dispatcher = EmbeddingDispatcher(
+        backend.engine, model=spec.model, params=spec.params, cached=backend.cache is not None
+    )
     total = rows if rows is not None else int(distinct["rows"].sum())
     tracker = Tracker(
         rows=total,
