@@ -89,7 +89,11 @@ class Words:
 
     def set_to(self, setting: str, value: str | None) -> str:
         """Setting it to ``value``, or to a value of the caller's (``None``)."""
-        return f"{self.name(setting)}={value!r}" if value else f"{self.name(setting)}=..."
+        if not value:
+            return f"{self.name(setting)}=..."
+        if setting == "base_url":  # in Python a URL is given as the endpoint= it stands for
+            return f"endpoint={value!r}"
+        return f"{self.name(setting)}={value!r}"
 
 
 PYTHON_WORDS = Words()
@@ -98,16 +102,22 @@ PYTHON_WORDS = Words()
 class LlmOpsError(Exception):
     """Base class of every error raised by llm-ops.
 
-    A setting its message names (see :func:`setting`) reads as Python's keyword option;
-    :meth:`worded` names it a front end's way.
+    A setting its message names (see :func:`setting`) reads as Python's keyword option,
+    unless a front end said it in its own words (:meth:`say_in`); :meth:`worded` names it
+    in any.
     """
 
     def worded(self, words: Words) -> str:
         """The message, each setting named in ``words``."""
         return _in_words(super().__str__(), words)
 
+    def say_in(self, words: Words) -> None:
+        """Name the settings in ``words`` from now on, wherever the error is shown (a
+        front end that re-raises it: its log, its run's state)."""
+        self.words = words
+
     def __str__(self) -> str:
-        return self.worded(PYTHON_WORDS)
+        return self.worded(getattr(self, "words", PYTHON_WORDS))
 
 
 def _in_words(message: str, words: Words) -> str:

@@ -34,7 +34,8 @@ class FlagWords(Words):
         if setting in _GIVEN_OTHERWISE:
             return " ".join(_GIVEN_OTHERWISE[setting])
         declared = OPTION_FLAGS.get(setting)
-        return f"{self.name(setting)} {declared.metavar if declared and declared.metavar else '...'}"
+        metavar = declared.metavar if declared is not None and declared.metavar else "..."
+        return f"{self.name(setting)} {metavar}"
 
 
 FLAG_WORDS = FlagWords()
