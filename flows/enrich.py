@@ -29,6 +29,8 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from types import UnionType
@@ -58,6 +60,7 @@ from llm_ops import (
     options_from_settings,
     parse_duration,
 )
+from llm_ops.exceptions import Words
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, Written, media_folders
 
 STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
@@ -349,6 +352,38 @@ def _of_client(setting: str) -> bool:
     return option in ClientOptions.__optional_keys__
 
 
+_PARAMETER_OF_SETTING = {
+    "api_key": "api_key_secret",
+    "headers": "header_secrets",
+    "output": "output_column",
+}
+
+
+class ParameterWords(Words):
+    """Settings named in an error as the flow's parameters: the API key and credential
+    headers are the Secret blocks that hold them, a URL is ``base_url``."""
+
+    def name(self, setting: str) -> str:
+        return _PARAMETER_OF_SETTING.get(setting, setting)
+
+    def set_to(self, setting: str, value: str | None) -> str:
+        return f"{self.name(setting)}={value!r}" if value else f"{self.name(setting)}=..."
+
+
+PARAMETER_WORDS = ParameterWords()
+
+
+@contextmanager
+def _in_parameter_words() -> Iterator[None]:
+    """An llm-ops error raised within names the flow's parameters, in the run's log and
+    state, not Python's options."""
+    try:
+        yield
+    except LlmOpsError as exc:
+        exc.say_in(PARAMETER_WORDS)
+        raise
+
+
 def open_table(config: EnrichConfig) -> Table:
     """The job the config describes; raises ``ConfigError`` for what can be checked before
     sending."""
@@ -369,7 +404,8 @@ def open_table(config: EnrichConfig) -> Table:
 
 @task(name="plan", cache_policy=NO_CACHE, retries=1)
 def plan_requests(config: EnrichConfig) -> TablePlan:
-    return open_table(config).plan()
+    with _in_parameter_words():
+        return open_table(config).plan()
 
 
 def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
@@ -386,19 +422,22 @@ def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
     task_run_name="send-chunk-{number}",
 )
 def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
-    return open_table(config).run_chunk(chunk, spent=spent)
+    with _in_parameter_words():
+        return open_table(config).run_chunk(chunk, spent=spent)
 
 
 @task(name="cascade", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_retry_unless_aborted)
 def cascade_table(config: EnrichConfig) -> RunReport:
     """The whole table through the cascade, batch by batch; a retry re-sends only what the
     cache lacks."""
-    return open_table(config).run_cascade()
+    with _in_parameter_words():
+        return open_table(config).run_cascade()
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)
 def write_output(config: EnrichConfig) -> Written:
-    return open_table(config).write()
+    with _in_parameter_words():
+        return open_table(config).write()
 
 
 def _dollars(amount: float | None) -> float | str:
@@ -434,7 +473,11 @@ def report_table(report: RunReport) -> list[dict[str, Any]]:
 @flow(name="enrich-table")
 def enrich_table(config: EnrichConfig | None = None) -> dict[str, Any]:
     """Add ``config.output_column`` (+ ``_status``, ``_error``) to every row of a Parquet input."""
-    config = config or EnrichConfig()
+    with _in_parameter_words():
+        return _enrich_table(config or EnrichConfig())
+
+
+def _enrich_table(config: EnrichConfig) -> dict[str, Any]:
     logger = get_run_logger()
     started_at = datetime.now(UTC)
     table = open_table(config)  # bad parameters fail the run here, before anything is written

@@ -44,7 +44,7 @@ from ._key import (
 from ._media import Media, keyed_parts
 from ._schema import OutputSchema
 from ._template import Template
-from .exceptions import ConfigError, MissingApiKeyError
+from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_CONCURRENCY = 4096
@@ -149,23 +149,26 @@ class ResolvedEndpoint:
             )
         url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         if not isinstance(url, str):
-            raise ConfigError(f"base_url must be a string URL, got {type(url).__name__}")
+            raise ConfigError(
+                f"{setting('base_url')} must be a string URL, got {type(url).__name__}"
+            )
         try:
             parts = urlsplit(url.strip())
             parts.port  # noqa: B018  (raises for a bad port)
         except ValueError as exc:
             raise ConfigError(
-                f"base_url is not a valid URL ({exc}); write it like 'http://127.0.0.1:8765/v1'"
+                f"{setting('base_url')} is not a valid URL ({exc}); write it like "
+                "'http://127.0.0.1:8765/v1'"
             ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(
-                "base_url must be an http(s) URL like 'http://127.0.0.1:8765/v1', "
+                f"{setting('base_url')} must be an http(s) URL like 'http://127.0.0.1:8765/v1', "
                 f"got {_shown(url)!r}"
             )
         if parts.username is not None or parts.password is not None:
             raise ConfigError(
-                "base_url must not hold credentials (user:password@host): they "
-                "would be sent and kept in the clear. Pass the key as api_key= "
+                f"{setting('base_url')} must not hold credentials (user:password@host): they "
+                f"would be sent and kept in the clear. Pass the key as {setting_to('api_key')} "
                 "or OPENAI_API_KEY."
             )
         endpoint = cls(
@@ -183,9 +186,9 @@ class ResolvedEndpoint:
             key = NO_KEY
         else:
             raise MissingApiKeyError(
-                f"no API key for {endpoint.shown}: pass api_key=... or set OPENAI_API_KEY, or "
-                "send the credentials in headers= (e.g. Azure's {'api-key': ...}); a local "
-                "endpoint on 127.0.0.1 needs none"
+                f"no API key for {endpoint.shown}: pass {setting_to('api_key')} or set "
+                f"OPENAI_API_KEY, or send the credentials in {setting_to('headers')} (e.g. "
+                "Azure's api-key header); a local endpoint on 127.0.0.1 needs none"
             )
         return dataclasses.replace(endpoint, api_key=key)
 

@@ -34,10 +34,16 @@ The internal ones live where they are raised (:mod:`llm_ops._schema`,
 and the ``openai`` SDK are mapped to this tree at one boundary
 (:mod:`llm_ops._engine.boundary`), DuckDB's by the cache (:mod:`llm_ops._cache`); all are
 chained with ``raise ... from exc``, and messages never contain an API key.
+
+A message names a setting in its caller's words: written with :func:`setting` or
+:func:`setting_to`, it reads ``api_key=`` in Python, and a front end that calls
+:meth:`LlmOpsError.worded` (the command line, the Prefect flow) names its own flag or
+parameter instead.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -55,8 +61,71 @@ __all__ = [
 ]
 
 
+# A setting named in a message: its name, and with "=" what it would be set to ("=" alone:
+# to a value of the caller's). Brackets no URL, name or template holds, so nothing else
+# in a message is read as one.
+_SETTING_MARK = re.compile(r"\u27e6(\w+)(=?)(.*?)\u27e7")
+
+
+def setting(name: str) -> str:
+    """The setting ``name`` (a key of :data:`llm_ops.SETTINGS`) as a message names it:
+    ``base_url`` in Python, ``--base-url`` on the command line."""
+    return f"\u27e6{name}\u27e7"
+
+
+def setting_to(name: str, value: str | None = None) -> str:
+    """Setting ``name`` to ``value`` as a message says it: ``base_url='http://...'`` in
+    Python, ``--base-url http://...`` on the command line; without a value, how to give one
+    (``api_key=...``, ``--api-key-env VARIABLE``)."""
+    return f"\u27e6{name}={value or ''}\u27e7"
+
+
+class Words:
+    """How a front end names settings in messages; this one is Python's (keyword options)."""
+
+    def name(self, setting: str) -> str:
+        """The setting itself, e.g. ``base_url``."""
+        return setting
+
+    def set_to(self, setting: str, value: str | None) -> str:
+        """Setting it to ``value``, or to a value of the caller's (``None``)."""
+        if not value:
+            return f"{self.name(setting)}=..."
+        if setting == "base_url":  # in Python a URL is given as the endpoint= it stands for
+            return f"endpoint={value!r}"
+        return f"{self.name(setting)}={value!r}"
+
+
+PYTHON_WORDS = Words()
+
+
 class LlmOpsError(Exception):
-    """Base class of every error raised by llm-ops."""
+    """Base class of every error raised by llm-ops.
+
+    A setting its message names (see :func:`setting`) reads as Python's keyword option,
+    unless a front end said it in its own words (:meth:`say_in`); :meth:`worded` names it
+    in any.
+    """
+
+    def worded(self, words: Words) -> str:
+        """The message, each setting named in ``words``."""
+        return _in_words(super().__str__(), words)
+
+    def say_in(self, words: Words) -> None:
+        """Name the settings in ``words`` from now on, wherever the error is shown (a
+        front end that re-raises it: its log, its run's state)."""
+        self.words = words
+
+    def __str__(self) -> str:
+        return self.worded(getattr(self, "words", PYTHON_WORDS))
+
+
+def _in_words(message: str, words: Words) -> str:
+    def say(mark: re.Match[str]) -> str:
+        name, assigned, value = mark.groups()
+        return words.set_to(name, value or None) if assigned else words.name(name)
+
+    return _SETTING_MARK.sub(say, message)
 
 
 class ConfigError(LlmOpsError, ValueError):

@@ -6,6 +6,7 @@ import contextlib
 import os
 import pty
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -492,3 +493,36 @@ def test_a_bad_duration_is_one_line_listing_the_units(job, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1
     assert "--max-age: a duration is a positive number with s, m, h or d (1d, 6h" in err
+
+
+def test_a_missing_key_names_the_flags_that_give_one(job, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    remote = [*job, "--base-url", "https://api.example.invalid/v1"]  # the last one counts
+    assert main(["run", *remote, "--output", str(tmp_path / "o.parquet")]) == 1
+    err = capsys.readouterr().err
+    assert "pass --api-key-env VARIABLE or set OPENAI_API_KEY" in err
+    assert "--header-env NAME=VARIABLE" in err
+    assert "api_key=" not in err and "headers=" not in err
+
+
+def test_a_base_url_without_v1_names_the_flag(job, tmp_path, endpoint, capsys):
+    root = endpoint.base_url.removesuffix("/v1")
+    assert main(["run", *job, "--base-url", root, "--output", str(tmp_path / "o.parquet")]) == 1
+    err = capsys.readouterr().err
+    assert f"did you mean --base-url {root}/v1?" in err
+    assert "endpoint=" not in err
+
+
+def test_an_unreachable_endpoint_names_the_flag(job, tmp_path, capsys):
+    with socket.socket() as unused:  # a port nothing listens on once it is closed
+        unused.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{unused.getsockname()[1]}/v1"
+    flags = ["--base-url", closed, "--max-attempts", "1"]
+    assert main(["run", *job, *flags, "--output", str(tmp_path / "o.parquet")]) == 1
+    assert "Check --base-url and that the server is running" in capsys.readouterr().err
+
+
+def test_python_still_names_the_option(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(llm_ops.MissingApiKeyError, match=r"pass api_key=\.\.\. or set"):
+        llm_ops.Client(endpoint="https://api.example.invalid/v1")

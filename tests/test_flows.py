@@ -279,3 +279,9 @@ def test_the_report_artifact_says_how_to_give_a_price():
     report = RunReport("r", NOW, NOW, "mystery", "e", 1, 1, 0, 1, 0, models=usage)
     figures = {row["figure"]: row["value"] for row in report_table(report)}
     assert figures["cost unknown"] == price_hint(["mystery"])
+
+
+def test_a_failed_run_names_the_flow_parameter(prefect, config, endpoint):
+    root = endpoint.base_url.removesuffix("/v1")
+    with pytest.raises(ConfigError, match=f"did you mean base_url='{root}/v1'"):
+        enrich_table(config.model_copy(update={"base_url": root}))

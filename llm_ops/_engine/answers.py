@@ -34,6 +34,7 @@ from .._outcome import (
 )
 from .._pack import unpack
 from .._schema import InvalidOutput
+from ..exceptions import setting, setting_to
 from .boundary import one_line, redact
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
@@ -139,7 +140,8 @@ def refusal(
     if status in ABORT_STATUS:
         return message, (
             f"the endpoint refused the credentials ({message}); the job was stopped and "
-            "nothing more was sent. Check the API key (api_key= or OPENAI_API_KEY) and "
+            f"nothing more was sent. Check the API key ({setting_to('api_key')} or "
+            "OPENAI_API_KEY) and "
             "its permissions for this model."
         )
     if status == 429 and "insufficient_quota" in (error.get("code"), error.get("type")):
@@ -177,8 +179,8 @@ def redirection(status: int, headers: Mapping[str, str], base_url: str) -> tuple
     message = f"HTTP {status}: the endpoint redirects {where}"
     return message, (
         f"{message}; redirects are not followed (they could carry the API key elsewhere), "
-        "so the job was stopped and nothing more was sent. Set base_url to the address "
-        "it points to, then rerun."
+        f"so the job was stopped and nothing more was sent. Set {setting('base_url')} to the "
+        "address it points to, then rerun."
     )
 
 

@@ -25,7 +25,7 @@ from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
-from ..exceptions import JobAbortedError, JobInterruptedError
+from ..exceptions import JobAbortedError, JobInterruptedError, setting
 from .answers import (
     ABORT_STATUS,
     CompletionReader,
@@ -524,8 +524,8 @@ class Dispatcher:
                 self._abort(
                     f"could not connect to {engine.endpoint} ({engine.connect_failures} attempts "
                     f"in a row failed: {one_line(detail)}); the job was stopped. Check "
-                    "base_url and that the server is running, then rerun: answers so far are "
-                    "cached."
+                    f"{setting('base_url')} and that the server is running, then rerun: answers "
+                    "so far are cached."
                 )
             return Retryable(f"could not connect: {detail}")
         if isinstance(exc, TimedOut):

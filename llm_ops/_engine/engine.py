@@ -33,7 +33,7 @@ from yarl import URL
 from .._concurrency import Concurrency
 from .._limits import Limiter, RateLimiter
 from .._spec import NO_KEY, Connection, Limits, ResolvedEndpoint
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, setting_to
 from .answers import duration
 from .boundary import TransportError, describe, redact, redact_in_logs
 from .transport import Transport
@@ -183,7 +183,8 @@ class Engine:
                 shown = self.endpoint.rstrip("/") + "/v1"
                 raise ConfigError(
                     f"{self.endpoint} answers 404 for /models, but {shown}/models answers: did "
-                    f"you mean endpoint={shown!r}? (OpenAI-compatible servers serve under /v1)"
+                    f"you mean {setting_to('base_url', shown)}? (OpenAI-compatible servers "
+                    "serve under /v1)"
                 )
         return listed
 

@@ -21,6 +21,7 @@ import polars as pl
 from ..exceptions import LlmOpsError
 from . import _batches, _cache, _jobs, _serve, _sql
 from ._parser import Handler, parser
+from ._words import FLAG_WORDS
 
 __all__ = ["main"]
 
@@ -40,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LlmOpsError, OSError, duckdb.Error, pl.exceptions.PolarsError) as exc:
         if args.debug:
             raise
-        message = " ".join(str(exc).split())
+        said = exc.worded(FLAG_WORDS) if isinstance(exc, LlmOpsError) else str(exc)
+        message = " ".join(said.split())
         print(f"llm-ops: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
