@@ -58,6 +58,7 @@ __all__ = [
     "RowsFailedError",
     "RowsFailedWarning",
     "TemplateError",
+    "Words",
 ]
 
 
