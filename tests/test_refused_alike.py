@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -40,21 +41,26 @@ def test_a_5xx_saying_the_input_is_not_supported_is_not_retried():
     assert retryable(429, b'{"error": {"message": "not supported"}}')
 
 
+def _label(frame: pl.DataFrame, server: RawServer, cache: Path) -> pl.DataFrame:
+    """Each photo sent with its prompt, one request at a time, to ``server``."""
+    return frame.pipe(
+        llm_complete,
+        prompt="Label {sku}?",
+        images="photo",
+        model="m",
+        endpoint=server.base_url,
+        cache=cache,
+        concurrency=1,
+    )
+
+
 def test_images_sent_to_a_text_only_llama_cpp_stop_the_job_with_its_reason(cache):
     refuse = endpoint(lambda request: with_length(NO_MMPROJ, "500 Internal Server Error"))
     with (
         RawServer(respond=refuse) as server,
         pytest.raises(JobAbortedError, match=r"not supported.*llama-server --mmproj") as stopped,
     ):
-        photos(200).pipe(
-            llm_complete,
-            prompt="Label {sku}?",
-            images="photo",
-            model="m",
-            endpoint=server.base_url,
-            cache=cache,
-            concurrency=1,
-        )
+        _label(photos(200), server, cache)
     assert server.posts == REFUSED_ALIKE_TO_STOP  # one each, none retried
     assert f"refused the first {REFUSED_ALIKE_TO_STOP} requests alike" in str(stopped.value)
 
@@ -96,15 +102,7 @@ def test_fewer_refusals_alike_than_stop_a_job_leave_it_running(cache):
     with RawServer(
         respond=endpoint(lambda r: next(answers, with_length(completion("ok"))))
     ) as server:
-        out = photos(5).pipe(
-            llm_complete,
-            prompt="Label {sku}?",
-            images="photo",
-            model="m",
-            endpoint=server.base_url,
-            cache=cache,
-            concurrency=1,
-        )
+        out = _label(photos(5), server, cache)
     assert sorted(out["completion_status"].cast(pl.String)) == ["ok"] * 2 + ["rejected"] * 3
 
 
