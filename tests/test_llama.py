@@ -172,7 +172,7 @@ def test_dimensions_the_server_ignores_are_refused_not_cached(llama_embed, cache
 
 
 def test_batch_mode_on_a_server_without_a_batch_api_is_one_clear_error(llama, cache):
-    with pytest.raises(JobAbortedError, match="mode='live'"):
+    with pytest.raises(JobAbortedError, match="use batch=False"):
         complete(llama, ["hello"], cache, batch=True)
 
 
