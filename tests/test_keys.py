@@ -17,9 +17,14 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from llm_ops import Retries, Sampling, _key, canonical_json, request_key
 from llm_ops._key import normalize_base_url
+from llm_ops._media import Documents, Images, Media
+from llm_ops._schema import output_schema
+from llm_ops._spec import RequestSpec
+from llm_ops._template import parse_template
 
 TRICKY = [
     "plain",
@@ -409,3 +414,57 @@ def test_request_key_hashes_json_dumps_for_any_json_value(value):
 @given(st.recursive(scalars, _any_keys, max_leaves=20))
 def test_canonical_json_is_json_dumps_whatever_the_dict_keys(value):
     assert outcome(canonical_json, value) == outcome(reference, value)
+
+
+class Review(BaseModel):
+    score: float
+    label: str
+
+
+_PROMPT = parse_template("Summarise: {text}")
+_MEDIA_DESCRIPTORS = [
+    {"kind": "image", "sha256": "ab" * 32},
+    {"kind": "image", "url": "https://example.com/a.png?sig=secret"},
+    {"kind": "document", "sha256": "cd" * 32},
+]
+
+
+# The keys the pipeline makes from its options, not from a request written by hand: building
+# requests (the sampling parameters, the structured-output format, media parts) must keep
+# making these, whichever API dialect sends them. Computed once; must never change.
+@pytest.mark.parametrize(
+    ("spec", "args", "key"),
+    [
+        (
+            RequestSpec.build(
+                endpoint="http://127.0.0.1:8765/v1",
+                model="sim",
+                prompt=_PROMPT,
+                system=parse_template("You are terse.", argument="system"),
+                sampling=Sampling(max_tokens=64, temperature=0.0, seed=7),
+            ),
+            ("You are terse.", "Summarise: the cat"),
+            "v1:d4f7f71fac188ed40269df7cc98209629f4b667a39680110f844ce077b63fc18",
+        ),
+        (
+            RequestSpec.build(
+                endpoint="vllm-prod", model="m", prompt=_PROMPT, schema=output_schema(Review)
+            ),
+            (None, "Summarise: the cat"),
+            "v1:e67a1f95800b4bda7cb872294ed778033f13d6e30aa56e0aab789d3a945dfa7e",
+        ),
+        (
+            RequestSpec.build(
+                endpoint="e",
+                model="m",
+                prompt=_PROMPT,
+                media=Media(Images("photo", detail="low"), Documents("doc")),
+            ),
+            (None, "Describe", _MEDIA_DESCRIPTORS),
+            "v1:293d15c7a78b45cca806ad173d65b4a1e88b21284cbb9182bbf7fca93962b3ef",
+        ),
+    ],
+    ids=["sampling", "structured", "media"],
+)
+def test_requests_the_pipeline_builds_keep_their_keys(spec, args, key):
+    assert spec.key(*args) == key
