@@ -13,13 +13,41 @@ import math
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock: :func:`time.monotonic`, or a test's fake one."""
 Sleep = Callable[[float], Awaitable[None]]
 """How the limiter waits: :func:`asyncio.sleep`, or a test's, which moves its fake clock."""
+
+
+@dataclass(frozen=True)
+class HeardLimit:
+    """What an answer said of one per-minute budget of the endpoint (its requests or its
+    tokens): the limit, what ``remaining`` of it is readable (a non-negative number), whether
+    it said none is left (``spent``), and the seconds until it is full again (``reset``)."""
+
+    per_minute: float | None = None
+    remaining: float | None = None
+    spent: bool = False
+    reset: float | None = None
+
+
+@dataclass(frozen=True)
+class HeardLimits:
+    """What an answer said of the endpoint's rate limits, as a dialect reads its headers
+    (:meth:`llm_ops._dialects.Dialect.heard_limits`): nothing, when it named none."""
+
+    requests: HeardLimit | None = None
+    tokens: HeardLimit | None = None
+
+    def of(self, kind: str) -> HeardLimit | None:
+        return self.requests if kind == "requests" else self.tokens
+
+
+NOTHING_HEARD = HeardLimits()
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -176,11 +204,12 @@ class Limiter(Protocol):
 
     def pause(self, seconds: float) -> None: ...
 
-    def observe(self, headers: Mapping[str, str]) -> None: ...
+    def observe(self, heard: HeardLimits) -> None: ...
 
 
 class RateLimiter:
-    """Requests/min and tokens/min budgets, user-set or learned from ``x-ratelimit-*`` headers.
+    """Requests/min and tokens/min budgets, user-set or learned from the endpoint's rate-limit
+    headers (as its dialect reads them: :class:`HeardLimits`).
 
     The tighter of the two wins. A ``Retry-After`` pauses every sender until it has passed and
     empties the budgets but for one request then, so traffic resumes at the paced rate rather
@@ -283,23 +312,19 @@ class RateLimiter:
             if self.tokens:
                 self.tokens.empty_until(until)
 
-    def observe(self, headers: Mapping[str, str]) -> None:
-        """Learn limits from ``x-ratelimit-*`` headers (of any answer, which ends the slow
-        start); hold a budget back when they say it is spent."""
+    def observe(self, heard: HeardLimits) -> None:
+        """Learn the limits an answer named (any answer ends the slow start); hold a budget
+        back when it says it is spent."""
         self._answered()
         for kind in ("requests", "tokens"):
-            limit = headers.get(f"x-ratelimit-limit-{kind}")
-            if limit is None:
+            said = heard.of(kind)
+            if said is None or said.per_minute is None:
                 continue
-            try:
-                value = float(limit)
-            except ValueError:
-                continue
-            remaining = headers.get(f"x-ratelimit-remaining-{kind}")
+            value = said.per_minute
             if value > 0:
-                self._learn(kind, value, _count(remaining))
-            reset = parse_duration(headers.get(f"x-ratelimit-reset-{kind}", ""))
-            if remaining is None or remaining.strip() != "0" or not reset:
+                self._learn(kind, value, said.remaining)
+            reset = said.reset
+            if not said.spent or not reset:
                 continue
             bucket = self.requests if kind == "requests" else self.tokens
             if bucket is None or value <= 0:
@@ -339,15 +364,6 @@ class RateLimiter:
                 self.tokens = bucket
         else:
             bucket.set_rate(rate)
-
-
-def _count(text: str | None) -> float | None:
-    """A non-negative number of an ``x-ratelimit-remaining-*`` header, else ``None``."""
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _tighter(a: float | None, b: float | None) -> float | None:
@@ -403,8 +419,8 @@ class SharedQuota:
             per_token.take(granted_tokens)
         return granted_requests, granted_tokens, 0.0
 
-    def observe(self, headers: dict[str, str]) -> None:
-        self.limiter.observe(headers)
+    def observe(self, heard: HeardLimits) -> None:
+        self.limiter.observe(heard)
 
     def pause(self, seconds: float) -> None:
         self.limiter.pause(seconds)
@@ -418,7 +434,7 @@ class QuotaLink(Protocol):
 
     async def lease(self, requests: int, tokens: int) -> tuple[int, int, float]: ...
 
-    def observe(self, headers: dict[str, str]) -> None: ...
+    def observe(self, heard: HeardLimits) -> None: ...
 
     def pause(self, seconds: float) -> None: ...
 
@@ -441,7 +457,7 @@ class LeasedLimiter(RateLimiter):
         super().__init__(rpm=None, tpm=None, slow_start=False, clock=clock, sleep=sleep)
         self.quota = quota
         self._checked = -CHECK_SECONDS
-        self._told: dict[str, str] = {}  # header values the quota has heard
+        self._told: tuple[float | None, float | None] = (None, None)  # limits the quota heard
         self._leasing = asyncio.Lock()
         self._limit(rpm, tpm)
 
@@ -487,21 +503,17 @@ class LeasedLimiter(RateLimiter):
         super().pause(seconds)
         self.quota.pause(seconds)
 
-    def observe(self, headers: Mapping[str, str]) -> None:
-        """Tell the quota what the endpoint's rate headers say, when it changes."""
-        said = {
-            name: value
-            for name, value in headers.items()
-            if name.lower().startswith("x-ratelimit-limit-")
-        }
-        exhausted = any(
-            headers.get(f"x-ratelimit-remaining-{kind}", "").strip() == "0"
-            for kind in ("requests", "tokens")
+    def observe(self, heard: HeardLimits) -> None:
+        """Tell the quota the limits an answer named, when they change."""
+        said = (
+            None if heard.requests is None else heard.requests.per_minute,
+            None if heard.tokens is None else heard.tokens.per_minute,
         )
-        if said and said != self._told:
+        spent = [h for h in (heard.requests, heard.tokens) if h is not None and h.spent]
+        if said != (None, None) and said != self._told:
             self._told = said
             self._checked = -CHECK_SECONDS  # ask for the limits again before the next lease
-            self.quota.observe(dict(headers))
-        elif exhausted:
-            reset = parse_duration(headers.get("x-ratelimit-reset-requests", "") or "1")
+            self.quota.observe(heard)
+        elif spent:
+            reset = heard.requests.reset if heard.requests is not None else None
             self.pause(min(reset or 1.0, 1.0))

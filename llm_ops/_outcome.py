@@ -23,7 +23,7 @@ Sent = Status | Literal["aborted"]
 """What became of a request: a row status, or ``aborted`` when the job stopped first."""
 STOPS = (JobAbortedError, JobInterruptedError, asyncio.CancelledError)
 """Why a dispatch can stop early: refused or unreachable, SIGTERM, Ctrl-C."""
-TRUNCATED_MESSAGE = "the answer was cut at max_tokens (finish_reason 'length')"
+TRUNCATED_MESSAGE = "the answer was cut at max_tokens (it stopped for its length)"
 MEDIA_IN_FLIGHT = 256 * 2**20
 """The most bytes of images and PDFs (as sent, base64) a dispatch's requests hold at once."""
 
@@ -228,7 +228,7 @@ class Outcome:
     vectors: list[list[float]] | None = None  # embeddings, one per input of an EmbeddingsRequest
     items: list[tuple[Request, Outcome]] | None = None  # a pack's members and their outcomes
     error: str | None = None
-    finish_reason: str | None = None
+    stop_reason: str | None = None  # why the answer stopped, in the endpoint's own word
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache

@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx2
 
 from ._concurrency import DEFAULT_CAP
+from ._dialects import Dialect, dialect_for
 from ._key import (
     build_embedding_request,
     build_request,
@@ -44,6 +45,7 @@ from ._key import (
 from ._media import Media, keyed_parts
 from ._schema import OutputSchema
 from ._template import Template
+from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -103,6 +105,8 @@ class ResolvedEndpoint:
     api_key: str = field(repr=False)
     query: Mapping[str, str] = field(default_factory=dict, repr=False)
     name: str | None = None
+    # the API dialect spoken there: how requests are sent, never what is keyed
+    dialect: Dialect = field(default_factory=lambda: dialect_for(None), repr=False, compare=False)
 
     @property
     def identity(self) -> str:
@@ -137,6 +141,7 @@ class ResolvedEndpoint:
         name: str | None = None,
         need_key: bool = True,
         keyed_by_headers: bool = False,
+        provider: str | Dialect | None = None,
     ) -> ResolvedEndpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
         Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
@@ -190,7 +195,9 @@ class ResolvedEndpoint:
                 f"OPENAI_API_KEY, or send the credentials in {setting_to('headers')} (e.g. "
                 "Azure's api-key header); a local endpoint on 127.0.0.1 needs none"
             )
-        return dataclasses.replace(endpoint, api_key=key)
+        return dataclasses.replace(
+            endpoint, api_key=key, dialect=dialect_for(provider, endpoint.base_url)
+        )
 
 
 def _check_api_key(key: object) -> None:
@@ -234,8 +241,14 @@ class Connection:
     verify: bool | str | os.PathLike[str] | ssl.SSLContext = True
     cert: str | os.PathLike[str] | tuple[str, str] | None = None
     proxy: str | None = field(default=None, repr=False)
+    transport: AsyncTransport | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.transport is not None and not isinstance(self.transport, AsyncTransport):
+            raise ConfigError(
+                "transport takes an object with async handle_async_request(request) and "
+                f"aclose() methods (see Endpoint), got {type(self.transport).__name__}"
+            )
         if not isinstance(self.headers, Mapping):
             raise ConfigError(
                 "headers must be a dict of header names to values, like {'api-key': '...'}"
@@ -384,6 +397,20 @@ class Endpoint:
     max_response_bytes
         Bytes one answer's body may hold, compressed and decompressed (default 8 MiB; an
         embeddings answer may hold 128 KiB more per input); a larger one fails its request.
+    provider
+        The API's dialect: how requests are written and answers read. ``"openai"``, the
+        OpenAI-compatible API that most servers and gateways speak, or a dialect object
+        (``llm_ops._dialects.Dialect``: a test's, or an API llm-ops does not ship). ``None``:
+        the one the host is known for (``api.openai.com``), else ``"openai"``. The dialect
+        changes what is sent, never a cache key.
+    transport
+        Sends each HTTP request instead of llm-ops' own pool of connections, as httpx's
+        ``transport=``: an object with ``async handle_async_request(request)``, taking an
+        ``HttpRequest`` (``method``, ``url``, ``headers``, ``body``, ``timeout``,
+        ``max_bytes``) and returning an ``Answer`` (``status``, ``headers``, ``body``), and
+        ``async aclose()`` (see ``llm_ops._wire``). For tests, or to trace each request; the
+        engine still retries, paces and reads every answer. ``verify``, ``cert`` and
+        ``proxy`` are then the transport's to apply.
 
     Examples
     --------
@@ -400,6 +427,8 @@ class Endpoint:
     proxy: str | None = field(default=None, repr=False)
     name: str | None = None
     max_response_bytes: int = field(default=8 * 2**20, repr=False)
+    provider: str | Dialect | None = field(default=None, repr=False)
+    transport: AsyncTransport | None = field(default=None, repr=False, compare=False)
     connection: Connection = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -415,7 +444,9 @@ class Endpoint:
                 f"(at most 100), like 'vllm-prod'; got {self.name!r}"
             )
         positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
-        connection = Connection(self.headers, self.verify, self.cert, self.proxy)
+        if self.provider is not None:
+            dialect_for(self.provider)  # a name no dialect has: ConfigError now, not later
+        connection = Connection(self.headers, self.verify, self.cert, self.proxy, self.transport)
         object.__setattr__(self, "connection", connection)
         object.__setattr__(self, "headers", connection.headers)
         object.__setattr__(self, "proxy", connection.proxy)
@@ -427,6 +458,7 @@ class Endpoint:
             self.api_key,
             name=self.name,
             keyed_by_headers=self.connection.authenticates,
+            provider=self.provider,
         )
 
 

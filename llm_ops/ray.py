@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ._client import Client
+from ._limits import HeardLimits
 from ._report import RunReport
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
@@ -294,7 +295,8 @@ class Quota(SharedQuota):
     >>> quota = Quota(rpm=600, tpm=None)  # ten requests a second, no token budget
     >>> quota.lease(4, 400)  # four requests, and the tokens asked for
     (4, 400, 0.0)
-    >>> quota.observe({"x-ratelimit-limit-requests": "300"})  # a worker heard a lower limit
+    >>> from llm_ops._limits import HeardLimit, HeardLimits  # as a dialect reads headers
+    >>> quota.observe(HeardLimits(requests=HeardLimit(per_minute=300)))  # a lower limit heard
     >>> quota.limits()
     (300.0, None)
     >>> quota.pause(30)  # a worker got Retry-After: 30
@@ -319,8 +321,8 @@ class _QuotaOfTheCluster:
         granted: tuple[int, int, float] = await self.actor.lease.remote(requests, tokens)
         return granted
 
-    def observe(self, headers: dict[str, str]) -> None:
-        self.actor.observe.remote(headers)
+    def observe(self, heard: HeardLimits) -> None:
+        self.actor.observe.remote(heard)
 
     def pause(self, seconds: float) -> None:
         self.actor.pause.remote(seconds)

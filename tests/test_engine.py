@@ -20,8 +20,9 @@ import polars as pl
 import pytest
 
 from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning
+from llm_ops._dialects.openai import OPENAI
 from llm_ops._engine.answers import retry_after
-from llm_ops._limits import RateLimiter, SlowStart, parse_duration
+from llm_ops._limits import NOTHING_HEARD, RateLimiter, SlowStart, parse_duration
 from llm_ops._progress import TerminalDisplay, resolve_progress
 from llm_ops.testing import expected_reply
 
@@ -121,7 +122,7 @@ def test_the_first_answer_ends_the_slow_start():
 
     async def answer_at_one_second() -> None:
         await clock.sleep(1.0)
-        limiter.observe({})  # an answer, whatever it says
+        limiter.observe(NOTHING_HEARD)  # an answer, whatever it says
 
     admissions = [limiter.admit(1) for _ in range(3)]
     *times, _ = _times_let_through(clock, [*admissions, answer_at_one_second()])
@@ -248,7 +249,7 @@ def test_a_learned_limit_starts_with_the_burst_the_server_still_allows(remaining
     headers = {"x-ratelimit-limit-requests": "1200"}
     if remaining is not None:
         headers["x-ratelimit-remaining-requests"] = remaining
-    limiter.observe(headers)
+    limiter.observe(OPENAI.heard_limits(headers))
     assert limiter.requests is not None and limiter.requests.level == level
 
 
@@ -275,8 +276,8 @@ def test_after_a_429_the_next_request_goes_when_retry_after_says(endpoint):
     assert answered["x-ratelimit-remaining-requests"] == "0" and wait is not None
     clock = VirtualTime()  # what the limiter plans, not what a busy machine takes
     limiter = RateLimiter(rpm=None, tpm=None, clock=clock, sleep=clock.sleep)
-    limiter.observe(answered)
-    limiter.observe(refused)
+    limiter.observe(OPENAI.heard_limits(answered))
+    limiter.observe(OPENAI.heard_limits(refused))
     limiter.pause(wait)  # as the dispatcher does for a 429 with Retry-After
     [went] = _times_let_through(clock, [limiter.admit(1)])
     # Up to 50 ms spread the restart of paused senders; not a second request's time more.

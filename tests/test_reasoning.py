@@ -23,7 +23,7 @@ from llm_ops import (
     llm_complete,
     options_from_settings,
 )
-from llm_ops._engine.answers import thinking
+from llm_ops._dialects.openai import thinking
 from llm_ops._pipeline.estimate import REASONING_MODEL
 from llm_ops._pipeline.plan import lookup_answers
 from llm_ops.cli import main

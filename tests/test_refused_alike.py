@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from llm_ops import Endpoint, JobAbortedError, llm_complete
-from llm_ops._engine.answers import rejection_hint, retryable
+from llm_ops._dialects.openai import OPENAI
+from llm_ops._engine.answers import rejection_hint
 from llm_ops._engine.dispatcher import REFUSED_ALIKE_TO_STOP
 from tests.media_files import image
 from tests.raw_http import RawServer, addresses, completion, endpoint, with_length
@@ -35,10 +36,14 @@ def photos(rows: int) -> pl.DataFrame:
     )
 
 
+def _retryable(status: int, body: bytes) -> bool:
+    return OPENAI.read_error(status, body).retryable
+
+
 def test_a_5xx_saying_the_input_is_not_supported_is_not_retried():
-    assert not retryable(500, NO_MMPROJ)
-    assert retryable(500, b'{"error": {"message": "out of memory"}}')
-    assert retryable(429, b'{"error": {"message": "not supported"}}')
+    assert not _retryable(500, NO_MMPROJ)
+    assert _retryable(500, b'{"error": {"message": "out of memory"}}')
+    assert _retryable(429, b'{"error": {"message": "not supported"}}')
 
 
 def _label(frame: pl.DataFrame, server: RawServer, cache: Path) -> pl.DataFrame:

@@ -5,23 +5,21 @@ Everything here reads; nothing here sends, waits or changes how the job goes on.
 :class:`Retryable`, keeps the outcome of one that ended in :class:`Final`, pauses every sender
 for a ``Retry-After`` and stops the job when an answer refuses the whole of it.
 
-On the hot path only the fields we use are read from a body (with ``orjson``), and the usual
-``usage`` shape is checked without a call per count: reading answers is, with the HTTP
-exchange itself, most of a request's CPU.
+What a body says is read by the endpoint's dialect (:mod:`llm_ops._dialects`), in neutral
+terms: text, stop reason, usage, reasoning, the kind of an error; here those become outcomes.
 """
 
 from __future__ import annotations
 
 import email.utils
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import orjson
 from yarl import URL
 
+from .._dialects import Dialect, ErrorReading, MalformedAnswer, Reply, Usage
 from .._outcome import (
     TRUNCATED_MESSAGE,
     Counters,
@@ -36,18 +34,6 @@ from .._pack import unpack
 from .._schema import InvalidOutput
 from ..exceptions import setting, setting_to
 from .boundary import one_line, redact
-
-RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
-ABORT_STATUS = frozenset({401, 403})
-UNSUPPORTED = ("not supported", "unsupported", "mmproj")
-"""Words of a 5xx body that refuses the input itself (llama.cpp without ``--mmproj`` answers
-an image with ``500 image input is not supported``): the same request fails every time."""
-FINISHED = frozenset({"stop", "tool_calls", "function_call"})
-"""``finish_reason`` values of a finished answer. ``length`` is ``truncated``,
-``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
-finish and is retried."""
-MAX_TOKENS_BELIEVED = 2**31 - 1
-"""Above this, a token count in ``usage`` cannot be right (nor fit the cache's INTEGER)."""
 
 
 class Retryable(Exception):
@@ -79,17 +65,6 @@ class Final(Exception):
 
 
 # -- answers that are not a 200 ---------------------------------------------------------------
-
-
-def retryable(status: int, payload: bytes) -> bool:
-    """Whether an error answer may go another way if asked again: a 408, 409, 429 or 5xx,
-    unless the 5xx's body says the input is not supported (that is a rejection)."""
-    if status not in RETRYABLE_STATUS:
-        return False
-    if status < 500:
-        return True
-    said = payload[:2048].decode("utf-8", "replace").lower()
-    return not any(word in said for word in UNSUPPORTED)
 
 
 def base_url_hint(status: int, message: str, base_url: str) -> str | None:
@@ -125,6 +100,7 @@ def rejection_hint(message: str) -> str:
 
 def refusal(
     status: int,
+    error: ErrorReading,
     payload: bytes,
     secrets: Sequence[str | None],
     *,
@@ -133,36 +109,20 @@ def refusal(
     """An error answer's one-line message, and, when it refuses the whole job (the
     credentials, an empty quota), why the job stops; else ``None``. ``kept`` says what
     became of the answers so far (the cache is off: they are not kept)."""
-    error = error_body(payload)
-    message = one_line(
-        redact(f"HTTP {status}: {error.get('message') or preview(payload)}", *secrets)
-    )
-    if status in ABORT_STATUS:
+    message = one_line(redact(f"HTTP {status}: {error.message or preview(payload)}", *secrets))
+    if error.kind == "credentials":
         return message, (
             f"the endpoint refused the credentials ({message}); the job was stopped and "
             f"nothing more was sent. Check the API key ({setting_to('api_key')} or "
             "OPENAI_API_KEY) and "
             "its permissions for this model."
         )
-    if status == 429 and "insufficient_quota" in (error.get("code"), error.get("type")):
+    if error.kind == "quota":
         return message, (
             f"the account is out of quota ({message}); the job was stopped and nothing more "
             f"was sent. Add credit or raise the quota, then rerun: {kept}."
         )
     return message, None
-
-
-def asks_for_max_completion_tokens(status: int, payload: bytes) -> bool:
-    """Whether an error answer refuses ``max_tokens`` for ``max_completion_tokens``, as
-    OpenAI's reasoning models do (HTTP 400, ``param: "max_tokens"``,
-    ``code: "unsupported_parameter"``)."""
-    if status != 400:
-        return False
-    error = error_body(payload)
-    said = f"{error.get('code')} {error.get('message')}"
-    return error.get("param") == "max_tokens" and (
-        "unsupported_parameter" in said or "max_completion_tokens" in said
-    )
 
 
 def redirection(status: int, headers: Mapping[str, str], base_url: str) -> tuple[str, str]:
@@ -224,24 +184,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h".replace(".0 h", " h")
 
 
-# -- answers: chat completions and embeddings --------------------------------------------------
+# -- answers: completions and embeddings --------------------------------------------------
 
 
 class Reader:
-    """Reads one dispatch's answers into outcomes, and counts what each answer billed."""
+    """Reads one dispatch's answers into outcomes, by the endpoint's ``dialect``, and counts
+    what each answer billed."""
 
-    def __init__(self, counters: Counters, secrets: Sequence[str | None]):
+    def __init__(self, counters: Counters, secrets: Sequence[str | None], dialect: Dialect):
         self.counters = counters
         self.secrets = secrets
+        self.dialect = dialect
 
     def read(self, request: Request, payload: bytes) -> Outcome:
         """The outcome of an answer; :class:`Retryable` or :class:`Final` when it is none."""
         raise NotImplementedError
 
-    def count(self, usage: object) -> tuple[int, int, int, int] | None:
+    def count(self, tokens: Usage | None) -> Usage | None:
         """Count an answer (billed, whatever becomes of it) and its tokens, when they can be
-        right; tokens that cannot (negative, absurd) are counted as unknown instead."""
-        tokens = read_usage(usage)
+        right; tokens that cannot (negative, absurd: ``None``) are counted as unknown."""
         self.counters.answered += 1
         if tokens is None:
             self.counters.usage_unknown += 1
@@ -253,45 +214,46 @@ class Reader:
         return tokens
 
 
+def malformed(payload: bytes) -> Retryable:
+    return Retryable(f"malformed response body: {preview(payload)!r}", malformed=True)
+
+
 class CompletionReader(Reader):
-    """Reads chat completions; ``validate`` checks a structured answer against its schema."""
+    """Reads completions; ``validate`` checks a structured answer against its schema."""
 
     def __init__(
         self,
         counters: Counters,
         secrets: Sequence[str | None],
+        dialect: Dialect,
         validate: Callable[[str], str] | None = None,
     ):
-        super().__init__(counters, secrets)
+        super().__init__(counters, secrets, dialect)
         self.validate = validate
 
     def read(self, request: Request, payload: bytes) -> Outcome:
         try:
-            body = load(payload)
-            choice = body["choices"][0]
-            message = choice["message"]
-            text = message["content"]
-            finish_reason = choice.get("finish_reason")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise Retryable(
-                f"malformed response body: {preview(payload)!r}", malformed=True
-            ) from exc
-        usage = self.count(body.get("usage"))
+            reply = self.dialect.read_completion(payload)
+        except MalformedAnswer as exc:
+            raise malformed(payload) from exc
+        usage = self.count(reply.usage)
         self.counters.images += images_in(request.messages)  # billed with the answer
-        self._check(body, text, finish_reason)
+        self._check(reply)
+        text = reply.text
+        assert isinstance(text, str)  # _check refused any other
         prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens = usage or (0, 0, 0, 0)
-        truncated = finish_reason == "length"
+        truncated = reply.stop == "length"
         outcome = Outcome(
             key=request.key,
             status="truncated" if truncated else "ok",
             text=text,
             error=TRUNCATED_MESSAGE if truncated else None,
-            finish_reason=finish_reason,
+            stop_reason=reply.stop_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
             reasoning_tokens=reasoning_tokens,
-            reasoning=thinking(message),
+            reasoning=reply.reasoning,
             usage_known=usage is not None,
         )
         if truncated:
@@ -302,37 +264,22 @@ class CompletionReader(Reader):
             _validated(outcome, text, self.validate)
         return outcome
 
-    def _check(self, body: dict[str, Any], text: object, finish_reason: object) -> None:
+    def _check(self, reply: Reply) -> None:
         """Raise for a 200 that is no answer: an error in its body, an answer that was
         filtered or did not finish, or one without text."""
-        if body.get("error"):
-            error = body["error"]
-            detail = error.get("message") if isinstance(error, dict) else error
+        if reply.failed:
             raise Retryable(
-                one_line(redact(f"the endpoint answered with an error: {detail}", *self.secrets))
+                one_line(
+                    redact(f"the endpoint answered with an error: {reply.error}", *self.secrets)
+                )
             )
-        if finish_reason == "content_filter":
-            raise Final(
-                "filtered",
-                "the endpoint's content filter stopped the answer (finish_reason 'content_filter')",
-            )
-        if finish_reason != "length" and finish_reason not in FINISHED:
-            raise Retryable(f"the answer did not finish (finish_reason {finish_reason!r})")
-        if not isinstance(text, str):
-            raise Final(
-                "rejected", f"the answer has no text content (finish_reason {finish_reason!r})"
-            )
-
-
-def thinking(message: dict[str, Any]) -> str | None:
-    """A reasoning model's thinking beside its answer: ``reasoning_content`` (DeepSeek, vLLM,
-    llama.cpp) or ``reasoning`` (OpenRouter, newer vLLM); ``None`` when there is none, or it
-    is not text (an answer is never failed for its thinking)."""
-    for name in ("reasoning_content", "reasoning"):
-        value = message.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return None
+        said = f"{self.dialect.stop_field} {reply.stop_reason!r}"
+        if reply.stop == "filtered":
+            raise Final("filtered", f"the endpoint's content filter stopped the answer ({said})")
+        if reply.stop == "unfinished":
+            raise Retryable(f"the answer did not finish ({said})")
+        if not isinstance(reply.text, str):
+            raise Final("rejected", f"the answer has no text content ({said})")
 
 
 def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Outcome]] | None:
@@ -349,7 +296,7 @@ def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Ou
                 key=member.key,
                 status="ok",
                 text=answer,
-                finish_reason=outcome.finish_reason,
+                stop_reason=outcome.stop_reason,
                 prompt_tokens=outcome.prompt_tokens // share,
                 completion_tokens=outcome.completion_tokens // share,
                 cached_tokens=outcome.cached_tokens // share,
@@ -371,32 +318,33 @@ def _validated(outcome: Outcome, text: str, validate: Callable[[str], str]) -> N
 
 
 class EmbeddingReader(Reader):
-    """Reads ``/embeddings`` answers: one finite vector per input of an
+    """Reads embeddings answers: one finite vector per input of an
     :class:`EmbeddingsRequest`, of ``dimensions`` numbers when that was asked for."""
 
     def __init__(
-        self, counters: Counters, secrets: Sequence[str | None], dimensions: int | None = None
+        self,
+        counters: Counters,
+        secrets: Sequence[str | None],
+        dialect: Dialect,
+        dimensions: int | None = None,
     ):
-        super().__init__(counters, secrets)
+        super().__init__(counters, secrets, dialect)
         self.dimensions = dimensions
 
     def read(self, request: Request, payload: bytes) -> Outcome:
         expected = len(request.inputs) if isinstance(request, EmbeddingsRequest) else 0
         try:
-            body = load(payload)
-            items = sorted(body["data"], key=lambda item: item["index"])
-            vectors = [item["embedding"] for item in items]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise Retryable(
-                f"malformed response body: {preview(payload)!r}", malformed=True
-            ) from exc
-        if len(vectors) != expected or [i["index"] for i in items] != list(range(expected)):
+            answer = self.dialect.read_embeddings(payload)
+        except MalformedAnswer as exc:
+            raise malformed(payload) from exc
+        vectors = answer.vectors
+        if len(vectors) != expected or answer.indexes != list(range(expected)):
             raise Retryable(
                 f"the endpoint returned {len(vectors)} embeddings for {expected} inputs"
             )
         if not _finite_vectors(vectors):
             raise Retryable("the endpoint returned embeddings that are not lists of numbers")
-        usage = self.count(body.get("usage"))
+        usage = self.count(answer.usage)
         wanted = self.dimensions
         if wanted is not None and any(len(vector) != wanted for vector in vectors):
             raise Final(
@@ -423,76 +371,7 @@ def _finite_vectors(vectors: list[Any]) -> bool:
     return values.ndim == 2 and values.shape[1] > 0 and bool(np.isfinite(values).all())
 
 
-# -- usage and bodies ---------------------------------------------------------------------------
-
-
-def read_usage(usage: object) -> tuple[int, int, int, int] | None:
-    """(prompt, completion, cached, reasoning) tokens of an answer's ``usage``, or ``None``
-    when they cannot be right. No usage is none billed; cached tokens (of the prompt's) and
-    reasoning tokens (``completion_tokens_details.reasoning_tokens``, of the completion's)
-    that make no sense are none."""
-    if usage is None:
-        return 0, 0, 0, 0
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens", 0) if type(details) is dict else 0
-    thought = usage.get("completion_tokens_details")
-    reasoning = thought.get("reasoning_tokens", 0) if type(thought) is dict else 0
-    if (  # the common shape, checked without a call per count
-        type(prompt) is int
-        and type(completion) is int
-        and type(cached) is int
-        and type(reasoning) is int
-        and 0 <= cached <= prompt <= MAX_TOKENS_BELIEVED
-        and 0 <= reasoning <= completion <= MAX_TOKENS_BELIEVED
-    ):
-        return prompt, completion, cached, reasoning
-    prompt = token_count(usage.get("prompt_tokens"))
-    completion = token_count(usage.get("completion_tokens"))
-    if prompt is None or completion is None:
-        return None
-    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    reasoning = token_count(thought.get("reasoning_tokens")) if isinstance(thought, dict) else 0
-    return prompt, completion, min(prompt, cached or 0), min(completion, reasoning or 0)
-
-
-def token_count(value: object) -> int | None:
-    """A count of ``usage`` as the endpoint sent it, if it can be right: absent is 0; a
-    negative, fractional or absurd number (at least 2**31), or not a number, is ``None``."""
-    if value is None:
-        return 0
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        if not value.is_integer():  # inf and nan too
-            return None
-        value = int(value)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if not isinstance(value, int):
-        return None
-    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
-
-
-def load(payload: bytes) -> Any:
-    """JSON, as orjson reads it, or as the standard library does what orjson refuses (numbers
-    beyond a double, NaN): an answer must not be lost to one odd number in it."""
-    try:
-        return orjson.loads(payload)
-    except ValueError:
-        return json.loads(payload)
-
-
-def error_body(payload: bytes) -> dict[str, Any]:
-    """The ``error`` object of an OpenAI-style error answer, or an empty dict."""
-    try:
-        body = orjson.loads(payload)
-    except ValueError:
-        return {}
-    inner = body.get("error", body) if isinstance(body, dict) else None
-    return inner if isinstance(inner, dict) else {}
+# -- bodies -------------------------------------------------------------------------------------
 
 
 def preview(payload: bytes, limit: int = 80) -> str:

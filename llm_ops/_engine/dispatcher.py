@@ -20,27 +20,26 @@ from typing import Any
 
 import orjson
 
+from .._dialects import ErrorReading
 from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
+from .._wire import Answer
 from ..exceptions import JobAbortedError, JobInterruptedError, setting
 from .answers import (
-    ABORT_STATUS,
     CompletionReader,
     EmbeddingReader,
     Final,
     Reader,
     Retryable,
-    asks_for_max_completion_tokens,
     base_url_hint,
     duration,
     redirection,
     refusal,
     rejection_hint,
     retry_after,
-    retryable,
 )
 from .boundary import (
     BadBody,
@@ -53,7 +52,7 @@ from .boundary import (
     redact,
 )
 from .engine import Engine
-from .transport import Answer, RecentAnswers
+from .transport import RecentAnswers
 
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
 DRAIN_SECONDS = 10.0  # after SIGTERM, what is in flight may finish for this long
@@ -79,8 +78,6 @@ class Dispatcher:
     stop the job when its first answers are all refusals alike (see :meth:`_watch`); not for
     an earlier model of a cascade, whose refused rows go on to the next one.
     """
-
-    path = "chat/completions"
 
     def __init__(
         self,
@@ -124,11 +121,15 @@ class Dispatcher:
             or self.params.get("max_completion_tokens")
             or DEFAULT_COMPLETION_TOKENS
         )
-        self.url = engine.url(self.path)
+        self.url = engine.url(self.path())
         self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
 
+    def path(self) -> str:
+        """Where requests go, under the base URL: the dialect's completions."""
+        return self.engine.dialect.completions_path
+
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
-        return CompletionReader(self.counters, self.engine.secrets, validate)
+        return CompletionReader(self.counters, self.engine.secrets, self.engine.dialect, validate)
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -410,8 +411,14 @@ class Dispatcher:
         return max(0, estimate - self._completion_budget * answers), output
 
     def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
-        """The JSON body of ``request``, asking with ``messages``; ``max_tokens`` is sent as
-        ``max_completion_tokens`` to a model that refused it (unless that is set too)."""
+        """The JSON body of ``request``, asking with ``messages``, as the endpoint's dialect
+        writes it; ``max_tokens`` is asked as ``max_completion_tokens`` of a model that
+        refused it (unless that is set too)."""
+        return self.engine.dialect.completion_body(self.canonical(request, messages))
+
+    def canonical(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
+        """What ``request`` asks, in the canonical request's terms (what a key hashes, less
+        its endpoint): a pack asks for its members' answers by the pack's format."""
         body = {"model": self.model, "messages": messages, **self.params}
         if isinstance(request, Pack):
             body["response_format"] = PACK_FORMAT
@@ -470,17 +477,19 @@ class Dispatcher:
         finally:
             engine.concurrency.release()
         engine.connect_failures = 0
-        if answer.status in ABORT_STATUS:
+        dialect = engine.dialect
+        error = dialect.read_error(answer.status, answer.body) if answer.status >= 400 else None
+        if error is not None and error.kind == "credentials":
             engine.connected.clear()  # the next job tries one request first again
-        elif not retryable(answer.status, answer.body):
+        elif error is None or not error.retryable:
             engine.connected.set()  # reachable, and the credentials are accepted
-        engine.limiter.observe(answer.headers)
-        if asks_for_max_completion_tokens(answer.status, answer.body):
+        engine.limiter.observe(dialect.heard_limits(answer.headers))
+        if error is not None and error.wants_max_completion_tokens:
             resent = self._with_max_completion_tokens(body)
             if resent is not None:  # not an attempt of its own: the request was not refused
                 return await self._send(request, resent, estimate)
         if answer.status >= 300:
-            raise self._refused(answer)
+            raise self._refused(answer, error)
         self._watch(None)
         outcome = self.reader.read(request, answer.body)
         tokens = outcome.completion_tokens if outcome.usage_known else None
@@ -534,19 +543,20 @@ class Dispatcher:
             return Retryable(str(exc))
         return Retryable(redact(f"connection error: {exc}", *engine.secrets))
 
-    def _refused(self, answer: Answer) -> Retryable | Final:
-        """A redirect or an error status: what it does to the job (stops it, or slows every
-        sender down) and the exception that ends this attempt."""
+    def _refused(self, answer: Answer, error: ErrorReading | None) -> Retryable | Final:
+        """A redirect or an error status (as the dialect reads it: ``error``): what it does
+        to the job (stops it, or slows every sender down) and the exception that ends this
+        attempt."""
         status = answer.status
-        if status < 400:
+        if error is None:
             message, stop = redirection(status, answer.headers, self.engine.base_url)
             self._abort(stop)
             return Final("aborted", message, http_status=status)
-        message, refused = refusal(status, answer.body, self.engine.secrets, kept=self.kept)
+        message, refused = refusal(status, error, answer.body, self.engine.secrets, kept=self.kept)
         if refused is not None:
             self._abort(refused)
             return Final("aborted", message)
-        if not retryable(status, answer.body):
+        if not error.retryable:
             hint = base_url_hint(status, message, self.engine.base_url)
             message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
@@ -611,13 +621,16 @@ async def _nothing(request: Request, outcome: Outcome) -> None:
 
 
 class EmbeddingDispatcher(Dispatcher):
-    """Sends :class:`EmbeddingsRequest` requests to ``/embeddings``; an outcome carries one
-    vector per input."""
+    """Sends :class:`EmbeddingsRequest` requests to the dialect's embeddings; an outcome
+    carries one vector per input."""
 
-    path = "embeddings"
+    def path(self) -> str:
+        return self.engine.dialect.embeddings_path
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
-        return EmbeddingReader(self.counters, self.engine.secrets, self.params.get("dimensions"))
+        return EmbeddingReader(
+            self.counters, self.engine.secrets, self.engine.dialect, self.params.get("dimensions")
+        )
 
     def estimate_tokens(self, request: Request) -> int:
         inputs = request.inputs if isinstance(request, EmbeddingsRequest) else ()
@@ -625,7 +638,7 @@ class EmbeddingDispatcher(Dispatcher):
 
     def body(self, request: Request, messages: list[dict[str, str]]) -> dict[str, Any]:
         inputs = list(request.inputs) if isinstance(request, EmbeddingsRequest) else []
-        return {"model": self.model, "input": inputs, **self.params}
+        return self.engine.dialect.embeddings_body(self.model, inputs, self.params)
 
     def max_bytes(self, request: Request) -> int:
         inputs = len(request.inputs) if isinstance(request, EmbeddingsRequest) else 1

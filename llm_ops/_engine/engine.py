@@ -4,14 +4,14 @@ The dispatch engine is three modules: this one (the :class:`Engine`, which dispa
 :mod:`llm_ops._engine.dispatcher` (workers, retries, one attempt) and
 :mod:`llm_ops._engine.answers` (what an answer says).
 
-The official ``openai`` SDK configures the endpoint (base URL, auth and default headers, its
-own retries off, so retrying is owned by the dispatcher). On the hot path each request's JSON
-body is serialised once with ``orjson`` and posted on one long-lived pool of keep-alive
-connections (:mod:`llm_ops._engine.transport`) with the headers the SDK computed, and only
-the fields we use are read from the answer: the SDK's per-call option transform, request and
-response models cost more CPU per request than everything else together (see
-``benchmarks/``), which on a 2-core machine is the difference between CPU-bound and
-latency-bound at high concurrency.
+The endpoint's dialect (:mod:`llm_ops._dialects`) says what is sent where and with which
+headers. On the hot path each request's JSON body is serialised once with ``orjson`` and
+posted on one long-lived pool of keep-alive connections (:mod:`llm_ops._engine.transport`, or
+the transport the endpoint was given), and only the fields used are read from the answer: the
+``openai`` SDK's per-call option transform, request and response models cost more CPU per
+request than everything else together (see ``benchmarks/``), which on a 2-core machine is the
+difference between CPU-bound and latency-bound at high concurrency. The SDK serves the paths
+that are not hot (provider batches, files), made on first use.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
-import httpx2
 import openai
 import orjson
 from yarl import URL
@@ -36,7 +35,7 @@ from .._spec import NO_KEY, Connection, Limits, ResolvedEndpoint
 from ..exceptions import ConfigError, setting_to
 from .answers import duration
 from .boundary import TransportError, describe, redact, redact_in_logs
-from .transport import Transport
+from .transport import Injected, Sender, Transport
 
 T = TypeVar("T")
 
@@ -53,9 +52,9 @@ class Engine:
     can be reached). It lives on the event loop it is made on (the client's); dispatches
     borrow it, those on another loop through :meth:`hosted`.
 
-    The official ``openai`` SDK configures it (base URL, auth and default headers); requests go
-    through :class:`~llm_ops._engine.transport.Transport`, one pool of keep-alive connections
-    for the engine's life.
+    Its endpoint's dialect names its paths and headers; requests go through
+    :class:`~llm_ops._engine.transport.Transport`, one pool of keep-alive connections for the
+    engine's life, or through the transport the endpoint was given.
     """
 
     def __init__(
@@ -84,51 +83,45 @@ class Engine:
         self._announced_until = 0.0  # the end of the last pause logged
         self._listed: frozenset[str] | None = None  # the models the endpoint lists
         self._listing = asyncio.Lock()
-        # The SDK: the endpoint's configuration now; its HTTP client (``sdk``) when the paths
-        # that are not hot (provider batches, files) first need it. Without a key, the
-        # credentials are in the caller's headers: the SDK, which insists on a key, is given
-        # a placeholder and told (by its Omit) to send no Authorization of its own.
-        keyless = {} if endpoint.api_key else {"Authorization": cast(str, openai.Omit())}
-        self.config = openai.AsyncOpenAI(
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key or NO_KEY,
-            max_retries=0,
-            timeout=limits.timeout,
-            default_headers={**keyless, **connection.headers},
-            http_client=httpx2.AsyncClient(transport=_NotConnected()),
-        )
-        self.base_url = str(self.config.base_url)
+        self.dialect = endpoint.dialect
+        self.api_key = endpoint.api_key
+        # as the SDK spells a base URL: with a trailing slash
+        self.base_url = endpoint.base_url.rstrip("/") + "/"
         self._query = "?" + urlencode(endpoint.query) if endpoint.query else ""
         redact_in_logs((*endpoint.query.values(), *connection.secrets))
-        self.http = Transport(
-            base_url=self.base_url,
-            limit=limits.most_in_flight,
-            headers={
-                **{
-                    k: v
-                    for k, v in self.config.default_headers.items()
-                    # the SDK's X-Stainless-* telemetry: 7 headers on every request, which the
-                    # endpoint must parse too; a caller's own default headers are kept
-                    if isinstance(v, str) and not k.lower().startswith("x-stainless-")
-                },
-                **(self.config.auth_headers if endpoint.api_key else {}),
-                **connection.headers,
-            },
-            tls=connection.tls(),
-            proxy=connection.proxy,
+        headers = {**self.dialect.headers(endpoint.api_key), **connection.headers}
+        self.http: Sender = (
+            Injected(connection.transport, headers)
+            if connection.transport is not None
+            else Transport(
+                base_url=self.base_url,
+                limit=limits.most_in_flight,
+                headers=headers,
+                tls=connection.tls(),
+                proxy=connection.proxy,
+            )
         )
 
     @functools.cached_property
     def sdk(self) -> openai.AsyncOpenAI:
-        """The SDK's client for provider batches and files. Made on first use: its HTTP client
-        loads TLS certificates and imports httpcore2, 70 ms of a job's start on a fresh
-        process, which a job that sends only completions never needs."""
-        return self.config.with_options(
+        """The SDK's client for provider batches and files, its own retries off (retrying is
+        the caller's). Made on first use: its HTTP client loads TLS certificates and imports
+        httpcore2, 70 ms of a job's start on a fresh process, which a job that sends only
+        completions never needs. Without a key, the credentials are in the caller's headers:
+        the SDK, which insists on a key, is given a placeholder and told (by its Omit) to send
+        no Authorization of its own."""
+        keyless = {} if self.api_key else {"Authorization": cast(str, openai.Omit())}
+        return openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key or NO_KEY,
+            max_retries=0,
+            timeout=self.limits.timeout,
+            default_headers={**keyless, **self.connection.headers},
             http_client=openai.DefaultAioHttpClient(
                 timeout=self.limits.timeout,
                 verify=self.connection.tls(),
                 proxy=self.connection.proxy,
-            )
+            ),
         )
 
     def hosted(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
@@ -191,10 +184,8 @@ class Engine:
     async def _models_at(self, url: URL) -> tuple[int | None, frozenset[str]]:
         """The HTTP status of ``GET url`` and the model ids it lists."""
         try:
-            answer = await self.http.get(
-                url,
-                timeout=min(self.limits.timeout, 10.0),
-                max_bytes=self.limits.max_response_bytes,
+            answer = await self.http.request(
+                "GET", url, None, min(self.limits.timeout, 10.0), self.limits.max_response_bytes
             )
             body = orjson.loads(answer.body) if answer.status == 200 else {}
             listed = frozenset(
@@ -239,16 +230,8 @@ class Engine:
         await self.http.close()
         if "sdk" in self.__dict__:
             await self.sdk.close()
-        await self.config.close()
 
 
 def join_url(base: str, path: str, query: str = "") -> URL:
     """``path`` under ``base``, whether ``base`` ends in a slash or not."""
     return URL(f"{base.rstrip('/')}/{path}{query}", encoded=True)
-
-
-class _NotConnected(httpx2.AsyncBaseTransport):
-    """The transport of the SDK client that only configures: it never sends."""
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        raise RuntimeError("llm-ops sends through Engine.http or Engine.sdk, never Engine.config")

@@ -50,17 +50,20 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
+from .._wire import Answer, AsyncTransport, HttpRequest
 from ..exceptions import ConfigError
 from .boundary import (
     AIOHTTP_FAILURES,
     BadBody,
+    CouldNotConnect,
+    TimedOut,
+    TransportError,
     is_reset_before_answer,
     no_answer,
     proxy_refused,
@@ -84,13 +87,58 @@ _protocol: ContextVar[aiohttp.client_proto.ResponseHandler | None] = ContextVar(
 )  # the request's connection: once its answer is read aiohttp holds it no more
 
 
-@dataclass(frozen=True)
-class Answer:
-    """An HTTP answer: its status, headers (case-insensitive) and body (inflated)."""
+class Sender(Protocol):
+    """How the engine sends: :class:`Transport`, or an injected :class:`AsyncTransport`
+    (through :class:`Injected`)."""
 
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
+    async def request(
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        timeout: float,
+        max_bytes: int,
+        *,
+        recent: RecentAnswers | None = None,
+    ) -> Answer: ...
+
+    async def close(self) -> None: ...
+
+
+class Injected:
+    """An :class:`AsyncTransport` the endpoint was given, as the engine sends through it:
+    every request with ``headers``. (Copies of answers on a reused connection are the
+    transport's to care about: ``recent`` is not used.)"""
+
+    def __init__(self, transport: AsyncTransport, headers: Mapping[str, str]):
+        self.transport = transport
+        self.headers = dict(headers)
+
+    async def request(
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        timeout: float,
+        max_bytes: int,
+        *,
+        recent: RecentAnswers | None = None,
+    ) -> Answer:
+        request = HttpRequest(method, str(url), self.headers, body, timeout, max_bytes)
+        try:
+            answer = await self.transport.handle_async_request(request)
+        except TransportError:
+            raise
+        except TimeoutError as exc:
+            raise TimedOut(f"no answer within {timeout:g} s") from exc
+        except OSError as exc:
+            raise CouldNotConnect(str(exc) or type(exc).__name__) from exc
+        if len(answer.body) > max_bytes:
+            raise BadBody(_too_large(max_bytes))
+        return answer
+
+    async def close(self) -> None:
+        await self.transport.aclose()
 
 
 class RecentAnswers:

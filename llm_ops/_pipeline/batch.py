@@ -54,16 +54,11 @@ from collections.abc import (
 )
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .._cache import Cache
-from .._engine.answers import (
-    RETRYABLE_STATUS,
-    CompletionReader,
-    Final,
-    Retryable,
-    asks_for_max_completion_tokens,
-)
+from .._dialects import BatchResult
+from .._engine.answers import CompletionReader, Final, Retryable
 from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
 from .._engine.dispatcher import Dispatcher
 from .._key import build_request, canonical_json
@@ -76,14 +71,13 @@ from .._signals import stopped_by_signals
 from ..exceptions import JobInterruptedError
 from .backend import Backend
 
-ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
 BATCH_ROUNDS = 3  # batches one run puts a request in before its row fails unanswered
 CREATE_ATTEMPTS = 4  # creates of one batch whose answer was lost, each after a lookup
 LINES_PER_PAGE = 1024  # lines of a file read at a time, on the engine's loop
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
-Line = dict[str, Any]  # one line of an input file: custom_id, method, url, body
+Line = dict[str, Any]  # one line of an input file, as the endpoint's dialect writes it
 
 _log = logging.getLogger("llm_ops")
 
@@ -138,9 +132,11 @@ class BatchRunner:
         )
         self.counters = self.live.counters
         self.budget = self.live.budget
+        self.dialect = backend.engine.dialect
         self.reader = CompletionReader(
             self.counters,
             backend.engine.secrets,
+            self.dialect,
             validate=job.spec.schema.validate if job.spec.schema else None,
         )
         self.remainder: list[Request] = []  # what an expired batch left, for live requests
@@ -207,12 +203,7 @@ class BatchRunner:
                     why = f"{exc}; row not sent"
                     await on_outcome(request, Outcome(request.key, "rejected", error=why))
                     continue
-                line = {
-                    "custom_id": request.key,
-                    "method": "POST",
-                    "url": ENDPOINT,
-                    "body": self.live.body(request, messages),
-                }
+                line = self.dialect.batch_line(request.key, self.live.body(request, messages))
             encoded = json.dumps(line, ensure_ascii=False).encode() + b"\n"
             if len(encoded) > self.settings.max_bytes:  # no batch file could hold it
                 why = (
@@ -282,7 +273,7 @@ class BatchRunner:
                 batch = await self.engine.hosted(
                     self.sdk_once.batches.create(
                         input_file_id=part.input_file_id,
-                        endpoint=ENDPOINT,
+                        endpoint=cast(Any, self.dialect.batch_path),
                         completion_window="24h",
                         metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
                     )
@@ -449,9 +440,8 @@ class BatchRunner:
             if file_id is None:
                 continue
             async for line in self._lines(file_id):
-                result = _json_object(line)
-                custom_id = result.get("custom_id")
-                request = requests.get(custom_id) if isinstance(custom_id, str) else None
+                result = self.dialect.batch_result(_json_object(line))
+                request = requests.get(result.key) if result.key is not None else None
                 if request is None:
                     stray += 1
                     continue
@@ -491,14 +481,14 @@ class BatchRunner:
         for key in [k for k in outcomes if k in self._refused_max_tokens]:
             self._refused_max_tokens.discard(key)
             request, line = lines[key]
-            body = dict(line["body"])
+            _, body = self.dialect.batch_request(line)
             if "max_tokens" not in body:
                 continue
             body.setdefault("max_completion_tokens", body["max_tokens"])
             del body["max_tokens"]
             self.engine.max_completion_tokens_models.add(str(body["model"]))
             del outcomes[key]
-            switched[key] = (request, {**line, "body": body})
+            switched[key] = (request, self.dialect.batch_line(key, body))
         return switched
 
     async def _resend(
@@ -606,27 +596,22 @@ class BatchRunner:
         requests = {}
         async for line in self._lines(part.input_file_id):
             item = json.loads(line)
-            body = dict(item["body"])
+            key, body = self.dialect.batch_request(item)
             model, messages = body.pop("model"), body.pop("messages")
             request = build_request(
                 endpoint=part.endpoint, model=model, messages=unsent(messages), params=body
             )
-            requests[item["custom_id"]] = (
-                Request(
-                    key=item["custom_id"], messages=messages, request_json=canonical_json(request)
-                ),
+            requests[key] = (
+                Request(key=key, messages=messages, request_json=canonical_json(request)),
                 item,
             )
         return requests
 
-    def _outcome(self, request: Request, result: dict[str, Any]) -> Outcome:
+    def _outcome(self, request: Request, result: BatchResult) -> Outcome:
         """One line of an output or error file, classified as a live answer would be."""
-        response = result.get("response")
-        response = response if isinstance(response, dict) else {}
-        status, body = response.get("status_code"), response.get("body")
-        if result.get("error") or status is None:
-            error = result.get("error") or {}
-            message = error.get("message") if isinstance(error, dict) else error
+        status, body = result.status, result.body
+        if status is None:
+            message = result.error
             return Outcome(
                 key=request.key,
                 status="failed",
@@ -634,13 +619,13 @@ class BatchRunner:
                 error=self._quoted(f"the batch could not answer it: {message}"),
             )
         if status != 200:
-            if asks_for_max_completion_tokens(status, json.dumps(body).encode()):
+            error = self.dialect.read_error(status, json.dumps(body).encode())
+            if error.wants_max_completion_tokens:
                 self._refused_max_tokens.add(request.key)
-            inner = body.get("error", {}) if isinstance(body, dict) else {}
             return Outcome(
                 key=request.key,
-                status="failed" if status in RETRYABLE_STATUS else "rejected",
-                error=self._quoted(f"HTTP {status}: {inner.get('message') or body}"),
+                status="rejected" if error.kind in ("credentials", "rejected") else "failed",
+                error=self._quoted(f"HTTP {status}: {error.message or body}"),
                 attempts=1,
                 http_status=status,
             )
@@ -689,4 +674,4 @@ def _json_object(line: str) -> dict[str, Any]:
 
 def _answer(outcome: Outcome) -> tuple[Any, ...]:
     """What two outcomes of one request must share to be the same answer."""
-    return (outcome.status, outcome.text, outcome.json, outcome.finish_reason, outcome.error)
+    return (outcome.status, outcome.text, outcome.json, outcome.stop_reason, outcome.error)

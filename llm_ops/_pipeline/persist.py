@@ -124,7 +124,9 @@ class AnswerSink:
                 "response_text": outcome.text,
                 "response_json": outcome.json,
                 "reasoning_text": outcome.reasoning,
-                "finish_reason": outcome.finish_reason,
+                # the cache's column keeps its name (users query it); the dialect says
+                # which of the endpoint's fields filled it
+                "finish_reason": outcome.stop_reason,
                 # unknown usage (tokens the endpoint reported that cannot be right): NULL
                 "prompt_tokens": outcome.prompt_tokens if outcome.usage_known else None,
                 "completion_tokens": outcome.completion_tokens if outcome.usage_known else None,

@@ -1,0 +1,154 @@
+"""What a dialect is: the interface the engine calls, and the neutral values it trades in.
+
+The engine, the limiter and the batch runner speak of requests, answers, stop reasons, token
+counts, rate limits and errors in these neutral terms; a :class:`Dialect` turns them into one
+family of APIs' paths, bodies, headers and fields, and back. The request a dialect is given is
+the canonical request, the one a cache key hashes (see :mod:`llm_ops._key`): a dialect changes
+what is sent, never what is keyed, so every cached answer stays valid whichever dialect asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from .._limits import HeardLimits
+from ..exceptions import LlmOpsError
+
+Stop = Literal["done", "length", "filtered", "unfinished"]
+"""Why an answer stopped: ``done`` (it finished), ``length`` (cut at its token limit: the row
+is ``truncated``), ``filtered`` (a content filter stopped it) or ``unfinished`` (anything else:
+the attempt is made again)."""
+
+ErrorKind = Literal["credentials", "quota", "rate_limited", "retryable", "rejected"]
+"""What an error answer does to a job: ``credentials`` and ``quota`` refuse the whole job (it
+stops); ``rate_limited`` slows every sender and is retried; ``retryable`` is retried;
+``rejected`` refuses this request the same way every time (the row is ``rejected``)."""
+
+Usage = tuple[int, int, int, int]
+"""(prompt, completion, cached, reasoning) tokens an answer billed."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a completion's answer says, in neutral terms.
+
+    ``usage`` is ``None`` when the counts cannot be right (an answer without any bills none:
+    zeros); ``stop_reason`` is the endpoint's own word for why it stopped, kept in the cache as
+    it was said; ``error``, when ``failed``, is what the body said went wrong (a 200 that is no
+    answer)."""
+
+    text: object
+    stop: Stop
+    stop_reason: str | None
+    usage: Usage | None
+    reasoning: str | None = None
+    failed: bool = False
+    error: object = None
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """What an embeddings answer says: its vectors, each with the index of its input."""
+
+    vectors: list[Any]
+    indexes: list[Any]
+    usage: Usage | None
+
+
+@dataclass(frozen=True)
+class ErrorReading:
+    """What an error answer (a status of 400 or more) says: its ``kind``, the endpoint's own
+    message when it gave one, and whether it refuses ``max_tokens`` for
+    ``max_completion_tokens`` (reasoning models do: the request is sent again so)."""
+
+    kind: ErrorKind
+    message: str | None = None
+    wants_max_completion_tokens: bool = False
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in ("rate_limited", "retryable")
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One line of a provider batch's output or error file: the request key it answers (its
+    ``custom_id``, ``None`` when it names none), the HTTP status and body of the answer, or the
+    error that stood for it."""
+
+    key: str | None
+    status: int | None = None
+    body: Any = None
+    error: object = None
+
+
+class MalformedAnswer(LlmOpsError, ValueError):
+    """An answer whose body a dialect cannot read (torn JSON, fields missing); internal: the
+    engine sends the request again once."""
+
+
+@runtime_checkable
+class Dialect(Protocol):
+    """How one family of APIs is spoken: the one object the engine asks about paths, bodies,
+    headers, answers, rate limits, errors and batch files.
+
+    ``provider=`` of :class:`~llm_ops.Endpoint` names one (``"openai"``), or is one."""
+
+    name: str
+    """The provider's name, as ``provider=`` spells it."""
+    stop_field: str
+    """The field naming why an answer stopped, as messages quote it."""
+    completions_path: str
+    """The path of completions, under the base URL."""
+    embeddings_path: str
+    """The path of embeddings, under the base URL."""
+    batch_path: str
+    """The path each line of a provider batch names."""
+
+    def headers(self, api_key: str) -> dict[str, str]:
+        """The headers of every request: those the API asks for and those that carry
+        ``api_key`` (none when it is empty: the caller's own headers carry the credentials).
+        The caller's headers are sent too, and win."""
+        ...
+
+    def completion_body(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON body asking what ``request`` asks: the canonical request (``model``,
+        ``messages``, set parameters, ``response_format``; media as content parts with their
+        ``data:`` URLs) without its ``endpoint``."""
+        ...
+
+    def embeddings_body(
+        self, model: str, inputs: list[str], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The JSON body asking for the embeddings of ``inputs``."""
+        ...
+
+    def read_completion(self, payload: bytes) -> Reply:
+        """A completion's answer; :class:`MalformedAnswer` when it cannot be read."""
+        ...
+
+    def read_embeddings(self, payload: bytes) -> Vectors:
+        """An embeddings answer; :class:`MalformedAnswer` when it cannot be read."""
+        ...
+
+    def heard_limits(self, headers: Mapping[str, str]) -> HeardLimits:
+        """The rate limits an answer's headers name (empty when they name none)."""
+        ...
+
+    def read_error(self, status: int, payload: bytes) -> ErrorReading:
+        """What an error answer (status 400 or more) says."""
+        ...
+
+    def batch_line(self, key: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One line of a batch's input file: ``body`` sent under ``key``."""
+        ...
+
+    def batch_request(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A line of a batch's input file read back: its key and its body."""
+        ...
+
+    def batch_result(self, line: Mapping[str, Any]) -> BatchResult:
+        """One line of a batch's output or error file."""
+        ...
