@@ -40,6 +40,7 @@ from ._semantic import SemanticCache
 from ._spec import Endpoint, RateLimit, Retries, Sampling
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
+from ._wire import AsyncTransport, HttpAnswer, HttpRequest
 from .exceptions import (
     CacheError,
     CacheLockedError,
@@ -63,6 +64,7 @@ __all__ = [
     "STATUSES",
     "STATUS_DTYPE",
     "AskOptions",
+    "AsyncTransport",
     "BatchMode",
     "BatchPart",
     "Budget",
@@ -81,6 +83,8 @@ __all__ = [
     "Estimate",
     "ExprOptions",
     "ExtractOptions",
+    "HttpAnswer",
+    "HttpRequest",
     "Images",
     "JobAbortedError",
     "JobInterruptedError",

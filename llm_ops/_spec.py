@@ -407,10 +407,10 @@ class Endpoint:
         Sends each HTTP request instead of llm-ops' own pool of connections, as httpx's
         ``transport=``: an object with ``async handle_async_request(request)``, taking an
         ``HttpRequest`` (``method``, ``url``, ``headers``, ``body``, ``timeout``,
-        ``max_bytes``) and returning an ``Answer`` (``status``, ``headers``, ``body``), and
-        ``async aclose()`` (see ``llm_ops._wire``). For tests, or to trace each request; the
-        engine still retries, paces and reads every answer. ``verify``, ``cert`` and
-        ``proxy`` are then the transport's to apply.
+        ``max_bytes``) and returning an ``HttpAnswer`` (``status``, ``headers``, ``body``),
+        and ``async aclose()``: an :class:`~llm_ops.AsyncTransport`. For tests, or to
+        trace each request; the engine still retries, paces and reads every answer.
+        ``verify``, ``cert`` and ``proxy`` are then the transport's to apply.
 
     Examples
     --------

@@ -23,7 +23,7 @@ class HttpRequest:
 
 
 @dataclass(frozen=True)
-class Answer:
+class HttpAnswer:
     """An HTTP answer: its status, headers (case-insensitive) and body (inflated)."""
 
     status: int
@@ -34,7 +34,7 @@ class Answer:
 @runtime_checkable
 class AsyncTransport(Protocol):
     """What ``Endpoint(transport=...)`` takes, as httpx's ``transport=``: an object that sends
-    one :class:`HttpRequest` and gives back its :class:`Answer` (a status, headers that look
+    one :class:`HttpRequest` and gives back its :class:`HttpAnswer` (a status, headers that look
     names up in lower case, the body read), and closes what it holds when the client closes.
 
     A transport only sends: the engine decides the rest (retries, rate limits, concurrency,
@@ -43,6 +43,6 @@ class AsyncTransport(Protocol):
     :class:`TimeoutError` for an answer that did not come in time: both are retried. A body
     larger than ``max_bytes`` fails its request."""
 
-    async def handle_async_request(self, request: HttpRequest) -> Answer: ...
+    async def handle_async_request(self, request: HttpRequest) -> HttpAnswer: ...
 
     async def aclose(self) -> None: ...

@@ -28,7 +28,7 @@ from raw_http import (
 )
 from yarl import URL
 
-from llm_ops import ConfigError
+from llm_ops import ConfigError, HttpAnswer
 from llm_ops._engine.boundary import (
     BadBody,
     ConnectionFailed,
@@ -37,16 +37,18 @@ from llm_ops._engine.boundary import (
     Refused,
     TimedOut,
 )
-from llm_ops._engine.transport import Answer, RecentAnswers, Transport
+from llm_ops._engine.transport import RecentAnswers, Transport
 
 
-def post(url: str, *, max_bytes: int = 1000, timeout: float = 5.0, **options: object) -> Answer:
+def post(url: str, *, max_bytes: int = 1000, timeout: float = 5.0, **options: object) -> HttpAnswer:
     """One POST through a new transport, closed after."""
     return exchange(lambda transport: post_on(transport, url, max_bytes, timeout), url, **options)
 
 
-def exchange(test: Callable[[Transport], Awaitable[Answer]], url: str, **options: object) -> Answer:
-    async def main() -> Answer:
+def exchange(
+    test: Callable[[Transport], Awaitable[HttpAnswer]], url: str, **options: object
+) -> HttpAnswer:
+    async def main() -> HttpAnswer:
         transport = Transport(
             limit=4, headers={"Authorization": "Bearer k"}, base_url=url, **options
         )
@@ -60,17 +62,17 @@ def exchange(test: Callable[[Transport], Awaitable[Answer]], url: str, **options
 
 async def post_on(
     transport: Transport, url: str, max_bytes: int = 1000, timeout: float = 5.0
-) -> Answer:
+) -> HttpAnswer:
     return await transport.request("POST", URL(url), b'{"a": 1}', timeout, max_bytes)
 
 
-def twice(url: str) -> list[Answer]:
-    async def both(transport: Transport) -> list[Answer]:
+def twice(url: str) -> list[HttpAnswer]:
+    async def both(transport: Transport) -> list[HttpAnswer]:
         return [await post_on(transport, url) for _ in range(2)]
 
-    result: list[Answer] = []
+    result: list[HttpAnswer] = []
 
-    async def keep(transport: Transport) -> Answer:
+    async def keep(transport: Transport) -> HttpAnswer:
         result.extend(await both(transport))
         return result[0]
 
@@ -209,9 +211,9 @@ def posts_in_turn(url: str, *, recent: RecentAnswers | None, after=None) -> list
 
     bodies: list[bytes] = []
 
-    async def keep(transport: Transport) -> Answer:
+    async def keep(transport: Transport) -> HttpAnswer:
         bodies.extend(await both(transport))
-        return Answer(200, {}, b"")
+        return HttpAnswer(200, {}, b"")
 
     exchange(keep, url)
     return bodies

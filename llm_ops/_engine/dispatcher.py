@@ -26,7 +26,7 @@ from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text
 from .._pack import PACK_FORMAT
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
-from .._wire import Answer
+from .._wire import HttpAnswer
 from ..exceptions import JobAbortedError, JobInterruptedError, setting
 from .answers import (
     CompletionReader,
@@ -543,7 +543,7 @@ class Dispatcher:
             return Retryable(str(exc))
         return Retryable(redact(f"connection error: {exc}", *engine.secrets))
 
-    def _refused(self, answer: Answer, error: ErrorReading | None) -> Retryable | Final:
+    def _refused(self, answer: HttpAnswer, error: ErrorReading | None) -> Retryable | Final:
         """A redirect or an error status (as the dialect reads it: ``error``): what it does
         to the job (stops it, or slows every sender down) and the exception that ends this
         attempt."""

@@ -56,7 +56,7 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from .._wire import Answer, AsyncTransport, HttpRequest
+from .._wire import AsyncTransport, HttpAnswer, HttpRequest
 from ..exceptions import ConfigError
 from .boundary import (
     AIOHTTP_FAILURES,
@@ -100,7 +100,7 @@ class Sender(Protocol):
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
-    ) -> Answer: ...
+    ) -> HttpAnswer: ...
 
     async def close(self) -> None: ...
 
@@ -123,7 +123,7 @@ class Injected:
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
-    ) -> Answer:
+    ) -> HttpAnswer:
         request = HttpRequest(method, str(url), self.headers, body, timeout, max_bytes)
         try:
             answer = await self.transport.handle_async_request(request)
@@ -232,7 +232,7 @@ class Transport:
             skip_auto_headers=("User-Agent",),  # the SDK's is among ``headers``
         )
 
-    async def get(self, url: URL, *, timeout: float, max_bytes: int) -> Answer:
+    async def get(self, url: URL, *, timeout: float, max_bytes: int) -> HttpAnswer:
         return await self.request("GET", url, None, timeout, max_bytes)
 
     async def request(
@@ -244,7 +244,7 @@ class Transport:
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
-    ) -> Answer:
+    ) -> HttpAnswer:
         """One attempt: its answer, its body read to at most ``max_bytes``. A reused
         connection that broke before any byte of the answer came, or whose answer was a copy
         of one of ``recent`` (the dispatch's answers so far, which this one joins), is
@@ -276,7 +276,7 @@ class Transport:
         timeout: float,
         max_bytes: int,
         recent: RecentAnswers | None,
-    ) -> Answer | None:
+    ) -> HttpAnswer | None:
         """The answer, or ``None`` when it was a copy of one of ``recent`` read on a reused
         connection (which is closed)."""
         _reused.set(False)
@@ -298,7 +298,7 @@ class Transport:
                     _close(_protocol.get())  # the answer to this request may be on its way
                     return None
                 recent.add(read)
-            return Answer(response.status, response.headers, read)
+            return HttpAnswer(response.status, response.headers, read)
 
     async def close(self) -> None:
         for session in (self._session, self._new_connections):

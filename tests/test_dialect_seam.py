@@ -1,0 +1,115 @@
+"""The dialect seam: another API plugs in from outside the package, the transport can be
+injected, and the OpenAI dialect's spelling stays in its one module."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from dialect_echo import ECHO, ECHO_KEY, EchoServer, echoed
+
+from llm_ops import Client, ConfigError, Endpoint, HttpAnswer, Sampling, llm_complete
+from llm_ops._dialects import DIALECTS, dialect_for
+from llm_ops._dialects.openai import OPENAI
+
+PROMPTS = pl.DataFrame({"text": ["one", "two", "three"]})
+
+
+def _echo_endpoint(server: EchoServer, **options) -> Endpoint:
+    return Endpoint(server.base_url, api_key=ECHO_KEY, provider=ECHO, **options)
+
+
+def test_a_dialect_from_outside_the_package_answers_a_job():
+    with EchoServer() as server:
+        out = PROMPTS.pipe(
+            llm_complete, prompt="say {text}", model="echo-1", endpoint=_echo_endpoint(server)
+        )
+    assert out["completion"].to_list() == [echoed(f"say {t}") for t in PROMPTS["text"]]
+    assert out["completion_status"].to_list() == ["ok"] * 3
+
+
+def test_the_dialect_writes_the_request_body():
+    with EchoServer() as server:
+        PROMPTS.head(1).pipe(
+            llm_complete,
+            prompt="say {text}",
+            model="echo-1",
+            endpoint=_echo_endpoint(server),
+            sampling=Sampling(max_tokens=7),
+        )
+    assert server.requests == [{"who": "echo-1", "lines": ["say one"], "budget": 7}]
+
+
+def test_the_dialect_classifies_errors_for_the_engines_retries():
+    with EchoServer(refuse_first=1) as server:
+        out = PROMPTS.head(1).pipe(
+            llm_complete, prompt="{text}", model="echo-1", endpoint=_echo_endpoint(server)
+        )
+    assert out["completion"].to_list() == ["ONE"] and len(server.requests) == 2
+
+
+def test_the_dialect_keeps_keys_and_the_cache_answers_a_rerun(tmp_path):
+    cache = tmp_path / "cache.duckdb"
+    with EchoServer() as server:
+        for _ in range(2):
+            PROMPTS.pipe(
+                llm_complete,
+                prompt="{text}",
+                model="echo-1",
+                endpoint=_echo_endpoint(server),
+                cache=cache,
+            )
+    assert len(server.requests) == len(PROMPTS)
+
+
+def test_an_unknown_provider_is_a_config_error_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="'openai'"):
+        Endpoint("http://127.0.0.1:9/v1", provider="nosuch")
+
+
+def test_a_provider_that_is_no_dialect_is_a_config_error():
+    with pytest.raises(ConfigError, match="Dialect object"):
+        Endpoint("http://127.0.0.1:9/v1", provider=42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "base_url", ["https://api.openai.com/v1", "http://127.0.0.1:8000/v1", None]
+)
+def test_the_dialect_is_openai_by_default_and_for_openais_host(base_url):
+    assert dialect_for(None, base_url) is OPENAI
+    assert DIALECTS["openai"] is OPENAI
+
+
+class _Recorded:
+    """A transport that sends nothing: it answers every request from memory, and keeps it."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = HttpAnswer(200, {}, answer)
+        self.sent = []
+        self.closed = False
+
+    async def handle_async_request(self, request):
+        self.sent.append(request)
+        return self.answer
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def test_an_injected_transport_sends_every_request_with_the_dialects_headers():
+    answer = b'{"event": "text", "value": "hi"}\n{"event": "stop", "value": "end"}\n'
+    transport = _Recorded(answer + b'{"event": "spent", "value": {"in": 1, "out": 1}}\n')
+    endpoint = Endpoint(
+        "http://127.0.0.1:9/api", api_key=ECHO_KEY, provider=ECHO, transport=transport
+    )
+    with Client(endpoint=endpoint, cache=False) as client:
+        out = client.complete(PROMPTS.head(1), prompt="{text}", model="echo-1")
+    assert out["completion"].to_list() == ["hi"]
+    posted = [r for r in transport.sent if r.method == "POST"]
+    assert [r.url for r in posted] == ["http://127.0.0.1:9/api/say"]
+    assert posted[0].headers["X-Echo-Key"] == ECHO_KEY
+    assert transport.closed
+
+
+def test_a_transport_without_the_interface_is_a_config_error():
+    with pytest.raises(ConfigError, match="handle_async_request"):
+        Endpoint("http://127.0.0.1:9/v1", transport=object())  # type: ignore[arg-type]
