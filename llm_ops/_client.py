@@ -81,7 +81,7 @@ class Client:
     Like ``httpx.Client``: made once, it holds one connection pool, one rate limiter and one
     adaptive-concurrency state for its whole life, so every job it runs (a DataFrame, each
     chunk of a table, each vector of a SQL query) shares what was learned about the endpoint:
-    a ``Retry-After``, limits from ``x-ratelimit-*`` headers, a lowered concurrency. Its work
+    a ``Retry-After``, limits from its rate-limit headers, a lowered concurrency. Its work
     runs on an event loop of its own, in a background thread, so the same client serves sync
     and async callers; the ``llm`` expressions given ``client=`` run on the thread Polars calls
     them on, and send their requests through the same engine, on this loop. Use it as a

@@ -154,7 +154,7 @@ def llm_complete(
         asked again with its validation error (``repair``).
     rate_limit
         :class:`~llm_ops.RateLimit`: requests and tokens per minute to stay under. The
-        endpoint's ``x-ratelimit-*`` headers are followed too; the tighter limit wins.
+        endpoint's rate-limit headers are followed too; the tighter limit wins.
     batch
         ``True`` or a :class:`~llm_ops.BatchMode`: the distinct uncached requests go through
         the provider's Files and Batches API at its price (half the live one by default, see

@@ -512,8 +512,8 @@ class Retries:
 @dataclass(frozen=True)
 class RateLimit:
     """Requests (``rpm``) and tokens (``tpm``) per minute to stay under: ``rate_limit=`` of
-    every call and of :class:`~llm_ops.Client`. The endpoint's ``x-ratelimit-*`` headers are
-    followed too; the tighter limit wins.
+    every call and of :class:`~llm_ops.Client`. The endpoint's rate-limit headers are followed
+    too; the tighter limit wins.
 
     Examples
     --------

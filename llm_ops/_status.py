@@ -18,13 +18,13 @@ rejected
     body says the input is not supported), or, before
     anything was sent, its image or PDF could not be read or is over a limit; not retried
 filtered
-    the endpoint's content filter stopped the answer (finish_reason ``content_filter``); the
+    the endpoint's content filter stopped the answer (OpenAI: ``content_filter``); the
     partial answer is not kept, not cached and not retried
 failed
     no answer after all retries (timeouts, connection errors, 429, 5xx, malformed bodies,
     answers that did not finish)
 truncated
-    the answer stopped at ``max_tokens`` (finish_reason ``length``); the partial text is kept
+    the answer stopped at ``max_tokens`` (OpenAI: ``length``); the partial text is kept
 invalid
     a structured answer (``schema=``) that is not JSON or does not match the schema; the raw
     text is kept in ``<output>_raw``

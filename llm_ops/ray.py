@@ -20,7 +20,7 @@ What is shared, and how:
   (``<out>.work/``), which every worker can read (one machine, or a shared file system).
 * **One rate limit for the whole cluster.** A :class:`Quota` actor holds the requests- and
   tokens-per-minute budgets (the client's ``rate_limit``, and limits any worker learns from
-  ``x-ratelimit-*`` headers) and every ``Retry-After`` pause. Workers lease tokens from it a
+  the endpoint's rate-limit headers) and every ``Retry-After`` pause. Workers lease tokens from it a
   quarter of a second's worth at a time, so the sum of their traffic stays under the limit
   without a round trip per request; each worker keeps its own adaptive concurrency.
 * **One writer for the cache.** Workers never open the cache file: each appends its answers to

@@ -3,6 +3,10 @@ injected, and the OpenAI dialect's spelling stays in its one module."""
 
 from __future__ import annotations
 
+import io
+import tokenize
+from pathlib import Path
+
 import polars as pl
 import pytest
 from dialect_echo import ECHO, ECHO_KEY, EchoServer, echoed
@@ -113,3 +117,61 @@ def test_an_injected_transport_sends_every_request_with_the_dialects_headers():
 def test_a_transport_without_the_interface_is_a_config_error():
     with pytest.raises(ConfigError, match="handle_async_request"):
         Endpoint("http://127.0.0.1:9/v1", transport=object())  # type: ignore[arg-type]
+
+
+# -- the OpenAI dialect's spelling stays in its module --------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[1] / "llm_ops"
+DIALECT_HOMES = ("_dialects", "testing")  # the dialects, and the OpenAI-compatible simulator
+SPELLED_ANYWHERE = ("chat/completions", "finish_reason", "x-ratelimit")
+KEPT = {
+    # The cache's column keeps OpenAI's name: users query it, and renaming it would break
+    # their SQL (the module's docstring says so too); the row written to it names it.
+    ("_cache/_migrations.py", "finish_reason"),
+    ("_pipeline/persist.py", "finish_reason"),
+}
+
+
+def _spellings(source: str, *, under_cli: bool = False) -> set[str]:
+    """The OpenAI dialect's words ``source`` spells in its code: any of
+    :data:`SPELLED_ANYWHERE` in a name, a string (docstrings too) or a comment, and
+    ``"choices"`` as a string of its own. argparse's ``choices=`` is a keyword, no string,
+    but a dict of its options spells it as one: ``under_cli``, that string is argparse's."""
+    found = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.NAME, tokenize.STRING, tokenize.COMMENT):
+            found |= {word for word in SPELLED_ANYWHERE if word in token.string}
+        quoted = token.string.strip("'\"") if token.type == tokenize.STRING else None
+        if quoted == "choices" and not under_cli:
+            found.add("choices")
+    return found
+
+
+def _modules() -> list[Path]:
+    return [
+        path
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in DIALECT_HOMES
+    ]
+
+
+def test_no_module_outside_the_dialects_spells_the_openai_dialect():
+    spelled = set()
+    for path in _modules():
+        relative = path.relative_to(PACKAGE)
+        words = _spellings(path.read_text(), under_cli=relative.parts[0] == "cli")
+        spelled |= {(relative.as_posix(), word) for word in words}
+    assert spelled - KEPT == set()
+
+
+def test_the_spelling_check_finds_each_word():
+    source = (
+        'PATH = "chat/completions"  # x-ratelimit\n'
+        'def f(body):\n    return body["choices"][0].finish_reason\n'
+    )
+    assert _spellings(source) == {"chat/completions", "x-ratelimit", "choices", "finish_reason"}
+
+
+def test_the_spelling_check_lets_argparse_choices_be():
+    assert _spellings('parser.add_argument("--x", choices=["a"])\n') == set()
+    assert _spellings('options = {"choices": ["a"]}\n', under_cli=True) == set()

@@ -3,6 +3,10 @@ of each as the journal's lines and the lookups carry them.
 
 The schema only changes through :data:`MIGRATIONS`; the versions applied are recorded in
 ``llm_ops_migrations``, and :func:`migrate` applies the rest in one transaction.
+
+The column of why an answer stopped keeps the name it was made with, OpenAI's, though the
+dialects are elsewhere (:mod:`llm_ops._dialects`): users query it by that name, and renaming
+it would break their SQL. It holds the endpoint's own word, whatever its dialect.
 """
 
 from __future__ import annotations

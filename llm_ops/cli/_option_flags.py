@@ -100,7 +100,7 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "N",
     ),
     "rpm": OptionFlag(
-        "requests per minute to stay under (the endpoint's x-ratelimit headers are followed too)",
+        "requests per minute to stay under (the endpoint's rate-limit headers are followed too)",
         "N",
     ),
     "tpm": OptionFlag("tokens per minute to stay under", "N"),
