@@ -45,6 +45,7 @@ from urllib.request import url2pathname
 import orjson
 import polars as pl
 
+from ._dialects import CANONICAL
 from ._key import canonical_json
 from ._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
 from .exceptions import ConfigError, LlmOpsError
@@ -685,13 +686,12 @@ def _described(
 
 
 # -- keyed and sent parts ---------------------------------------------------------------------
+# Spelled as the canonical request spells them (``CANONICAL``), which keys hash: the endpoint's
+# dialect writes them its own way as it sends them.
 
 
 def _image_url(url: str, detail: str | None) -> dict[str, Any]:
-    part: dict[str, Any] = {"url": url}
-    if detail is not None:
-        part["detail"] = detail
-    return {"type": "image_url", "image_url": part}
+    return CANONICAL.image_part(url, detail)
 
 
 def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[dict[str, Any]]:
@@ -709,7 +709,7 @@ def keyed_parts(descriptors: Iterable[Mapping[str, Any]], media: Media) -> list[
                 for n in range(1, item["pages"] + 1)
             ]
         else:
-            parts.append({"type": "file", "file": {"file_data": f"sha256:{item['sha256']}"}})
+            parts.append(CANONICAL.file_part(f"sha256:{item['sha256']}"))
     return parts
 
 
@@ -750,12 +750,7 @@ def sent_parts(
             parts.append(_image_url(f"data:{item['mime']};base64,{payload}", detail))
         else:
             name = Path(item["path"]).name if "path" in item else f"{item['sha256'][:16]}.pdf"
-            parts.append(
-                {
-                    "type": "file",
-                    "file": {"filename": name, "file_data": f"data:{PDF};base64,{payload}"},
-                }
-            )
+            parts.append(CANONICAL.file_part(f"data:{PDF};base64,{payload}", name))
     return parts
 
 

@@ -1,10 +1,11 @@
 """Multi-row requests: several rows' prompts in one request, answers matched back by id.
 
 A pack's user message lists its items as JSON objects ``{"id": "3", "request": "..."}`` and
-asks for ``{"answers": [{"id": "3", "answer": "..."}, ...]}`` (also sent as a JSON schema
-response format). Every id must come back exactly once; otherwise the pack is split in halves
-and each half is retried, down to single rows, which are sent as ordinary requests. So no row
-can receive another row's answer. Answers are cached under each row's single-row key.
+asks for ``{"answers": [{"id": "3", "answer": "..."}, ...]}`` (also asked as structured output
+of :data:`PACK_SCHEMA`, as the endpoint's dialect asks for it). Every id must come back exactly
+once; otherwise the pack is split in halves and each half is retried, down to single rows,
+which are sent as ordinary requests. So no row can receive another row's answer. Answers are
+cached under each row's single-row key.
 """
 
 from __future__ import annotations
@@ -13,25 +14,20 @@ import json
 from typing import Any
 
 PACK_HEADER = "Answer each request below on its own, as if it were the only one."
-PACK_FORMAT: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "answers",
-        "schema": {
-            "type": "object",
-            "properties": {
-                "answers": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {"id": {"type": "string"}, "answer": {"type": "string"}},
-                        "required": ["id", "answer"],
-                    },
-                }
+PACK_OUTPUT = "answers"  # the name of a pack's structured output
+PACK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "answers": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"id": {"type": "string"}, "answer": {"type": "string"}},
+                "required": ["id", "answer"],
             },
-            "required": ["answers"],
-        },
+        }
     },
+    "required": ["answers"],
 }
 
 

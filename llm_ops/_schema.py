@@ -50,13 +50,6 @@ class OutputSchema:
     dtype: pl.DataType
     model: type[BaseModel] | None
 
-    def response_format(self) -> dict[str, Any]:
-        """The ``response_format`` request parameter (part of the request key)."""
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": self.name, "schema": self.json_schema},
-        }
-
     def validate(self, text: str) -> str:
         """The answer as normalised JSON; :class:`InvalidOutput` when it does not conform."""
         if self.model is not None:

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx2
 
 from ._concurrency import DEFAULT_CAP
-from ._dialects import Dialect, dialect_for
+from ._dialects import CANONICAL, Dialect, dialect_for
 from ._key import (
     build_embedding_request,
     build_request,
@@ -680,7 +680,8 @@ class RequestSpec:
         """The spec of these parts, with the sampling parameters that are set."""
         params = dict(sampling.params)
         if schema is not None:
-            params["response_format"] = schema.response_format()
+            # in the canonical request's spelling, which keys hash
+            params.update(CANONICAL.structured_output(schema.name, schema.json_schema))
         return cls(
             endpoint=endpoint,
             model=model,

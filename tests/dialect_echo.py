@@ -34,11 +34,24 @@ class EchoDialect:
         return {"X-Echo-Key": api_key, "Content-Type": "application/json"}
 
     def completion_body(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        return {
+        body = {
             "who": request["model"],
             "lines": [message["content"] for message in request["messages"]],
             "budget": request.get("max_tokens"),
         }
+        asked = request.get("response_format")  # the canonical request's structured output
+        if asked is not None:
+            body.update(self.structured_output(**asked["json_schema"]))
+        return body
+
+    def structured_output(self, name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+        return {"shape": {"called": name, "fields": sorted(schema.get("properties", {}))}}
+
+    def image_part(self, url: str, detail: str | None = None) -> dict[str, Any]:
+        return {"picture": url}
+
+    def file_part(self, data: str, filename: str | None = None) -> dict[str, Any]:
+        return {"document": data}
 
     def embeddings_body(
         self, model: str, inputs: list[str], params: Mapping[str, Any]

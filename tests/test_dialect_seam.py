@@ -175,3 +175,15 @@ def test_the_spelling_check_finds_each_word():
 def test_the_spelling_check_lets_argparse_choices_be():
     assert _spellings('parser.add_argument("--x", choices=["a"])\n') == set()
     assert _spellings('options = {"choices": ["a"]}\n', under_cli=True) == set()
+
+
+def test_the_dialect_writes_structured_output_its_own_way():
+    with EchoServer() as server:
+        PROMPTS.head(1).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="echo-1",
+            endpoint=_echo_endpoint(server),
+            schema={"title": "Word", "type": "object", "properties": {"word": {"type": "string"}}},
+        )
+    assert server.requests[0]["shape"] == {"called": "Word", "fields": ["word"]}

@@ -26,6 +26,7 @@ from .base import (
 from .openai import OPENAI
 
 __all__ = [
+    "CANONICAL",
     "DEFAULT",
     "DIALECTS",
     "HOSTS",
@@ -41,6 +42,9 @@ __all__ = [
     "dialect_for",
 ]
 
+CANONICAL = OPENAI
+"""The dialect whose spelling the canonical request (what a key hashes) uses for structured
+output and media parts. Keys live in users' caches: this never changes."""
 DEFAULT = "openai"
 DIALECTS: dict[str, Dialect] = {"openai": OPENAI}
 """The dialects llm-ops ships, by the name ``provider=`` gives them."""

@@ -5,6 +5,10 @@ counts, rate limits and errors in these neutral terms; a :class:`Dialect` turns 
 family of APIs' paths, bodies, headers and fields, and back. The request a dialect is given is
 the canonical request, the one a cache key hashes (see :mod:`llm_ops._key`): a dialect changes
 what is sent, never what is keyed, so every cached answer stays valid whichever dialect asked.
+
+The canonical request is spelled as the OpenAI-compatible dialect spells its bodies (its
+structured-output format, its media parts: :data:`llm_ops._dialects.CANONICAL`), as keys were
+before there were dialects; another dialect reads it in :meth:`Dialect.completion_body`.
 """
 
 from __future__ import annotations
@@ -117,6 +121,20 @@ class Dialect(Protocol):
         """The JSON body asking what ``request`` asks: the canonical request (``model``,
         ``messages``, set parameters, ``response_format``; media as content parts with their
         ``data:`` URLs) without its ``endpoint``."""
+        ...
+
+    def structured_output(self, name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+        """The body's fields asking for an answer matching the JSON ``schema``, named
+        ``name``."""
+        ...
+
+    def image_part(self, url: str, detail: str | None = None) -> dict[str, Any]:
+        """A message's content part holding an image by its URL (a ``data:`` URL, or a
+        remote one), looked at as closely as ``detail`` says when it is set."""
+        ...
+
+    def file_part(self, data: str, filename: str | None = None) -> dict[str, Any]:
+        """A message's content part holding a PDF as a ``data:`` URL, named ``filename``."""
         ...
 
     def embeddings_body(

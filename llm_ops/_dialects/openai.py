@@ -86,6 +86,29 @@ class OpenAIDialect:
     def completion_body(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return dict(request)
 
+    def structured_output(self, name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+        """``response_format``: a JSON schema the answer must match, named ``name``."""
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": name, "schema": schema},
+            }
+        }
+
+    def image_part(self, url: str, detail: str | None = None) -> dict[str, Any]:
+        """An ``image_url`` content part: an image's URL (a ``data:`` URL, or a hash as
+        keyed), and how closely to look (``detail``) when that is set."""
+        part: dict[str, Any] = {"url": url}
+        if detail is not None:
+            part["detail"] = detail
+        return {"type": "image_url", "image_url": part}
+
+    def file_part(self, data: str, filename: str | None = None) -> dict[str, Any]:
+        """A ``file`` content part: a PDF's ``data:`` URL (or its hash as keyed), and its
+        name when it is sent."""
+        named = {} if filename is None else {"filename": filename}
+        return {"type": "file", "file": {**named, "file_data": data}}
+
     def embeddings_body(
         self, model: str, inputs: list[str], params: Mapping[str, Any]
     ) -> dict[str, Any]:

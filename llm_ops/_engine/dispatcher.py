@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from .._dialects import ErrorReading
+from .._dialects import CANONICAL, ErrorReading
 from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
-from .._pack import PACK_FORMAT
+from .._pack import PACK_OUTPUT, PACK_SCHEMA
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
 from .._wire import HttpAnswer
@@ -421,7 +421,7 @@ class Dispatcher:
         its endpoint): a pack asks for its members' answers by the pack's format."""
         body = {"model": self.model, "messages": messages, **self.params}
         if isinstance(request, Pack):
-            body["response_format"] = PACK_FORMAT
+            body.update(CANONICAL.structured_output(PACK_OUTPUT, PACK_SCHEMA))
             for name in ANSWER_LIMITS:  # room for every member's answer, and the JSON around
                 if name in body:
                     body[name] = body[name] * len(request.members) + 16
