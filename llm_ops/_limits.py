@@ -23,11 +23,12 @@ Sleep = Callable[[float], Awaitable[None]]
 """How the limiter waits: :func:`asyncio.sleep`, or a test's, which moves its fake clock."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # made for every answer: not frozen, whose __init__ costs twice as much
 class HeardLimit:
     """What an answer said of one per-minute budget of the endpoint (its requests or its
     tokens): the limit, what ``remaining`` of it is readable (a non-negative number), whether
-    it said none is left (``spent``), and the seconds until it is full again (``reset``)."""
+    it said none is left (``spent``), and then the seconds until it is full again (``reset``;
+    read only when it is spent, the one time it is used)."""
 
     per_minute: float | None = None
     remaining: float | None = None
@@ -35,7 +36,7 @@ class HeardLimit:
     reset: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class HeardLimits:
     """What an answer said of the endpoint's rate limits, as a dialect reads its headers
     (:meth:`llm_ops._dialects.Dialect.heard_limits`): nothing, when it named none."""

@@ -34,7 +34,7 @@ Usage = tuple[int, int, int, int]
 """(prompt, completion, cached, reasoning) tokens an answer billed."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # made for every answer: not frozen, whose __init__ costs twice as much
 class Reply:
     """What a completion's answer says, in neutral terms.
 

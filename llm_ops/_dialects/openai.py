@@ -160,11 +160,12 @@ class OpenAIDialect:
             remaining = headers.get(f"x-ratelimit-remaining-{kind}")
             if limit is None and remaining is None:
                 continue
-            reset = headers.get(f"x-ratelimit-reset-{kind}")
+            spent = remaining is not None and remaining.strip() == "0"
+            reset = headers.get(f"x-ratelimit-reset-{kind}") if spent else None
             heard[kind] = HeardLimit(
                 per_minute=_number(limit),
                 remaining=_count(remaining),
-                spent=remaining is not None and remaining.strip() == "0",
+                spent=spent,
                 reset=parse_duration(reset) if reset is not None else None,
             )
         return HeardLimits(**heard) if heard else _NOTHING
