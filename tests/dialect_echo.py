@@ -29,6 +29,7 @@ class EchoDialect:
     completions_path = "say"
     embeddings_path = "embed"
     batch_path = "say"
+    models_path = "who"  # the echo API lists none: any model is taken
 
     def headers(self, api_key: str) -> dict[str, str]:
         return {"X-Echo-Key": api_key, "Content-Type": "application/json"}
@@ -57,6 +58,9 @@ class EchoDialect:
         self, model: str, inputs: list[str], params: Mapping[str, Any]
     ) -> dict[str, Any]:
         raise NotImplementedError("the echo API has no embeddings")
+
+    def read_models(self, payload: bytes) -> frozenset[str]:
+        return frozenset()
 
     def read_completion(self, payload: bytes) -> Reply:
         try:

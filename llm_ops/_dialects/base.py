@@ -110,6 +110,8 @@ class Dialect(Protocol):
     """The path of embeddings, under the base URL."""
     batch_path: str
     """The path each line of a provider batch names."""
+    models_path: str
+    """The path listing the models served, under the base URL."""
 
     def headers(self, api_key: str) -> dict[str, str]:
         """The headers of every request: those the API asks for and those that carry
@@ -141,6 +143,11 @@ class Dialect(Protocol):
         self, model: str, inputs: list[str], params: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The JSON body asking for the embeddings of ``inputs``."""
+        ...
+
+    def read_models(self, payload: bytes) -> frozenset[str]:
+        """The models a listing names (none: any model is taken as served);
+        :class:`MalformedAnswer` when it cannot be read."""
         ...
 
     def read_completion(self, payload: bytes) -> Reply:

@@ -58,6 +58,7 @@ class OpenAIDialect:
     completions_path = "chat/completions"
     embeddings_path = "embeddings"
     batch_path = "/v1/chat/completions"
+    models_path = "models"
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -115,6 +116,18 @@ class OpenAIDialect:
         return {"model": model, "input": inputs, **params}
 
     # -- answers ------------------------------------------------------------------------------
+
+    def read_models(self, payload: bytes) -> frozenset[str]:
+        """The ``id`` of each item of the listing's ``data``."""
+        try:
+            body = orjson.loads(payload)
+            return frozenset(
+                str(item["id"])
+                for item in body.get("data", ())
+                if isinstance(item, dict) and "id" in item
+            )
+        except _READ_FAILURES as exc:
+            raise MalformedAnswer(str(exc)) from exc
 
     def read_completion(self, payload: bytes) -> Reply:
         try:

@@ -26,10 +26,10 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 import openai
-import orjson
 from yarl import URL
 
 from .._concurrency import Concurrency
+from .._dialects import MalformedAnswer
 from .._limits import Limiter, RateLimiter
 from .._spec import NO_KEY, Connection, Limits, ResolvedEndpoint
 from ..exceptions import ConfigError, setting_to
@@ -169,9 +169,10 @@ class Engine:
                 )
 
     async def _list_models(self) -> frozenset[str]:
-        status, listed = await self._models_at(self.url("models"))
+        path = self.dialect.models_path
+        status, listed = await self._models_at(self.url(path))
         if status == 404 and not URL(self.base_url).path.rstrip("/").endswith("/v1"):
-            with_v1 = join_url(self.base_url, "v1/models", self._query)
+            with_v1 = join_url(self.base_url, f"v1/{path}", self._query)
             if (await self._models_at(with_v1))[0] == 200:
                 shown = self.endpoint.rstrip("/") + "/v1"
                 raise ConfigError(
@@ -187,14 +188,9 @@ class Engine:
             answer = await self.http.request(
                 "GET", url, None, min(self.limits.timeout, 10.0), self.limits.max_response_bytes
             )
-            body = orjson.loads(answer.body) if answer.status == 200 else {}
-            listed = frozenset(
-                str(item["id"])
-                for item in body.get("data", ())
-                if isinstance(item, dict) and "id" in item
-            )
-            return answer.status, listed
-        except (TransportError, ValueError, AttributeError, TypeError):
+            ok = answer.status == 200
+            return answer.status, self.dialect.read_models(answer.body) if ok else frozenset()
+        except (TransportError, MalformedAnswer):
             # A failure here is the first request's to report, with its own message.
             return None, frozenset()
 

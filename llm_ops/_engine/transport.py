@@ -1,9 +1,10 @@
 """The hot path's HTTP: one aiohttp session for a client's life, posting pre-encoded bodies.
 
-The ``openai`` SDK stays the source of configuration (base URL, auth and default headers) and
-serves the paths that are not hot (provider batches, files). Per request, its option
-transform and request and response models cost more CPU than everything else a request needs;
-here a request is one ``session.request`` of bytes and one bounded read of bytes.
+The endpoint's dialect names the paths and headers; the ``openai`` SDK serves the paths that
+are not hot (provider batches, files). Per request, its option transform and request and
+response models cost more CPU than everything else a request needs; here a request is one
+``session.request`` of bytes and one bounded read of bytes. An endpoint given a transport of
+its own (``Endpoint(transport=)``) sends through it instead (:class:`Injected`).
 
 Why aiohttp and not our own HTTP/1.1 (which this module was in December 2026, for 0.1 ms of
 CPU a request): an HTTP parser is security surface. Ours turned a negative chunk size into an
@@ -229,7 +230,7 @@ class Transport:
             connector=connector,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent",),  # the SDK's is among ``headers``
+            skip_auto_headers=("User-Agent",),  # the dialect's is among ``headers``
         )
 
     async def get(self, url: URL, *, timeout: float, max_bytes: int) -> HttpAnswer:
