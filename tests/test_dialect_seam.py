@@ -25,7 +25,11 @@ def _echo_endpoint(server: EchoServer, **options) -> Endpoint:
 def test_a_dialect_from_outside_the_package_answers_a_job():
     with EchoServer() as server:
         out = PROMPTS.pipe(
-            llm_complete, prompt="say {text}", model="echo-1", endpoint=_echo_endpoint(server)
+            llm_complete,
+            prompt="say {text}",
+            model="echo-1",
+            endpoint=_echo_endpoint(server),
+            cache=False,
         )
     assert out["completion"].to_list() == [echoed(f"say {t}") for t in PROMPTS["text"]]
     assert out["completion_status"].to_list() == ["ok"] * 3
@@ -38,6 +42,7 @@ def test_the_dialect_writes_the_request_body():
             prompt="say {text}",
             model="echo-1",
             endpoint=_echo_endpoint(server),
+            cache=False,
             sampling=Sampling(max_tokens=7),
         )
     assert server.requests == [{"who": "echo-1", "lines": ["say one"], "budget": 7}]
@@ -46,7 +51,11 @@ def test_the_dialect_writes_the_request_body():
 def test_the_dialect_classifies_errors_for_the_engines_retries():
     with EchoServer(refuse_first=1) as server:
         out = PROMPTS.head(1).pipe(
-            llm_complete, prompt="{text}", model="echo-1", endpoint=_echo_endpoint(server)
+            llm_complete,
+            prompt="{text}",
+            model="echo-1",
+            endpoint=_echo_endpoint(server),
+            cache=False,
         )
     assert out["completion"].to_list() == ["ONE"] and len(server.requests) == 2
 
@@ -184,6 +193,7 @@ def test_the_dialect_writes_structured_output_its_own_way():
             prompt="{text}",
             model="echo-1",
             endpoint=_echo_endpoint(server),
+            cache=False,
             schema={"title": "Word", "type": "object", "properties": {"word": {"type": "string"}}},
         )
     assert server.requests[0]["shape"] == {"called": "Word", "fields": ["word"]}
