@@ -38,6 +38,7 @@ from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_fo
 from ._progress import ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
+from ._settings import DECLARED, settings_map
 from ._spec import Endpoint, RateLimit, RequestSpec, Retries, Sampling, positive_int, seconds
 from ._spec import is_number as _is_number
 from ._status import STATUS_DTYPE
@@ -265,55 +266,11 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
 
-SETTINGS: Mapping[str, tuple[str, str]] = {
-    "base_url": ("endpoint", "base_url"),
-    "api_key": ("endpoint", "api_key"),
-    "headers": ("endpoint", "headers"),
-    "verify": ("endpoint", "verify"),
-    "cert": ("endpoint", "cert"),
-    "proxy": ("endpoint", "proxy"),
-    "endpoint_name": ("endpoint", "name"),
-    "max_response_bytes": ("endpoint", "max_response_bytes"),
-    "flush_every": ("cache", "flush_every"),
-    "flush_seconds": ("cache", "flush_seconds"),
-    "merge_wait": ("cache", "merge_wait"),
-    "max_age": ("cache", "max_age"),
-    "max_attempts": ("retries", "max_attempts"),
-    "timeout": ("retries", "timeout"),
-    "max_retry_after": ("retries", "max_retry_after"),
-    "repair": ("retries", "repair"),
-    "rpm": ("rate_limit", "rpm"),
-    "tpm": ("rate_limit", "tpm"),
-    "max_tokens": ("sampling", "max_tokens"),
-    "temperature": ("sampling", "temperature"),
-    "top_p": ("sampling", "top_p"),
-    "seed": ("sampling", "seed"),
-    "stop": ("sampling", "stop"),
-    "reasoning_effort": ("sampling", "reasoning_effort"),
-    "max_completion_tokens": ("sampling", "max_completion_tokens"),
-    "keep_reasoning": ("sampling", "keep_reasoning"),
-    "rows_per_request": ("packing", "rows_per_request"),
-    "pack_tokens": ("packing", "pack_tokens"),
-    "send_order": ("packing", "send_order"),
-    "max_cost": ("budget", "max_cost"),
-    "max_requests": ("budget", "max_requests"),
-    "max_tokens_total": ("budget", "max_tokens_total"),
-    "batch_max_requests": ("batch", "max_requests"),
-    "batch_max_bytes": ("batch", "max_bytes"),
-    "batch_poll_seconds": ("batch", "poll_seconds"),
-    "on_expired": ("batch", "on_expired"),
-    "image_detail": ("images", "detail"),
-    "documents_as": ("documents", "send_as"),
-    "max_pages": ("documents", "max_pages"),
-    "max_pixels": ("images", "max_pixels"),
-    "media_folders": ("images", "folders"),  # and documents' folders too
-    "escalate": ("model", "escalate"),
-    "semantic_cache_threshold": ("semantic_cache", "threshold"),
-}
+SETTINGS: Mapping[str, tuple[str, str]] = settings_map(DECLARED)
 """The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
 a field of an option's object: setting -> (option, field). Every other setting is the option
 of its name. ``media_folders`` is the ``folders`` of both :class:`Images` and
-:class:`Documents`."""
+:class:`Documents`. Made from the declarations of :mod:`llm_ops._settings`."""
 
 _GROUPS: Mapping[str, type] = {
     "endpoint": Endpoint,
@@ -444,14 +401,7 @@ def _settings_of(given: Mapping[str, Any], option: str) -> str:
 
 def setting_names() -> set[str]:
     """Every flat setting: the options that are not objects of fields, and those fields."""
-    return (set(Options.__optional_keys__) - {option for option, _ in SETTINGS.values()}) | {
-        *SETTINGS,
-        "cache",
-        "batch",
-        "semantic_cache",
-        "images",
-        "documents",
-    }
+    return {setting.name for setting in DECLARED if setting.flat}
 
 
 def setting_type(name: str) -> object:

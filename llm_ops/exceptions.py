@@ -44,7 +44,8 @@ parameter instead.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 __all__ = [
     "CacheError",
@@ -59,6 +60,7 @@ __all__ = [
     "RowsFailedWarning",
     "TemplateError",
     "Words",
+    "said_in",
 ]
 
 
@@ -119,6 +121,31 @@ class LlmOpsError(Exception):
 
     def __str__(self) -> str:
         return self.worded(getattr(self, "words", PYTHON_WORDS))
+
+
+@contextmanager
+def said_in(words: Words) -> Iterator[None]:
+    """Within, an llm-ops error raised names its settings in ``words`` (a front end's: a
+    flow's parameters), wherever it is shown after (a run's log and state).
+
+    Examples
+    --------
+    >>> from llm_ops.exceptions import ConfigError, Words, said_in, setting
+    >>> class Shouting(Words):
+    ...     def name(self, setting: str) -> str:
+    ...         return setting.upper()
+    >>> try:
+    ...     with said_in(Shouting()):
+    ...         raise ConfigError(f"{setting('base_url')} is wrong")
+    ... except ConfigError as exc:
+    ...     print(exc)
+    BASE_URL is wrong
+    """
+    try:
+        yield
+    except LlmOpsError as exc:
+        exc.say_in(words)
+        raise
 
 
 def _in_words(message: str, words: Words) -> str:
