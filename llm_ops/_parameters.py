@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
@@ -77,8 +78,6 @@ def class_default(setting: Setting) -> object:
         return None
     kind = GROUPS[setting.option]
     if not dataclasses.is_dataclass(kind):
-        import inspect
-
         found = inspect.signature(kind).parameters.get(setting.field)
         return None if found is None or found.default is found.empty else found.default
     for field in dataclasses.fields(kind):
@@ -114,7 +113,8 @@ def plain(text: str) -> str:
 
 def help_text(setting: Setting, default: object = None) -> str:
     """Its help with its default, for a shell or a form; ``default`` is a front end's own."""
-    said = default if default not in (None, False, True) else default_words(setting)
+    own = default is not None and not isinstance(default, bool)
+    said = default if own else default_words(setting)
     text = setting.help + (f" (default: {said})" if said is not None else "")
     return plain(text)
 
@@ -443,9 +443,28 @@ def settings_parser(
     epilog: str | None = None,
     metavars: Mapping[str, str] | None = None,
 ) -> argparse.ArgumentParser:
-    """A command line with a flag per field of ``model``, in their order: a setting's as
-    declared, another's from its description and ``metavars`` (field to what goes after its
-    flag). :func:`parse_settings` reads it."""
+    """A command line with a flag per field of ``model``, in their order.
+
+    A setting's flag is as declared (its name, help, what goes after it, the default of
+    ``model`` where it has its own); another field's is ``--`` and its name, with its
+    description as help. :func:`parse_settings` reads what it parsed into ``model``.
+
+    Parameters
+    ----------
+    model
+        A :class:`SettingsModel` decorated with :func:`with_settings`.
+    prog, description, epilog
+        As :class:`argparse.ArgumentParser` takes them.
+    metavars
+        What goes after the flag of a field that is no setting, by field (besides
+        ``model.metavars``); else ``N`` for a number, the field's name in capitals.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Every flag optional but a field without a default's; a list field's flag is given
+        again for each item, a dict field's as ``NAME=VALUE`` each.
+    """
     parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog)
     for name, field in model.model_fields.items():
         setting = model.declared.get(name)
@@ -456,36 +475,64 @@ def settings_parser(
         if how.get("action") != "store_true":
             kind = "N" if _field_kind(field.annotation) is int else name.upper()
             how["metavar"] = {**model.metavars, **(metavars or {})}.get(name, kind)
-        default = field.default
+        default = None if field.is_required() else field.default
         text = field.description or ""
-        if default not in (None, False) and "default" not in text:
+        if default is not None and default is not False and "default" not in text:
             text += f" (default: {default})".replace("\n", "\\n")
-        parser.add_argument("--" + name.replace("_", "-"), **how, help=text.replace("%", "%%"))
+        flag = "--" + name.replace("_", "-")
+        if field.is_required():
+            how["required"] = True
+        parser.add_argument(flag, **how, help=text.replace("%", "%%"))
     return parser
 
 
 def parse_settings(
     parser: argparse.ArgumentParser, model: type[Model], argv: Sequence[str]
 ) -> Model:
-    """``model`` from the command line ``argv`` of ``parser`` (see :func:`settings_parser`);
-    exits with a usage error naming the flag of a wrong parameter."""
+    """``model`` from the command line ``argv`` that ``parser`` reads.
+
+    Parameters
+    ----------
+    parser
+        What :func:`settings_parser` made for ``model``.
+    model
+        The :class:`SettingsModel` to make.
+    argv
+        The arguments, without the program's name.
+
+    Returns
+    -------
+    Model
+        Made from the flags given; one given once for a field taking a text or a list is the
+        text (``--model m``: ``model="m"``).
+
+    Raises
+    ------
+    SystemExit
+        With argparse's usage error, naming each wrong value's flag, as for an unknown flag.
+    """
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     for name, value in given.items():
         if isinstance(value, list) and value and isinstance(value[0], tuple):
             given[name] = dict(value)  # NAME=VALUE pairs
-    if isinstance(given.get("model"), list) and len(given["model"]) == 1:
-        given["model"] = given["model"][0]
-    flags = {dest: s.flag_name for dest, s in model.declared.items()}
+        elif isinstance(value, list) and len(value) == 1 and _takes_text(model, name):
+            given[name] = value[0]
+    flags = {name: s.flag_name for name, s in model.declared.items()}
+
+    def flag(error: Any) -> str:
+        name = str(error["loc"][0]) if error["loc"] else ""
+        return flags.get(name, "--" + name.replace("_", "-"))
+
     try:
         return model(**given)
     except ValidationError as exc:
-        parser.error(
-            "; ".join(
-                f"{flags.get(str(e['loc'][0]), '--' + str(e['loc'][0]).replace('_', '-'))}: "
-                f"{e['msg']}"
-                for e in exc.errors()
-            )
-        )
+        parser.error("; ".join(f"{flag(error)}: {error['msg']}" for error in exc.errors()))
+
+
+def _takes_text(model: type[SettingsModel], name: str) -> bool:
+    """Whether the field ``name`` of ``model`` takes a text as well as a list."""
+    field = model.model_fields.get(name)
+    return field is not None and str in get_args(field.annotation)
 
 
 # --- the options page -------------------------------------------------------------------------

@@ -33,6 +33,19 @@ def table_of_settings(
     endpoint, the cache, the limits), so what one task learned of the endpoint (how many
     requests it absorbs, its rate limits) holds in the next; it is closed when the process
     exits. Clients are told apart by a hash of their settings, which no copy keeps.
+
+    Parameters
+    ----------
+    settings
+        The job's flat settings by name, ``model`` among them; a setting of ``None`` is left
+        out.
+    source, out, prompt, rows_per_read, chunk_size
+        As :class:`Table` takes them.
+
+    Returns
+    -------
+    Table
+        Checked against the input's columns; nothing is sent yet.
     """
     given = {name: value for name, value in settings.items() if value is not None}
     of_client = {
