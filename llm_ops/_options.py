@@ -407,10 +407,17 @@ def setting_names() -> set[str]:
 def setting_type(name: str) -> object:
     """The type of a flat setting (see :data:`SETTINGS`): its field's, or its option's."""
     if name in SETTINGS:
-        option, field_name = SETTINGS[name]
-        kind = _GROUPS[option]
-        return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
-    return get_type_hints(Options)[name]
+        return option_type(*SETTINGS[name])
+    return option_type(name, None)
+
+
+def option_type(option: str, field_name: str | None) -> object:
+    """The type of ``option`` (an option of :class:`Options`), or of its object's field
+    ``field_name``."""
+    if field_name is None:
+        return get_type_hints(Options)[option]
+    kind = _GROUPS[option]
+    return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
 
 
 def _default_cache() -> os.PathLike[str]:

@@ -26,15 +26,14 @@ from typing import (
     Union,
     get_args,
     get_origin,
-    get_type_hints,
 )
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from ._cache import Cache, parse_duration
+from ._cache import parse_duration
 from ._options import _GROUPS as GROUPS
-from ._options import Options
+from ._options import option_type
 from ._settings import DECLARED, SECTIONS, Setting
 from ._spec import _CREDENTIAL
 from .exceptions import ConfigError, Words
@@ -46,10 +45,7 @@ Model = TypeVar("Model", bound="SettingsModel")
 
 def class_hint(setting: Setting) -> object:
     """The type its option's class gives it: its field's, or its option's."""
-    if setting.field is None:
-        return get_type_hints(Options)[setting.option]
-    kind = GROUPS[setting.option]
-    return get_type_hints(kind.__init__ if kind is Cache else kind)[setting.field]
+    return option_type(setting.option, setting.field)
 
 
 def plain_kind(setting: Setting) -> object:
@@ -122,12 +118,14 @@ def help_text(setting: Setting, default: object = None) -> str:
 # --- flags ------------------------------------------------------------------------------------
 
 
-def _duration(text: str) -> timedelta:
-    """A duration flag's value; argparse shows an ``ArgumentTypeError``'s message."""
+def _duration(text: str) -> str:
+    """A duration flag's value, checked (argparse shows an ``ArgumentTypeError``'s message)
+    and kept as written, as a cache and stored parameters take it."""
     try:
-        return parse_duration(text)
+        parse_duration(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
 
 
 def _how(kind: object) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.enrich import EnrichConfig
+from flows.enrich import EnrichConfig, config_of
 from llm_ops import SETTINGS, with_settings
 from llm_ops._options import setting_names
 from llm_ops._parameters import options_page, options_tables
@@ -88,3 +88,12 @@ def test_the_flows_help_lists_every_setting_it_takes():
     )
     flags = {s.flag_name for s in DECLARED if s.flat and s.flow}
     assert {flag for flag in flags if flag not in done.stdout} == set()
+
+
+def test_the_flows_command_line_takes_a_duration_as_written():
+    assert config_of(["--max-age", "6h"]).max_age == "6h"
+
+
+def test_the_flows_command_line_takes_headers_as_name_value_pairs():
+    config = config_of(["--headers", "X-Tenant=acme", "--verify", "false"])
+    assert (config.headers, config.verify) == ({"X-Tenant": "acme"}, False)

@@ -71,9 +71,9 @@ def command(
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """``--base-url`` and ``--cache``: where a command's client sends, and its cache file."""
-    parser.add_argument(
-        "--base-url", metavar="URL", help="endpoint (default: $OPENAI_BASE_URL, then OpenAI's)"
-    )
+    base_url = flag_of("base_url")  # declared with the settings
+    assert base_url is not None
+    parser.add_argument(base_url.flag_name, metavar=base_url.metavar, help=help_text(base_url))
     parser.add_argument("--cache", metavar="FILE", help=CACHE_HELP)
 
 
