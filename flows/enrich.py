@@ -37,7 +37,6 @@ from llm_ops import (
 )
 from llm_ops.exceptions import said_in
 from llm_ops.tables import BatchPart, Counters, Table, TablePlan, TableSettings, Written
-from llm_ops.testing import LocalEndpoint
 
 STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
 
@@ -219,8 +218,11 @@ def main(argv: list[str]) -> None:
     # Prefect's temporary API server can take longer than its default 20 s on a busy machine.
     startup = {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_SECONDS}
     with temporary_settings(startup), ExitStack() as stack:
-        if config.base_url is None:  # the demo, on the local simulator at any free port: its
-            endpoint = stack.enter_context(LocalEndpoint())  # name is what cache keys hold
+        if config.base_url is None:  # the demo, on the bundled simulator
+            from llm_ops.testing import LocalEndpoint
+
+            # Any free port: the simulator's name, not its URL, is what the cache keys hold.
+            endpoint = stack.enter_context(LocalEndpoint())
             name, concurrency = config.endpoint_name or endpoint.name, config.concurrency or 64
             update = {"base_url": endpoint.base_url, "endpoint_name": name}
             config = config.model_copy(update={**update, "concurrency": concurrency})
