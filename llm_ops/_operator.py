@@ -13,7 +13,7 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from ._client import Client, complete_later, embed_later, given_client
+from ._client import Client, complete_on, complete_on_async, embed_later, given_client
 from ._frames import Frame, PolarsFrame
 from ._options import (
     EmbedOptions,
@@ -217,13 +217,7 @@ def llm_complete(
     >>> out["completion"][0]
     'sim #a9d110f4: Summarize: Lovely dress'
     """
-    made, call = split_options(options)
-    if client is not None:
-        return given_client(client, made)._complete_any(df, prompt, model, return_report, call)
-    if isinstance(df, pl.LazyFrame):
-        return _complete_later(df, prompt, model, return_report, options)
-    with Client(**made) as own:
-        return own._complete_any(df, prompt, model, return_report, call)
+    return complete_on(client, df, prompt, model, return_report, options)
 
 
 @overload
@@ -282,17 +276,7 @@ async def llm_complete_async(
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments (a
     LazyFrame stays lazy: its requests are made when it is collected)."""
-    made, call = split_options(options)
-    if client is not None:
-        on_client = given_client(client, made)
-        return await on_client._complete_any_async(df, prompt, model, return_report, call)
-    if isinstance(df, pl.LazyFrame):
-        return _complete_later(df, prompt, model, return_report, options)
-    own = Client(**made)
-    try:
-        return await own._complete_any_async(df, prompt, model, return_report, call)
-    finally:
-        own.close()
+    return await complete_on_async(client, df, prompt, model, return_report, options)
 
 
 @overload
@@ -390,25 +374,6 @@ def llm_embed(
         if client is None:  # a client of its own, made for this call
             runner.close()
     return result
-
-
-def _complete_later(
-    df: pl.LazyFrame,
-    prompt: str,
-    model: ModelOption,
-    return_report: bool,
-    options: Options,
-) -> pl.LazyFrame:
-    """``llm_complete`` of a LazyFrame: checked now, sent on a client of its own when it is
-    collected."""
-    made, call = split_options(options)
-    job = Client(**made)._job(prompt, model, call, columns=df.collect_schema())
-
-    def send(frame: pl.DataFrame) -> tuple[pl.DataFrame, RunReport]:
-        with Client(**made) as client:
-            return client.run(client._complete(frame, prompt, model, call))
-
-    return complete_later(df, job, return_report, call, send=send)
 
 
 def _embed_later(
