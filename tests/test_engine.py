@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
 import io
-import itertools
 import json
 import signal
 import subprocess
@@ -18,6 +16,7 @@ from types import SimpleNamespace
 import duckdb
 import polars as pl
 import pytest
+from clocks import VirtualTime
 
 from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning
 from llm_ops._engine.answers import retry_after
@@ -47,48 +46,6 @@ def test_a_request_rate_limit_fails_no_row(complete, endpoint):
     endpoint.configure(rpm=1200, rate_window=1.0)
     out = _rows(120).pipe(complete, prompt="{text}", concurrency=32)
     assert out["completion_status"].to_list() == ["ok"] * 120  # the rate: benchmarks/run.py
-
-
-class VirtualTime:
-    """A fake clock for the rate limiter, and the sleep that moves it: time stands still while
-    any task can run, then jumps to the earliest wake-up. What the limiter lets through at
-    what time is then its plan, not how fast a busy machine ran it."""
-
-    SETTLE = 20  # loop turns for every task that can run to reach its next wait (a few hops)
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._wakeups: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        wakeup = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._wakeups, (self.now + max(seconds, 0.0), next(self._order), wakeup))
-        await wakeup
-
-    def run(self, main):
-        """Run the coroutine ``main`` to its end, moving the clock whenever every task waits."""
-
-        async def drive():
-            task = asyncio.ensure_future(main)
-            while True:
-                for _ in range(self.SETTLE):
-                    await asyncio.sleep(0)
-                if task.done():
-                    return task.result()
-                while self._wakeups and self._wakeups[0][2].done():  # a sleep cancelled
-                    heapq.heappop(self._wakeups)
-                assert self._wakeups, "every task waits on something other than time"
-                self.now = max(self.now, self._wakeups[0][0])
-                while self._wakeups and self._wakeups[0][0] <= self.now:
-                    wakeup = heapq.heappop(self._wakeups)[2]
-                    if not wakeup.done():
-                        wakeup.set_result(None)
-
-        return asyncio.run(drive())
 
 
 def _times_let_through(clock: VirtualTime, admissions) -> list[float]:
