@@ -122,15 +122,29 @@ def test_open_cache_reads_while_a_job_writes(endpoint, cache):
     pl.DataFrame({"text": ["first"]}).pipe(
         llm_complete, prompt="{text}", model="sim", endpoint=endpoint.base_url, cache=cache
     )
+    endpoint.reset()
+    endpoint.configure(hold=300)  # the job is held midway, alive, until told
     job = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
-    counts = []
+    counts = [_count_while(job, until=lambda count: count == 1 + 300)]  # its merges landed
+    endpoint.configure()
     while job.poll() is None:
-        with open_cache(cache) as con:  # waits out a merge instead of failing
-            counts.append(con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0])
+        counts.append(_count(cache))  # waits out a merge instead of failing
         time.sleep(0.01)
     assert job.returncode == 0
-    assert len(counts) > 5 and counts == sorted(counts)
+    assert counts == sorted(counts)
     assert _count(cache) == 601
+
+
+def _count_while(job, until, seconds=60.0) -> int:
+    """Read the cache's count through ``open_cache`` until ``until`` holds of it, while ``job``
+    is alive: it must still be when the count is reached."""
+    deadline = time.monotonic() + seconds
+    while not until(count := _count(job.args[-1])):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the count was still {count} after {seconds} s")
+        time.sleep(0.01)
+    assert job.poll() is None
+    return count
 
 
 KILLED = """

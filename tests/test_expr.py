@@ -274,7 +274,9 @@ def test_an_expression_sends_on_its_clients_connection_pool(endpoint):
     """A frame job, then an expression on the same client: the expression's requests go out on
     the client's engine, so on the keep-alive connections the job opened, and no more open
     than the concurrency allows (an engine of its own would open as many again)."""
-    endpoint.configure(latency=0.05)  # requests overlap: the job opens several connections
+    # the job's requests overlap however busy the machine (answers wait until four are in
+    # flight), so it opens several connections
+    endpoint.configure(gather=4)
     first = pl.DataFrame({"text": [f"first {i}" for i in range(24)]})
     second = pl.DataFrame({"text": [f"second {i}" for i in range(24)]})
     with Client(endpoint=endpoint.base_url, cache=False, concurrency=4) as client:
