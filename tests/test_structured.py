@@ -7,6 +7,7 @@ import pytest
 from pydantic import BaseModel
 
 from llm_ops import Client, ConfigError, Retries, llm_extract
+from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 
 
 class Aspect(BaseModel):
@@ -111,6 +112,15 @@ def test_an_extraction_takes_repair(endpoint):
         repair=True, prompt="{text}",
     )  # fmt: skip
     assert out["extracted_status"].to_list() == ["ok"]
+
+
+def test_an_expression_takes_repair(endpoint):
+    asked = pl.col("text").llm.complete(
+        "{}", model="sim", schema=Review, repair=True, with_status=True,
+        endpoint=endpoint.base_url, cache=False,
+    )  # fmt: skip
+    out = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]}).select(asked)
+    assert out["text"].struct.field("status").to_list() == ["ok"]
 
 
 def test_repair_without_a_schema_is_a_config_error_before_sending(complete, endpoint):
