@@ -98,7 +98,9 @@ class Client:
     ----------
     **options
         ``endpoint``, ``cache``, ``concurrency``, ``retries``, ``rate_limit``: as for
-        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
+        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`). Everything else
+        (``schema=`` and ``repair=``, ``sampling=``, ``send_order=``, ...) is said per call,
+        so one client serves calls that differ in it.
     quota
         A rate budget shared beyond this process, which the client's rate limiter leases
         from instead of keeping a ``rate_limit`` of its own: what a Ray worker's client is

@@ -10,11 +10,12 @@ options from them, as the flow does from its parameters.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Literal, get_args, get_origin
 
 from .._cache import parse_duration
-from .._options import setting_names, setting_type
+from .._options import RENAMED_SETTINGS, setting_names, setting_type
 from ..exceptions import ConfigError
 from ._option_flags import OPTION_FLAGS
 from ._parser import (
@@ -80,6 +81,28 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+class _Renamed(argparse.Action):
+    """A former flag: refused, naming the flag it is now."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, now: str, **kwargs: Any):
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", **kwargs)
+        self.now = now
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string} is {self.now} now")
+
+
+def _flag_of(name: str) -> str:
+    declared = OPTION_FLAGS[name]
+    return declared.flag or "--" + name.replace("_", "-")
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = None) -> None:
     """The arguments of a job on files, and ``--output FILE`` with the help ``output`` for a
     job that writes one; the names of the options given as flags are kept as
@@ -111,10 +134,16 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, output: str | None = N
         }
         if how["action"] != "store_true":
             how["metavar"] = flag.metavar
-        action = parser.add_argument(
-            flag.flag or "--" + name.replace("_", "-"), **how, help=flag.help
-        )
+        action = parser.add_argument(_flag_of(name), **how, help=flag.help)
         named[name] = action.dest  # output_column for output: --output is the file
+    for former, now in RENAMED_SETTINGS.items():  # not listed in --help
+        parser.add_argument(
+            "--" + former.replace("_", "-"),
+            action=_Renamed,
+            now=_flag_of(now),
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
     parser.add_argument(
         "--pricing",
         action="append",

@@ -147,10 +147,10 @@ OPTION_FLAGS: dict[str, OptionFlag] = {
         "with --batch: what an expired batch's unanswered requests do, 'resubmit' "
         "(default: in a new batch) or 'live' (sent now)"
     ),
-    "batch_max_requests": OptionFlag(
+    "requests_per_batch": OptionFlag(
         "with --batch: requests per batch file (default: 50000, OpenAI's limit)", "N"
     ),
-    "batch_max_bytes": OptionFlag(
+    "bytes_per_batch": OptionFlag(
         "with --batch: bytes per batch file (default: 200 MB, OpenAI's limit)", "BYTES"
     ),
     "batch_poll_seconds": OptionFlag(
