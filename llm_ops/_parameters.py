@@ -540,6 +540,8 @@ def _docs_default(setting: Setting) -> str:
     if setting.default is not None:
         return setting.default
     value = class_default(setting)
+    if value is None and (setting.kind or class_hint(setting)) is bool:
+        return "`False`"  # a switch, off unless given
     if value is None:
         return "unset"
     if isinstance(value, str | bool):
@@ -559,6 +561,8 @@ def _spelled(setting: Setting, declared: Sequence[Setting]) -> str:
     if not setting.flat:
         via = flag_of(setting.via, declared) if setting.via else None
         return "-" if via is None else _spelled(via, declared)
+    if not setting.cli and not setting.flow:
+        return "-"
     again = ", again for each" if setting.repeated else ""
     flag = f" (`{setting.flag_name}`{again})" if setting.cli else ""
     return f"`{setting.parameter}`{flag}"
@@ -566,9 +570,9 @@ def _spelled(setting: Setting, declared: Sequence[Setting]) -> str:
 
 def options_tables(declared: Sequence[Setting] = DECLARED) -> dict[str, str]:
     """The options page's tables, by the option they describe (``options``: the first)."""
-    rows = ["| argument | default | meaning |", "| --- | --- | --- |"]
+    rows = ["| argument | default | meaning | setting (flag) |", "| --- | --- | --- | --- |"]
     rows += [
-        f"| `{s.option}` | {_docs_default(s)} | {_meaning(s)} |"
+        f"| `{s.option}` | {_docs_default(s)} | {_meaning(s)} | {_spelled(s, declared)} |"
         for s in declared
         if s.field is None
     ]

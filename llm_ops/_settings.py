@@ -131,12 +131,21 @@ _OPTIONS = (
         "for a cascade", default="required"),
     Setting("output", "output", alias="output_column", metavar="NAME", default="completion",
         help="name of the answer column; its `_status` and `_error` columns are named after it"),
+    Setting("keep_reasoning", "keep_reasoning",
+        help="add `<output>_reasoning`: the thinking a reasoning model returns beside each "
+        "answer (`reasoning_content`, or `reasoning`), null where none came; not sent, not part "
+        "of the cache key (the cache keeps the thinking whenever it comes, so a cached answer "
+        "brings it back)", see="../endpoints.md#reasoning-models"),
     Setting("system", "system", metavar="TEMPLATE",
         help="system message, a template as the prompt is"),
     Setting("schema", "schema", cli=False, flow=False,
-        help="a pydantic model or a JSON schema the answer must follow: structured output; "
-        "`Retries(repair=True)` asks an invalid answer again with its error",
+        help="a pydantic model or a JSON schema the answer must follow: structured output",
         see="../guides/frames.md#structured-output"),
+    Setting("repair", "repair", cli=False, flow=False,
+        given="no flag: the command line and the flow take no `schema`",
+        help="with `schema`: an invalid structured answer is asked again once, with its "
+        "validation error (the attempt counts as a retry); per call, so one `Client` may repair "
+        "in one call and not the next; without `schema`, a `ConfigError`"),
     Setting("images", "images", metavar="COLUMN", repeated=True, kind=list[str],
         help="a column of images (bytes, or paths and URLs) sent after each row's prompt text; "
         "again for another; an [`Images`](#images) in Python", see="../guides/media.md"),
@@ -158,11 +167,11 @@ _OPTIONS = (
         help="most requests in flight, at most 4096; unset, the job finds how many the endpoint "
         "absorbs, and a number given is where it starts", see="../concurrency.md"),
     _python("retries",
-        help="a [`Retries`](#retries): attempts, timeout, the longest `Retry-After`, repair of "
-        "invalid structured answers", default="`Retries()`"),
+        help="a [`Retries`](#retries): attempts, timeout, the longest `Retry-After`",
+        default="`Retries()`"),
     _python("rate_limit", help="a [`RateLimit`](#ratelimit): requests and tokens per minute",
         default="unset"),
-    Setting("batch", "batch", kind=bool, default="off",
+    Setting("batch", "batch", kind=bool,
         help="send the requests through the provider's Batch API at its price (half the live one "
         "by default) and wait, up to 24 h, instead of sending them now; a "
         "[`BatchMode`](#batchmode) in Python", see="../batch.md"),
@@ -170,9 +179,12 @@ _OPTIONS = (
         help="a [`Budget`](#budget): when sending stops; a budget spans every model of a cascade",
         default="unset", see=_PRICES),
     _python("packing",
-        help="a [`Packing`](#packing): several rows per request, and the order requests go out "
-        "in", default="one row per request, sent by shared prefix",
+        help="a [`Packing`](#packing): several rows per request", default="one row per request",
         see=f"{_LEVERS}#multi-row-requests"),
+    Setting("send_order", "send_order", default="prefix",
+        help="order the requests go out in: `prefix` groups requests that share a system message "
+        "and prompt start, for the server's prefix cache; `input`: the order of the rows. The "
+        "answers are the same either way", see=f"{_LEVERS}#send-order"),
     Setting("pricing", "pricing", metavar="MODEL=IN,OUT", repeated=True, kind=list[str],
         default="the built-in price of a known model",
         help="$ per 1M input and output tokens of a model, e.g. `gpt-4o-mini=0.15,0.60` (a third "
@@ -184,9 +196,11 @@ _OPTIONS = (
         "get status `similar`); a [`SemanticCache`](#semanticcache) in Python",
         see=f"{_LEVERS}#semantic-cache-reuse-the-answer-of-a-near-identical-prompt"),
     Setting("on_error", "on_error", cli=False, default='`"null"`',
+        given="`on_error` (`--on-error` of `llm-ops run`)",
         help="`null`: failed rows get a null answer; `raise`: fail once every answer is cached "
         "(and, for a job on files, the output written)"),
     Setting("progress", "progress", cli=False, flow=False, default="on in a terminal",
+        given="`--no-progress`; a flow reports in its artifacts",
         help="on or off, or a callable receiving a `Progress` snapshot twice a second"),
     _python("return_report", help="return `(frame, RunReport)`", default="`False`"),
 )
@@ -250,10 +264,6 @@ _RETRIES = (
     Setting("max_retry_after", "retries", "max_retry_after", metavar="SECONDS", at_least=0,
         help="longest wait an endpoint may ask for (`Retry-After`) before the request fails "
         "instead of stalling the job", see="../statuses.md#when-the-endpoint-misbehaves"),
-    Setting("repair", "retries", "repair", cli=False, flow=False,
-        given="no flag: the command line and the flow take no `schema`",
-        help="with a schema: an invalid structured answer is asked again once, with its "
-        "validation error (the attempt counts as a retry)"),
 )
 
 _RATE_LIMIT = (
@@ -282,10 +292,6 @@ _SAMPLING = (
         at_least=1,
         help="most tokens per answer, a reasoning model's thinking included; part of the cache "
         "key"),
-    Setting("keep_reasoning", "sampling", "keep_reasoning",
-        help="add `<output>_reasoning`: the thinking a reasoning model returns beside each "
-        "answer (`reasoning_content`, or `reasoning`), null where none came; not sent, not part "
-        "of the cache key"),
 )
 
 _PACKING = (
@@ -294,10 +300,6 @@ _PACKING = (
         "providers that price per request", see=f"{_LEVERS}#multi-row-requests"),
     Setting("pack_tokens", "packing", "pack_tokens", metavar="TOKENS", at_least=1,
         help="with several rows per request: about how many prompt tokens a packed request holds"),
-    Setting("send_order", "packing", "send_order",
-        help="order the requests go out in: `prefix` groups requests that share a system message "
-        "and prompt start, for the server's prefix cache; `input`: the order of the rows. The "
-        "answers are the same either way", see=f"{_LEVERS}#send-order"),
 )
 
 _BUDGET = (
@@ -311,9 +313,9 @@ _BUDGET = (
 )
 
 _BATCH = (
-    Setting("batch_max_requests", "batch", "max_requests", metavar="N", at_least=1,
+    Setting("requests_per_batch", "batch", "requests_per_batch", metavar="N", at_least=1,
         help="in batch mode: requests per batch file (OpenAI's limit)"),
-    Setting("batch_max_bytes", "batch", "max_bytes", metavar="BYTES", at_least=1,
+    Setting("bytes_per_batch", "batch", "bytes_per_batch", metavar="BYTES", at_least=1,
         help="in batch mode: bytes per batch file (OpenAI's limit)"),
     Setting("batch_poll_seconds", "batch", "poll_seconds", metavar="SECONDS", above=0,
         help="in batch mode: the first wait between polls; it grows to a minute"),

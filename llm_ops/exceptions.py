@@ -191,7 +191,8 @@ class JobInterruptedError(LlmOpsError):
 
 
 class RowsFailedError(LlmOpsError):
-    """Raised by ``on_error="raise"`` after the job finished and every answer was cached.
+    """Raised by ``on_error="raise"`` after the job finished (and, with a cache, every answer
+    was cached).
 
     Attributes
     ----------
@@ -201,7 +202,14 @@ class RowsFailedError(LlmOpsError):
         The error message of each of those rows, in the same order.
     """
 
-    def __init__(self, rows: Sequence[int], errors: Sequence[str], statuses: Sequence[str]):
+    def __init__(
+        self,
+        rows: Sequence[int],
+        errors: Sequence[str],
+        statuses: Sequence[str],
+        *,
+        cached: bool = True,
+    ):
         self.rows = list(rows)
         self.errors = list(errors)
         self.statuses = list(statuses)
@@ -210,10 +218,12 @@ class RowsFailedError(LlmOpsError):
             for row, status, error in zip(self.rows[:10], self.statuses, self.errors, strict=False)
         )
         more = f"\n  ... and {len(self.rows) - 10} more" if len(self.rows) > 10 else ""
-        super().__init__(
-            f"{len(self.rows)} row(s) did not get an answer; everything answered is cached, "
-            f"so a rerun only sends these rows:\n{shown}{more}"
+        rerun = (
+            "everything answered is cached, so a rerun only sends these rows"
+            if cached
+            else "the cache is off, so a rerun sends every row again"
         )
+        super().__init__(f"{len(self.rows)} row(s) did not get an answer; {rerun}:\n{shown}{more}")
 
 
 class LlmOpsWarning(UserWarning):

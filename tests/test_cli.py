@@ -344,6 +344,22 @@ def test_the_old_out_flag_is_refused_naming_the_new_ones(job, capsys):
     assert "--output, --output-column" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("--batch-max-requests", "--requests-per-batch"), ("--batch-max-bytes", "--bytes-per-batch")],
+)
+def test_a_renamed_batch_flag_is_refused_naming_the_new_one(job, tmp_path, old, new, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *job, "--output", str(tmp_path / "o.parquet"), "--batch", old, "10"])
+    assert f"{old} is {new} now" in capsys.readouterr().err
+
+
+def test_requests_per_batch_cuts_the_batch_files(job, tmp_path, endpoint):
+    flags = ["--batch", "--requests-per-batch", "1", "--batch-poll-seconds", "0.05"]
+    assert main(["run", *job, "--output", str(tmp_path / "o.parquet"), *flags]) == 0
+    assert endpoint.stats()["batches"] == 2  # two distinct requests, one a file
+
+
 def test_an_output_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):
     assert main(["run", *job, "--output", str(tmp_path / "out.json")]) == 1
     assert "name a .parquet or a .csv file" in capsys.readouterr().err

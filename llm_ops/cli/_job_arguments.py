@@ -13,7 +13,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from .._parameters import add_setting_flags, cli_settings
+from .._options import RENAMED_SETTINGS
+from .._parameters import add_setting_flags, cli_settings, flag_of
 from .._settings import DECLARED, Setting
 from ._parser import (
     add_api_key_env,
@@ -27,6 +28,23 @@ from ._parser import (
 def flagged_settings(declared: Sequence[Setting] = DECLARED) -> set[str]:
     """The settings that are flags of a job on files."""
     return {setting.name for setting in cli_settings(declared)}
+
+
+class _Renamed(argparse.Action):
+    """A former flag: refused, naming the flag it is now."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, now: str, **kwargs: Any):
+        super().__init__(option_strings, argparse.SUPPRESS, nargs="?", **kwargs)
+        self.now = now
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(f"{option_string} is {self.now} now")
 
 
 def add_job_arguments(
@@ -57,6 +75,15 @@ def add_job_arguments(
     if output is not None:
         add_output_argument(parser, required=True, help=output)
     named = add_setting_flags(parser, cli_settings(declared))  # output_column for output
+    for former, now in RENAMED_SETTINGS.items():  # not listed in --help
+        renamed = flag_of(now, declared)
+        parser.add_argument(
+            "--" + former.replace("_", "-"),
+            action=_Renamed,
+            now=renamed.flag_name if renamed else "--" + now.replace("_", "-"),
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
     parser.add_argument(
         "--chunk-size",
         type=int,
