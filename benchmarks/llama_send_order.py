@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-from llm_ops import Endpoint, Packing, Sampling
+from llm_ops import Endpoint, Sampling
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -114,7 +114,7 @@ def main() -> None:
                         sampling=Sampling(max_tokens=4),
                         cache=False,
                         concurrency=args.parallel,
-                        packing=Packing(send_order=order),  # type: ignore[arg-type]
+                        send_order=order,
                         progress=False,
                         return_report=True,
                     )

@@ -50,7 +50,7 @@ from typing import Any
 import polars as pl
 from baseline import baseline_complete
 
-from llm_ops import Packing, Price, Retries, llm_complete
+from llm_ops import Price, Retries, llm_complete
 from llm_ops.testing import LocalEndpoint, expected_reply
 
 HERE = Path(__file__).resolve().parent
@@ -440,7 +440,7 @@ def send_order_worker(side: str, params: dict[str, Any]) -> Result:
         endpoint=params["base_url"],
         cache=False,
         concurrency=CONCURRENCY,
-        packing=Packing(send_order="prefix" if side == "prefix" else "input"),
+        send_order="prefix" if side == "prefix" else "input",
         progress=False,
     )
     result: Result = {

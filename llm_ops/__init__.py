@@ -31,6 +31,7 @@ from ._options import (
     RequestOptions,
     options_from_settings,
 )
+from ._parameters import SettingsModel, parse_settings, settings_parser, with_settings
 from ._pipeline.batch import BatchPart
 from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price, parse_pricing
@@ -106,6 +107,7 @@ __all__ = [
     "Sampling",
     "Saving",
     "SemanticCache",
+    "SettingsModel",
     "Status",
     "TemplateError",
     "canonical_json",
@@ -123,7 +125,10 @@ __all__ = [
     "options_from_settings",
     "parse_duration",
     "parse_pricing",
+    "parse_settings",
     "request_key",
+    "settings_parser",
+    "with_settings",
 ]
 
 try:

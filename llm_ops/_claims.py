@@ -35,14 +35,21 @@ BLOCK = 64
 KEY_CHARS = 32
 """Hex digits of a key kept in the log: 128 bits tell keys apart, and the log stays small."""
 ALIVE_SECONDS = 0.5  # how long "this owner is alive" is believed before it is checked again
+# Only this process compares these moments (each dispatch keeps its own), so a monotonic clock
+# serves; the other processes' liveness is read from their locks, never from a time they wrote.
 
 
 class Claims:
-    """The claims of one dispatch, whose journal writer is ``owner``."""
+    """The claims of one dispatch, whose journal writer is ``owner``.
 
-    def __init__(self, directory: Path, owner: str):
+    ``clock`` tells how long an owner seen alive is believed to be (:data:`ALIVE_SECONDS`):
+    :func:`time.monotonic`, or a test's fake one, which moves only when the test says so.
+    """
+
+    def __init__(self, directory: Path, owner: str, *, clock: Callable[[], float] = time.monotonic):
         self.directory = directory
         self.owner = owner
+        self._clock = clock
         self.deferred: list[str] = []  # keys another live owner claimed first
         self._claimers: dict[str, list[str]] = {}  # log key -> owners, in the log's order
         self._alive: dict[str, float] = {owner: float("inf")}  # owner -> alive until
@@ -98,7 +105,7 @@ class Claims:
     def _is_alive(self, owner: str) -> bool:
         if owner in self._dead:
             return False
-        now = time.monotonic()
+        now = self._clock()
         if self._alive.get(owner, 0.0) > now:
             return True
         if _holds_its_lock(self.directory / f"{owner}.lock"):

@@ -27,12 +27,14 @@ from ._options import (
     Columns,
     Job,
     ModelOption,
+    Options,
     RequestOptions,
     ResultOptions,
     SchemaOption,
     check_embedding,
     check_job,
     make_job,
+    split_options,
     typed,
     unknown_options,
 )
@@ -96,7 +98,9 @@ class Client:
     ----------
     **options
         ``endpoint``, ``cache``, ``concurrency``, ``retries``, ``rate_limit``: as for
-        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`).
+        :func:`llm_ops.llm_complete` (see :class:`llm_ops.ClientOptions`). Everything else
+        (``schema=`` and ``repair=``, ``sampling=``, ``send_order=``, ...) is said per call,
+        so one client serves calls that differ in it.
     quota
         A rate budget shared beyond this process, which the client's rate limiter leases
         from instead of keeping a ``rate_limit`` of its own: what a Ray worker's client is
@@ -239,11 +243,13 @@ class Client:
         model: ModelOption,
         return_report: bool,
         options: CallOptions,
+        *,
+        own: bool = False,
     ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete`, whichever ``return_report`` (for the operators that pass theirs
-        on)."""
+        on); ``own``: the caller made this client for the call (see :meth:`_complete_later`)."""
         if isinstance(df, pl.LazyFrame):
-            return self._complete_later(df, prompt, model, return_report, options)
+            return self._complete_later(df, prompt, model, return_report, options, own=own)
         result, report = self.run(self._complete(df, prompt, model, options))
         self._finished(report, options)
         return (result, report) if return_report else result
@@ -312,10 +318,12 @@ class Client:
         model: ModelOption,
         return_report: bool,
         options: CallOptions,
+        *,
+        own: bool = False,
     ) -> Frame | tuple[Frame, RunReport]:
         """:meth:`complete_async`, whichever ``return_report``."""
         if isinstance(df, pl.LazyFrame):
-            return self._complete_later(df, prompt, model, return_report, options)
+            return self._complete_later(df, prompt, model, return_report, options, own=own)
         result, report = await self.run_async(self._complete(df, prompt, model, options))
         self._finished(report, options)
         return (result, report) if return_report else result
@@ -339,17 +347,23 @@ class Client:
         model: ModelOption,
         return_report: bool,
         options: CallOptions,
+        *,
+        own: bool = False,
     ) -> pl.LazyFrame:
         """:meth:`complete` of a LazyFrame: checked against its schema now, sent on this
-        client when it is collected (its report is then :func:`llm_ops.last_report`)."""
+        client when it is collected (its report is then :func:`llm_ops.last_report`); with
+        ``own``, on a client made like this one for each collect, as a call that made this
+        client for itself has closed it by then."""
         job = self._job(prompt, model, options, columns=df.collect_schema())
+
+        def send(frame: pl.DataFrame) -> tuple[pl.DataFrame, RunReport]:
+            if not own:
+                return self.run(self._complete(frame, prompt, model, options))
+            with Client(**self.options) as client:
+                return client.run(client._complete(frame, prompt, model, options))
+
         return complete_later(
-            df,
-            job,
-            return_report,
-            options,
-            send=lambda frame: self.run(self._complete(frame, prompt, model, options)),
-            client=self,
+            df, job, return_report, options, send=send, client=None if own else self
         )
 
     async def _complete(
@@ -940,6 +954,45 @@ def _model(model: object) -> str:
             f"model must be a model name such as 'text-embedding-3-small', got {model!r}"
         )
     return model
+
+
+def complete_on(
+    client: Client | None,
+    df: Frame,
+    prompt: str,
+    model: ModelOption,
+    return_report: bool,
+    options: Options,
+) -> Frame | tuple[Frame, RunReport]:
+    """``llm_complete``'s work: on ``client`` when one is given, else on a client of its own,
+    made from ``options`` for this call and closed after it."""
+    made, call = split_options(options)
+    runner = Client(**made) if client is None else given_client(client, made)
+    try:
+        return runner._complete_any(df, prompt, model, return_report, call, own=client is None)
+    finally:
+        if client is None:
+            runner.close()
+
+
+async def complete_on_async(
+    client: Client | None,
+    df: Frame,
+    prompt: str,
+    model: ModelOption,
+    return_report: bool,
+    options: Options,
+) -> Frame | tuple[Frame, RunReport]:
+    """:func:`complete_on` for a caller in an event loop."""
+    made, call = split_options(options)
+    runner = Client(**made) if client is None else given_client(client, made)
+    try:
+        return await runner._complete_any_async(
+            df, prompt, model, return_report, call, own=client is None
+        )
+    finally:
+        if client is None:
+            runner.close()
 
 
 def complete_later(

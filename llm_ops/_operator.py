@@ -13,7 +13,7 @@ from typing import Any, Literal, Unpack, cast, overload
 import polars as pl
 import pyarrow as pa
 
-from ._client import Client, complete_later, embed_later, given_client
+from ._client import Client, complete_on, complete_on_async, embed_later, given_client
 from ._frames import Frame, PolarsFrame
 from ._options import (
     EmbedOptions,
@@ -109,6 +109,12 @@ def llm_complete(
         ``<output>_model`` is added: the model whose answer the row has.
     output
         Name of the answer column; the status and error columns are named after it.
+    keep_reasoning
+        ``True`` adds ``<output>_reasoning``: the thinking a reasoning model returns beside
+        its answer (the message's ``reasoning_content``, as DeepSeek, vLLM and llama.cpp send
+        it, or ``reasoning``); null where none came. It changes what the job keeps, not what
+        is asked, so it is neither sent nor keyed: the cache stores the thinking whenever the
+        endpoint returns it, and a cached answer brings it back.
     system
         Optional system message, a template like ``prompt``.
     schema
@@ -116,6 +122,10 @@ def llm_complete(
         answer, and make ``<output>`` a struct column with typed fields. An answer that is not
         valid JSON or does not match gets status ``invalid``; its raw text is kept in
         ``<output>_raw`` (added with ``schema``), never replaced by defaults.
+    repair
+        With ``schema``: ``True`` asks once more for an answer that is not valid, showing the
+        model its answer and what was wrong with it (the attempt counts as a retry). Per
+        call, so one client may repair in one call and not in the next.
     images
         Image column(s) sent with each row's prompt, after its text: a column name, a list of
         them, or an :class:`~llm_ops.Images` with OpenAI's ``detail``. A ``Binary`` column
@@ -129,7 +139,8 @@ def llm_complete(
         ``send_as="pages"``; at most ``max_pages`` pages).
     sampling
         A :class:`~llm_ops.Sampling`: ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
-        ``stop``; each is sent when set, and is part of the cache key.
+        ``stop``, ``reasoning_effort``, ``max_completion_tokens``; each is sent when set, and
+        is part of the cache key.
     endpoint
         Where requests go: a URL such as ``"http://127.0.0.1:8000/v1"``, or an
         :class:`~llm_ops.Endpoint` with the key, headers (Azure's ``api-key``), TLS, a proxy
@@ -149,9 +160,8 @@ def llm_complete(
         server queues. Either way the first request goes alone, so a wrong key or endpoint
         costs one request.
     retries
-        :class:`~llm_ops.Retries`: attempts per request, seconds per attempt, the longest
-        ``Retry-After`` an endpoint may ask for, and whether an invalid structured answer is
-        asked again with its validation error (``repair``).
+        :class:`~llm_ops.Retries`: attempts per request, seconds per attempt, and the longest
+        ``Retry-After`` an endpoint may ask for.
     rate_limit
         :class:`~llm_ops.RateLimit`: requests and tokens per minute to stay under. The
         endpoint's rate-limit headers are followed too; the tighter limit wins.
@@ -167,8 +177,14 @@ def llm_complete(
         everything answered is cached, and the report's ``budget_stop`` says why.
     packing
         A :class:`~llm_ops.Packing`: several distinct prompts in one request, useful where a
-        provider prices per request (no row ever gets another's answer), and the order the
-        uncached requests are sent in (``send_order``, by shared prefix by default).
+        provider prices per request (no row ever gets another's answer).
+    send_order
+        The order the uncached requests are sent in. ``"prefix"`` (the default) sends them by
+        system message, then prompt text (one run per concurrent request, taken in turn), so
+        requests sharing a prefix go out close together and the server's prefix cache (vLLM,
+        SGLang, llama.cpp, OpenAI prompt caching) reuses it; ``"input"``, in the order of
+        their first rows. Only when a request is sent changes: every row's answer, status
+        and position are the same.
     pricing
         A :class:`~llm_ops.Price`, or a dict of model name to Price, overriding
         :data:`llm_ops.PRICES` for the report's cost and for the budget's ``max_cost``;
@@ -217,13 +233,7 @@ def llm_complete(
     >>> out["completion"][0]
     'sim #a9d110f4: Summarize: Lovely dress'
     """
-    made, call = split_options(options)
-    if client is not None:
-        return given_client(client, made)._complete_any(df, prompt, model, return_report, call)
-    if isinstance(df, pl.LazyFrame):
-        return _complete_later(df, prompt, model, return_report, options)
-    with Client(**made) as own:
-        return own._complete_any(df, prompt, model, return_report, call)
+    return complete_on(client, df, prompt, model, return_report, options)
 
 
 @overload
@@ -282,17 +292,7 @@ async def llm_complete_async(
 ) -> Frame | tuple[Frame, RunReport]:
     """:func:`llm_complete` for code already running in an event loop; same arguments (a
     LazyFrame stays lazy: its requests are made when it is collected)."""
-    made, call = split_options(options)
-    if client is not None:
-        on_client = given_client(client, made)
-        return await on_client._complete_any_async(df, prompt, model, return_report, call)
-    if isinstance(df, pl.LazyFrame):
-        return _complete_later(df, prompt, model, return_report, options)
-    own = Client(**made)
-    try:
-        return await own._complete_any_async(df, prompt, model, return_report, call)
-    finally:
-        own.close()
+    return await complete_on_async(client, df, prompt, model, return_report, options)
 
 
 @overload
@@ -390,25 +390,6 @@ def llm_embed(
         if client is None:  # a client of its own, made for this call
             runner.close()
     return result
-
-
-def _complete_later(
-    df: pl.LazyFrame,
-    prompt: str,
-    model: ModelOption,
-    return_report: bool,
-    options: Options,
-) -> pl.LazyFrame:
-    """``llm_complete`` of a LazyFrame: checked now, sent on a client of its own when it is
-    collected."""
-    made, call = split_options(options)
-    job = Client(**made)._job(prompt, model, call, columns=df.collect_schema())
-
-    def send(frame: pl.DataFrame) -> tuple[pl.DataFrame, RunReport]:
-        with Client(**made) as client:
-            return client.run(client._complete(frame, prompt, model, call))
-
-    return complete_later(df, job, return_report, call, send=send)
 
 
 def _embed_later(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Literal, TypedDict, cast, get_type_hints
 
 import polars as pl
@@ -38,11 +38,12 @@ from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_fo
 from ._progress import ProgressCallback, resolve_progress
 from ._schema import output_schema
 from ._semantic import SemanticCache
+from ._settings import DECLARED, settings_map
 from ._spec import Endpoint, RateLimit, RequestSpec, Retries, Sampling, positive_int, seconds
 from ._spec import is_number as _is_number
 from ._status import STATUS_DTYPE
 from ._template import check_columns, parse_template, render
-from .exceptions import ConfigError
+from .exceptions import ConfigError, setting
 
 CachePath = str | os.PathLike[str] | bool | None
 CacheOption = CachePath | Cache
@@ -114,31 +115,30 @@ class Packing:
     go in one request whose answer lists each by id; useful where a provider prices per
     request. Every id must come back exactly once, else the pack is split in halves and
     resent, down to single rows, so no row gets another's answer. Answers are cached per row.
-
-    ``send_order`` is the other lever on shared prefixes, and the one on by default: the
-    order the uncached requests are sent in. ``"prefix"`` sends them by system message, then
-    prompt text (in one run per concurrent request, taken in turn), so requests sharing a
-    prefix go out close together and the server's prefix cache (vLLM, SGLang, llama.cpp,
-    OpenAI prompt caching) reuses it; ``"input"`` in the order of their first rows. Only
-    when a request is sent changes: every row's answer, status and position are the same.
+    The order requests are sent in is ``send_order=`` of the call.
 
     Examples
     --------
     >>> from llm_ops import Packing
     >>> Packing(rows_per_request=8)
-    Packing(rows_per_request=8, pack_tokens=None, send_order='prefix')
+    Packing(rows_per_request=8, pack_tokens=None)
     """
 
     rows_per_request: int = 1
     pack_tokens: int | None = None
-    send_order: SendOrder = "prefix"
+    # send_order was a field here though it is scheduling, not packing: given, it names its
+    # new place, an option of the call.
+    send_order: InitVar[SendOrder | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, send_order: SendOrder | None) -> None:
+        if send_order is not None:
+            raise ConfigError(
+                "send_order is an option of the call now, not of Packing: "
+                f"llm_complete(..., send_order={send_order!r})"
+            )
         positive_int("rows_per_request", self.rows_per_request)
         if self.pack_tokens is not None:
             positive_int("pack_tokens", self.pack_tokens)
-        if self.send_order not in SEND_ORDERS:
-            raise ConfigError(f"send_order must be 'prefix' or 'input', got {self.send_order!r}")
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class BatchMode:
 
     Parameters
     ----------
-    max_requests, max_bytes
+    requests_per_batch, bytes_per_batch
         Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB).
     poll_seconds
         The first wait between asking how the batches do; it grows to a minute.
@@ -193,17 +193,30 @@ class BatchMode:
     --------
     >>> from llm_ops import BatchMode
     >>> BatchMode(poll_seconds=30)
-    BatchMode(max_requests=50000, max_bytes=200000000, poll_seconds=30.0, on_expired='resubmit')
-    """
+    BatchMode(requests_per_batch=50000, bytes_per_batch=200000000, poll_seconds=30.0, on_expired='resubmit')
+    """  # noqa: E501
 
-    max_requests: int = 50_000
-    max_bytes: int = 200_000_000
+    requests_per_batch: int = 50_000
+    bytes_per_batch: int = 200_000_000
     poll_seconds: float = 5.0
     on_expired: Literal["resubmit", "live"] = "resubmit"
+    # The former names of requests_per_batch and bytes_per_batch, when max_requests was
+    # Budget's too: given, they name the new ones.
+    max_requests: InitVar[int | None] = None
+    max_bytes: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
-        positive_int("batch max_requests", self.max_requests)
-        positive_int("batch max_bytes", self.max_bytes)
+    def __post_init__(self, max_requests: int | None, max_bytes: int | None) -> None:
+        for old, new, value in (
+            ("max_requests", "requests_per_batch", max_requests),
+            ("max_bytes", "bytes_per_batch", max_bytes),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    f"BatchMode's {old} is {new} now: BatchMode({new}={value!r})"
+                    + ("; max_requests= is Budget's alone" if old == "max_requests" else "")
+                )
+        positive_int("requests_per_batch", self.requests_per_batch)
+        positive_int("bytes_per_batch", self.bytes_per_batch)
         object.__setattr__(self, "poll_seconds", seconds("batch poll_seconds", self.poll_seconds))
         if self.on_expired not in ("resubmit", "live"):
             raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")
@@ -232,10 +245,13 @@ class AskOptions(ResultOptions, total=False):
     which it names as a parameter of its own (positional, as ``llm_classify``'s labels)."""
 
     system: str | None
+    repair: bool  # with a schema: an invalid answer is asked again, shown what was wrong
+    keep_reasoning: bool  # a reasoning model's thinking, as <output>_reasoning
     sampling: Sampling
     images: ImagesOption | None
     documents: DocumentsOption | None
     packing: Packing
+    send_order: SendOrder
     pricing: PricingOption
     budget: Budget
     semantic_cache: SemanticCache | None
@@ -265,55 +281,11 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
 
-SETTINGS: Mapping[str, tuple[str, str]] = {
-    "base_url": ("endpoint", "base_url"),
-    "api_key": ("endpoint", "api_key"),
-    "headers": ("endpoint", "headers"),
-    "verify": ("endpoint", "verify"),
-    "cert": ("endpoint", "cert"),
-    "proxy": ("endpoint", "proxy"),
-    "endpoint_name": ("endpoint", "name"),
-    "max_response_bytes": ("endpoint", "max_response_bytes"),
-    "flush_every": ("cache", "flush_every"),
-    "flush_seconds": ("cache", "flush_seconds"),
-    "merge_wait": ("cache", "merge_wait"),
-    "max_age": ("cache", "max_age"),
-    "max_attempts": ("retries", "max_attempts"),
-    "timeout": ("retries", "timeout"),
-    "max_retry_after": ("retries", "max_retry_after"),
-    "repair": ("retries", "repair"),
-    "rpm": ("rate_limit", "rpm"),
-    "tpm": ("rate_limit", "tpm"),
-    "max_tokens": ("sampling", "max_tokens"),
-    "temperature": ("sampling", "temperature"),
-    "top_p": ("sampling", "top_p"),
-    "seed": ("sampling", "seed"),
-    "stop": ("sampling", "stop"),
-    "reasoning_effort": ("sampling", "reasoning_effort"),
-    "max_completion_tokens": ("sampling", "max_completion_tokens"),
-    "keep_reasoning": ("sampling", "keep_reasoning"),
-    "rows_per_request": ("packing", "rows_per_request"),
-    "pack_tokens": ("packing", "pack_tokens"),
-    "send_order": ("packing", "send_order"),
-    "max_cost": ("budget", "max_cost"),
-    "max_requests": ("budget", "max_requests"),
-    "max_tokens_total": ("budget", "max_tokens_total"),
-    "batch_max_requests": ("batch", "max_requests"),
-    "batch_max_bytes": ("batch", "max_bytes"),
-    "batch_poll_seconds": ("batch", "poll_seconds"),
-    "on_expired": ("batch", "on_expired"),
-    "image_detail": ("images", "detail"),
-    "documents_as": ("documents", "send_as"),
-    "max_pages": ("documents", "max_pages"),
-    "max_pixels": ("images", "max_pixels"),
-    "media_folders": ("images", "folders"),  # and documents' folders too
-    "escalate": ("model", "escalate"),
-    "semantic_cache_threshold": ("semantic_cache", "threshold"),
-}
+SETTINGS: Mapping[str, tuple[str, str]] = settings_map(DECLARED)
 """The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
 a field of an option's object: setting -> (option, field). Every other setting is the option
 of its name. ``media_folders`` is the ``folders`` of both :class:`Images` and
-:class:`Documents`."""
+:class:`Documents`. Made from the declarations of :mod:`llm_ops._settings`."""
 
 _GROUPS: Mapping[str, type] = {
     "endpoint": Endpoint,
@@ -342,6 +314,13 @@ SPELLED_ELSEWHERE: Mapping[str, str] = {
 """Options as other tools, or llm-ops' own command line and flow, spell them: the option's
 name here, for an error to say what to type."""
 
+RENAMED_SETTINGS: Mapping[str, str] = {
+    "batch_max_requests": "requests_per_batch",  # max_requests is Budget's alone
+    "batch_max_bytes": "bytes_per_batch",
+}
+"""Flat settings (and their flags) that were renamed: the former name -> the one it is now,
+for an error to name it."""
+
 
 def unknown_options(names: set[str]) -> ConfigError:
     """The error for options that are not: where a former one went, what an option spelled
@@ -352,7 +331,13 @@ def unknown_options(names: set[str]) -> ConfigError:
         for name in sorted(names)
         if name in SETTINGS
     ]
-    other = sorted(names - set(SETTINGS))
+    for name in sorted(names & set(RENAMED_SETTINGS)):
+        option, field_name = SETTINGS[RENAMED_SETTINGS[name]]
+        moved.append(
+            f"{name} is {setting(RENAMED_SETTINGS[name])} now "
+            f"({_GROUPS[option].__name__}({field_name}=...) as {option}=)"
+        )
+    other = sorted(names - set(SETTINGS) - set(RENAMED_SETTINGS))
     if "mode" in other:
         moved.append("mode='batch' is batch=True (or batch=BatchMode(...)) now")
         other.remove("mode")
@@ -386,7 +371,7 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     --------
     >>> from llm_ops import options_from_settings
     >>> options_from_settings({"temperature": 0, "max_cost": 2.5, "output": "summary"})
-    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None, reasoning_effort=None, max_completion_tokens=None, keep_reasoning=False), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
+    {'output': 'summary', 'sampling': Sampling(max_tokens=None, temperature=0, top_p=None, seed=None, stop=None, reasoning_effort=None, max_completion_tokens=None), 'budget': Budget(max_cost=2.5, max_requests=None, max_tokens_total=None)}
     """  # noqa: E501
     given = {name: value for name, value in settings.items() if value is not None}
     options: dict[str, Any] = {k: v for k, v in given.items() if k not in SETTINGS}
@@ -437,30 +422,30 @@ def _set_media_folders(options: dict[str, Any], folders: Any) -> None:
 
 def _settings_of(given: Mapping[str, Any], option: str) -> str:
     """The settings of ``given`` that are fields of ``option``, as the user named them, and
-    the verb: ``"image_detail applies"``, ``"batch_max_bytes, on_expired apply"``."""
+    the verb: ``"image_detail applies"``, ``"bytes_per_batch, on_expired apply"``."""
     names = sorted(name for name in given if name in SETTINGS and SETTINGS[name][0] == option)
     return f"{', '.join(names)} {'applies' if len(names) == 1 else 'apply'}"
 
 
 def setting_names() -> set[str]:
     """Every flat setting: the options that are not objects of fields, and those fields."""
-    return (set(Options.__optional_keys__) - {option for option, _ in SETTINGS.values()}) | {
-        *SETTINGS,
-        "cache",
-        "batch",
-        "semantic_cache",
-        "images",
-        "documents",
-    }
+    return {setting.name for setting in DECLARED if setting.flat}
 
 
 def setting_type(name: str) -> object:
     """The type of a flat setting (see :data:`SETTINGS`): its field's, or its option's."""
     if name in SETTINGS:
-        option, field_name = SETTINGS[name]
-        kind = _GROUPS[option]
-        return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
-    return get_type_hints(Options)[name]
+        return option_type(*SETTINGS[name])
+    return option_type(name, None)
+
+
+def option_type(option: str, field_name: str | None) -> object:
+    """The type of ``option`` (an option of :class:`Options`), or of its object's field
+    ``field_name``."""
+    if field_name is None:
+        return get_type_hints(Options)[option]
+    kind = _GROUPS[option]
+    return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
 
 
 def _default_cache() -> os.PathLike[str]:
@@ -496,7 +481,7 @@ class Columns:
     structured: bool = False
     semantic: bool = False
     cascade: bool = False
-    reasoning: bool = False  # Sampling.keep_reasoning
+    reasoning: bool = False  # keep_reasoning=
 
     def __post_init__(self) -> None:
         if not isinstance(self.output, str) or not self.output:
@@ -612,6 +597,8 @@ class Job:
     cascade: Cascade | None = None  # its escalate a Polars expression: see escalation_rule
     semantic: SemanticCache | None = None
     batching: BatchMode | None = None  # None: live requests
+    send_order: SendOrder = "prefix"  # which uncached requests go first (llm_ops._order)
+    repair: bool = False  # an invalid structured answer is asked again once, shown its error
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
     spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
@@ -700,10 +687,20 @@ def make_job(
             "batch takes True, False or a BatchMode, e.g. batch=BatchMode(poll_seconds=30)"
         )
     on_error = options.get("on_error", "null")
+    send_order = options.get("send_order", "prefix")
+    repair = _switch(options, "repair")
+    keep_reasoning = _switch(options, "keep_reasoning")
     media = Media.of(options.get("images"), options.get("documents"))
     _check_together(structured is not None, semantic, packing, batching, media, cached=cached)
     if on_error not in ("null", "raise"):
         raise ConfigError(f"on_error must be 'null' or 'raise', got {on_error!r}")
+    if send_order not in SEND_ORDERS:
+        raise ConfigError(f"send_order must be 'prefix' or 'input', got {send_order!r}")
+    if repair and structured is None:
+        raise ConfigError(
+            "repair asks again for an answer that does not match the schema: give schema= "
+            "too, or drop repair=True"
+        )
     pricing = options.get("pricing")
     priced = [*models, *([semantic.model] if semantic is not None else [])]
     rule = (
@@ -726,16 +723,26 @@ def make_job(
             structured=structured is not None,
             semantic=semantic is not None,
             cascade=len(models) > 1,
-            reasoning=sampling.keep_reasoning,
+            reasoning=keep_reasoning,
         ),
         spending=Spending({name: price_for(name, pricing) for name in priced}, budget),
         packing=packing,
         cascade=replace(cascade, escalate=rule) if len(models) > 1 else None,
         semantic=semantic,
         batching=batching,
+        send_order=send_order,
+        repair=repair,
         on_error=on_error,
         progress=resolve_progress(options.get("progress")),
     )
+
+
+def _switch(options: CallOptions, name: Literal["repair", "keep_reasoning"]) -> bool:
+    """The switch ``name`` of ``options``: ``True`` or ``False`` (the default)."""
+    value = options.get(name, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def _check_together(

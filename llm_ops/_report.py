@@ -196,6 +196,36 @@ class RunReport:
         unpriced = [model for model, usage in self.models.items() if usage.cost is None]
         return price_hint(unpriced) if self.cost is None and unpriced else None
 
+    def figures(self) -> dict[str, Any]:
+        """The report's figures by name, for a dashboard (a Prefect table artifact): counts,
+        tokens, dollars (``"unknown"`` where a price is missing), each lever's savings."""
+
+        def usd(amount: float | None) -> float | str:
+            return "unknown" if amount is None else round(amount, 6)
+
+        figures = {
+            "rows": self.rows,
+            "distinct requests": self.distinct_requests,
+            "cache hits": self.cache_hits,
+            "requests sent": self.requests_sent,
+            "retries": self.retries,
+            **{f"rows {status}": n for status, n in self.statuses.items()},
+            "prompt tokens": self.prompt_tokens,
+            "completion tokens": self.completion_tokens,
+            "cost ($)": usd(self.cost),
+            "saved in all ($)": usd(self.cost_saved),
+            **{
+                f"saved by {lever} (requests, $)": f"{saving.requests:,}, {usd(saving.cost)}"
+                for lever, saving in self.savings.items()
+            },
+            "wall seconds": round(self.wall_seconds, 2),
+            "cache": self.cache or "off",
+        }
+        hint = self.price_hint()
+        if hint is not None:
+            figures["cost unknown"] = hint
+        return figures
+
     def _token_notes(self) -> str:
         """What of the tokens in and out was cached or thinking, when some was."""
         notes = [f"{self.cached_tokens:,} in cached"] if self.cached_tokens else []

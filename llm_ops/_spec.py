@@ -24,7 +24,7 @@ import os
 import re
 import ssl
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -56,7 +56,6 @@ MAX_RESPONSE_BYTES = 2**31  # what one answer's body may be allowed to hold, at 
 # An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
-_NOT_SENT = frozenset({"keep_reasoning"})  # Sampling fields for the job, not the endpoint
 NO_KEY = "no-key-needed"  # what a loopback endpoint without a key is sent
 
 
@@ -484,25 +483,29 @@ class Retries:
     attempt. ``max_retry_after``: the seconds an endpoint may ask every sender to wait
     (``Retry-After``); a request asked to wait longer fails instead of stalling the job, and
     when every request is, the job stops with :class:`~llm_ops.JobAbortedError`.
-    ``repair``: with ``schema=``, an invalid structured answer is asked again once, with the
-    validation error shown to the model (the attempt counts as a retry).
+    Asking again for an invalid structured answer is ``repair=`` of the call, beside
+    ``schema=``.
 
     Examples
     --------
     >>> from llm_ops import Retries
     >>> Retries(max_attempts=3, timeout=20)
-    Retries(max_attempts=3, timeout=20.0, max_retry_after=120.0, repair=False)
+    Retries(max_attempts=3, timeout=20.0, max_retry_after=120.0)
     """
 
     max_attempts: int = 5
     timeout: float = 60.0
     max_retry_after: float = 120.0
-    repair: bool = False
+    # repair was a field here, read from the client's limits (so never per call): given, it
+    # names its new place, an option of the call.
+    repair: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, repair: bool | None) -> None:
+        if repair is not None:
+            raise ConfigError(
+                "repair is an option beside schema= now: llm_complete(..., schema=..., repair=True)"
+            )
         positive_int("max_attempts", self.max_attempts, most=MAX_ATTEMPTS)
-        if not isinstance(self.repair, bool):
-            raise ConfigError(f"repair must be True or False, got {self.repair!r}")
         object.__setattr__(self, "timeout", seconds("timeout", self.timeout))
         object.__setattr__(
             self, "max_retry_after", seconds("max_retry_after", self.max_retry_after)
@@ -576,7 +579,7 @@ class Limits:
 @dataclass(frozen=True)
 class Sampling:
     """How the model samples its answer: ``sampling=`` of every completion call. Each field
-    but ``keep_reasoning`` is sent to the endpoint when set, and is part of the cache key.
+    is sent to the endpoint when set, and is part of the cache key.
 
     ``max_tokens``: the most tokens per answer. ``temperature`` (0 to 2) and ``top_p``
     (0 to 1): the sampling's randomness. ``seed``: asks for reproducible sampling where the
@@ -586,11 +589,8 @@ class Sampling:
     ``max_completion_tokens``: the most tokens per answer, thinking included, as reasoning
     models take it; a request with ``max_tokens`` that such a model refuses is resent with
     ``max_completion_tokens`` instead, under the same cache key.
-    ``keep_reasoning``: add a column ``<output>_reasoning`` holding the thinking a reasoning
-    model returns beside its answer (the message's ``reasoning_content``, as DeepSeek, vLLM
-    and llama.cpp send it, or ``reasoning``); null where none came. It changes what the job
-    keeps, not what is asked, so it is neither sent nor keyed: the cache stores the thinking
-    whenever the endpoint returns it, and a cached answer brings it back.
+    Keeping a reasoning model's thinking is ``keep_reasoning=`` of the call, beside
+    ``output=``: it adds a column, and changes nothing that is asked.
 
     Examples
     --------
@@ -606,11 +606,16 @@ class Sampling:
     stop: str | Sequence[str] | None = None
     reasoning_effort: ReasoningEffort | None = None
     max_completion_tokens: int | None = None
-    keep_reasoning: bool = False
+    # keep_reasoning was a field here, the one neither sent nor keyed: given, it names its
+    # new place, an option of the call.
+    keep_reasoning: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.keep_reasoning, bool):
-            raise ConfigError(f"keep_reasoning must be True or False, got {self.keep_reasoning!r}")
+    def __post_init__(self, keep_reasoning: bool | None) -> None:
+        if keep_reasoning is not None:
+            raise ConfigError(
+                "keep_reasoning is an option beside output= now: "
+                "llm_complete(..., output=..., keep_reasoning=True)"
+            )
         if self.max_tokens is not None:
             positive_int("max_tokens", self.max_tokens)
         if self.max_completion_tokens is not None:
@@ -643,13 +648,8 @@ class Sampling:
 
     @property
     def params(self) -> dict[str, Any]:
-        """The fields that are set, as the request's parameters: all but ``keep_reasoning``,
-        which asks the job, not the model, for something."""
-        return {
-            f.name: v
-            for f in fields(self)
-            if f.name not in _NOT_SENT and (v := getattr(self, f.name)) is not None
-        }
+        """The fields that are set, as the request's parameters."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
 @dataclass(frozen=True)

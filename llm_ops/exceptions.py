@@ -44,7 +44,8 @@ parameter instead.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 __all__ = [
     "CacheError",
@@ -59,6 +60,7 @@ __all__ = [
     "RowsFailedWarning",
     "TemplateError",
     "Words",
+    "said_in",
 ]
 
 
@@ -121,6 +123,31 @@ class LlmOpsError(Exception):
         return self.worded(getattr(self, "words", PYTHON_WORDS))
 
 
+@contextmanager
+def said_in(words: Words) -> Iterator[None]:
+    """Within, an llm-ops error raised names its settings in ``words`` (a front end's: a
+    flow's parameters), wherever it is shown after (a run's log and state).
+
+    Examples
+    --------
+    >>> from llm_ops.exceptions import ConfigError, Words, said_in, setting
+    >>> class Shouting(Words):
+    ...     def name(self, setting: str) -> str:
+    ...         return setting.upper()
+    >>> try:
+    ...     with said_in(Shouting()):
+    ...         raise ConfigError(f"{setting('base_url')} is wrong")
+    ... except ConfigError as exc:
+    ...     print(exc)
+    BASE_URL is wrong
+    """
+    try:
+        yield
+    except LlmOpsError as exc:
+        exc.say_in(words)
+        raise
+
+
 def _in_words(message: str, words: Words) -> str:
     def say(mark: re.Match[str]) -> str:
         name, assigned, value = mark.groups()
@@ -164,7 +191,8 @@ class JobInterruptedError(LlmOpsError):
 
 
 class RowsFailedError(LlmOpsError):
-    """Raised by ``on_error="raise"`` after the job finished and every answer was cached.
+    """Raised by ``on_error="raise"`` after the job finished (and, with a cache, every answer
+    was cached).
 
     Attributes
     ----------
@@ -174,7 +202,14 @@ class RowsFailedError(LlmOpsError):
         The error message of each of those rows, in the same order.
     """
 
-    def __init__(self, rows: Sequence[int], errors: Sequence[str], statuses: Sequence[str]):
+    def __init__(
+        self,
+        rows: Sequence[int],
+        errors: Sequence[str],
+        statuses: Sequence[str],
+        *,
+        cached: bool = True,
+    ):
         self.rows = list(rows)
         self.errors = list(errors)
         self.statuses = list(statuses)
@@ -183,10 +218,12 @@ class RowsFailedError(LlmOpsError):
             for row, status, error in zip(self.rows[:10], self.statuses, self.errors, strict=False)
         )
         more = f"\n  ... and {len(self.rows) - 10} more" if len(self.rows) > 10 else ""
-        super().__init__(
-            f"{len(self.rows)} row(s) did not get an answer; everything answered is cached, "
-            f"so a rerun only sends these rows:\n{shown}{more}"
+        rerun = (
+            "everything answered is cached, so a rerun only sends these rows"
+            if cached
+            else "the cache is off, so a rerun sends every row again"
         )
+        super().__init__(f"{len(self.rows)} row(s) did not get an answer; {rerun}:\n{shown}{more}")
 
 
 class LlmOpsWarning(UserWarning):

@@ -206,7 +206,10 @@ def _completer(
         failed = [i for i, status in enumerate(statuses) if status in FAILED]
         if on_error == "raise" and failed:
             raise RowsFailedError(
-                failed, [errors[i] or "" for i in failed], [statuses[i] or "" for i in failed]
+                failed,
+                [errors[i] or "" for i in failed],
+                [statuses[i] or "" for i in failed],
+                cached=client.cache is not None,
             )
         warn_failed(  # once per call: DuckDB calls the function once per vector of rows
             size,

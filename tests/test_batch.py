@@ -110,7 +110,7 @@ import sys, polars as pl
 from llm_ops import BatchMode, llm_complete
 df = pl.DataFrame({"text": [f"row {i}" for i in range(300)]})
 df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1], cache=sys.argv[2],
-        batch=BatchMode(poll_seconds=0.05, max_requests=100), progress=False)
+        batch=BatchMode(poll_seconds=0.05, requests_per_batch=100), progress=False)
 """
 
 
@@ -128,7 +128,7 @@ def test_a_job_killed_after_submitting_resumes_without_a_new_batch(endpoint, cac
         prompt="{text}",
         model="sim",
         endpoint=endpoint.base_url,
-        batch=BatchMode(poll_seconds=0.05, max_requests=100),
+        batch=BatchMode(poll_seconds=0.05, requests_per_batch=100),
         cache=cache,
     )
     assert out["completion_status"].to_list() == ["ok"] * 300
@@ -249,7 +249,7 @@ def test_a_table_in_batch_mode_submits_every_chunk_before_waiting(endpoint, cach
 
 
 def test_files_are_cut_at_the_byte_limit(batch, endpoint):
-    small_files = BatchMode(poll_seconds=0.05, max_bytes=700)  # a line is about 230 bytes
+    small_files = BatchMode(poll_seconds=0.05, bytes_per_batch=700)  # a line is about 230 bytes
     out = DF.head(20).pipe(batch, batch=small_files)
     assert out["completion_status"].to_list() == ["ok"] * 20
     assert (endpoint.stats()["batches"], endpoint.stats()["lines_uploaded"]) == (3, 7)

@@ -16,9 +16,10 @@ import polars as pl
 import pytest
 
 import llm_ops
+from llm_ops._options import setting_names
+from llm_ops._settings import DECLARED
 from llm_ops.cli import main
 from llm_ops.cli._job_arguments import flagged_settings
-from llm_ops.cli._option_flags import OPTION_FLAGS
 
 LLM_OPS = str(Path(sys.executable).with_name("llm-ops"))
 COMMANDS = [
@@ -75,8 +76,10 @@ def test_help_speaks_cli_not_python(command, capsys):
     assert not re.search(r"\b(None|False|True)\b|:class:|:func:|`", said)
 
 
-def test_every_job_option_that_is_a_flag_has_help_written_for_it():
-    assert set(OPTION_FLAGS) == flagged_settings()
+def test_every_flat_setting_is_a_flag_or_given_otherwise():
+    flags = {s.name for s in DECLARED if s.flat and (s.cli or s.given)}
+    assert flags | {"on_error", "progress", "schema"} == setting_names()
+    assert flagged_settings() < setting_names()
 
 
 def test_version(capsys):
@@ -339,6 +342,22 @@ def test_the_old_out_flag_is_refused_naming_the_new_ones(job, capsys):
     with pytest.raises(SystemExit):
         main(["run", *job, "--out", "out.parquet"])
     assert "--output, --output-column" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("--batch-max-requests", "--requests-per-batch"), ("--batch-max-bytes", "--bytes-per-batch")],
+)
+def test_a_renamed_batch_flag_is_refused_naming_the_new_one(job, tmp_path, old, new, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", *job, "--output", str(tmp_path / "o.parquet"), "--batch", old, "10"])
+    assert f"{old} is {new} now" in capsys.readouterr().err
+
+
+def test_requests_per_batch_cuts_the_batch_files(job, tmp_path, endpoint):
+    flags = ["--batch", "--requests-per-batch", "1", "--batch-poll-seconds", "0.05"]
+    assert main(["run", *job, "--output", str(tmp_path / "o.parquet"), *flags]) == 0
+    assert endpoint.stats()["batches"] == 2  # two distinct requests, one a file
 
 
 def test_an_output_of_another_kind_is_refused_before_sending(job, tmp_path, endpoint, capsys):

@@ -17,6 +17,7 @@ from llm_ops import (
     Sampling,
     SemanticCache,
     last_report,
+    llm_complete,
     llm_complete_async,
 )
 from llm_ops.testing import expected_reply
@@ -165,6 +166,19 @@ def test_on_error_raise_with_a_lazyframe_raises_at_collect(complete):
     )
     with pytest.raises(RowsFailedError, match="row 1: rejected"):
         out.collect()
+
+
+def test_a_failed_row_without_a_cache_says_a_rerun_sends_every_row(endpoint):
+    df = pl.DataFrame({"text": ["x", "[[sim:status=400]]"]})
+    with pytest.raises(RowsFailedError, match="the cache is off, so a rerun sends every row"):
+        df.pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            endpoint=endpoint.base_url,
+            cache=False,
+            on_error="raise",
+        )
 
 
 def test_an_async_call_with_a_lazyframe_stays_lazy(endpoint, cache):

@@ -3,16 +3,20 @@ found before anything is sent."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 
 import duckdb
 import polars as pl
 import pytest
+from clocks import VirtualTime
 
 from llm_ops import Cache, CacheError, llm_complete, llm_embed, open_cache
+from llm_ops._pipeline.persist import CacheSink
 
 ROWS = pl.DataFrame({"text": [f"row {i}" for i in range(200)]})
 
@@ -118,15 +122,29 @@ def test_open_cache_reads_while_a_job_writes(endpoint, cache):
     pl.DataFrame({"text": ["first"]}).pipe(
         llm_complete, prompt="{text}", model="sim", endpoint=endpoint.base_url, cache=cache
     )
+    endpoint.reset()
+    endpoint.configure(hold=300)  # the job is held midway, alive, until told
     job = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
-    counts = []
+    counts = [_count_while(job, until=lambda count: count == 1 + 300)]  # its merges landed
+    endpoint.configure()
     while job.poll() is None:
-        with open_cache(cache) as con:  # waits out a merge instead of failing
-            counts.append(con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0])
+        counts.append(_count(cache))  # waits out a merge instead of failing
         time.sleep(0.01)
     assert job.returncode == 0
-    assert len(counts) > 5 and counts == sorted(counts)
+    assert counts == sorted(counts)
     assert _count(cache) == 601
+
+
+def _count_while(job, until, seconds=60.0) -> int:
+    """Read the cache's count through ``open_cache`` until ``until`` holds of it, while ``job``
+    is alive: it must still be when the count is reached."""
+    deadline = time.monotonic() + seconds
+    while not until(count := _count(job.args[-1])):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the count was still {count} after {seconds} s")
+        time.sleep(0.01)
+    assert job.poll() is None
+    return count
 
 
 KILLED = """
@@ -205,3 +223,51 @@ def test_a_snapshot_holds_what_the_journal_holds(complete, cache, tmp_path):
         reader.communicate("")
     with duckdb.connect(str(tmp_path / "copy.duckdb"), read_only=True) as copy:
         assert copy.execute("SELECT count(*) FROM llm_cache").fetchall() == [(200,)]
+
+
+def _in_the_file(path) -> int:
+    """Rows merged into the cache file itself (``open_cache`` would merge the journal too)."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+
+
+def _answer_row(key: str) -> dict[str, object]:
+    """An ``llm_cache`` row as a dispatch writes it."""
+    return {
+        "key": key,
+        "model": "sim",
+        "endpoint": "llm-ops-simulator",
+        "request": "{}",
+        "status": "ok",
+        "response_text": "an answer",
+        "response_json": None,
+        "reasoning_text": None,
+        "finish_reason": "stop",
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "latency_ms": 1.0,
+        "attempts": 1,
+        "created_at": datetime.now(UTC),
+    }
+
+
+def test_the_flush_timer_merges_the_journal_once_flush_seconds_have_passed(tmp_path):
+    clock = VirtualTime()
+    cache = Cache(tmp_path / "cache.duckdb", flush_every=1000, flush_seconds=2.0)
+    cache.prepare()
+    # merge_at_close=False: closing only seals the journal, so a merged row is the timer's
+    sink = CacheSink(cache, merge_at_close=False, sleep=clock.sleep)
+
+    async def trickle() -> tuple[int, int]:
+        timer = asyncio.create_task(sink.merge_periodically())
+        sink.answer(_answer_row("v1:" + "c" * 64))  # one row: far from flush_every
+        await clock.advance(1.99)
+        merged_before = _in_the_file(cache.path)  # no merge has begun: the file is free
+        await clock.advance(0.01)
+        timer.cancel()
+        await sink.close()  # waits for the timer's merge under way
+        return merged_before, _in_the_file(cache.path)
+
+    assert asyncio.run(trickle()) == (0, 1)

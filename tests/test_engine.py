@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
 import io
-import itertools
 import json
 import signal
 import subprocess
@@ -18,6 +16,7 @@ from types import SimpleNamespace
 import duckdb
 import polars as pl
 import pytest
+from clocks import VirtualTime
 
 from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning
 from llm_ops._dialects.openai import OPENAI
@@ -48,48 +47,6 @@ def test_a_request_rate_limit_fails_no_row(complete, endpoint):
     endpoint.configure(rpm=1200, rate_window=1.0)
     out = _rows(120).pipe(complete, prompt="{text}", concurrency=32)
     assert out["completion_status"].to_list() == ["ok"] * 120  # the rate: benchmarks/run.py
-
-
-class VirtualTime:
-    """A fake clock for the rate limiter, and the sleep that moves it: time stands still while
-    any task can run, then jumps to the earliest wake-up. What the limiter lets through at
-    what time is then its plan, not how fast a busy machine ran it."""
-
-    SETTLE = 20  # loop turns for every task that can run to reach its next wait (a few hops)
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._wakeups: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        wakeup = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._wakeups, (self.now + max(seconds, 0.0), next(self._order), wakeup))
-        await wakeup
-
-    def run(self, main):
-        """Run the coroutine ``main`` to its end, moving the clock whenever every task waits."""
-
-        async def drive():
-            task = asyncio.ensure_future(main)
-            while True:
-                for _ in range(self.SETTLE):
-                    await asyncio.sleep(0)
-                if task.done():
-                    return task.result()
-                while self._wakeups and self._wakeups[0][2].done():  # a sleep cancelled
-                    heapq.heappop(self._wakeups)
-                assert self._wakeups, "every task waits on something other than time"
-                self.now = max(self.now, self._wakeups[0][0])
-                while self._wakeups and self._wakeups[0][0] <= self.now:
-                    wakeup = heapq.heappop(self._wakeups)[2]
-                    if not wakeup.done():
-                        wakeup.set_result(None)
-
-        return asyncio.run(drive())
 
 
 def _times_let_through(clock: VirtualTime, admissions) -> list[float]:
@@ -172,14 +129,20 @@ def test_a_request_larger_than_the_token_budget_fails_at_once(complete, endpoint
     assert endpoint.stats()["requests"] == 0
 
 
+# The first request is answered slowly, so that others sent beside it would overlap it; the
+# others' answers wait until all seven are in flight, so that they overlap however busy the
+# machine: at most the seven others at once, and never fewer.
+FIRST_ALONE = {"latency": 0.2, "gather": 7}
+
+
 def test_the_others_wait_until_the_first_request_is_answered(complete, endpoint):
-    endpoint.configure(latency=0.2)  # /models answers at once, the first request slowly
+    endpoint.configure(**FIRST_ALONE)  # /models answers at once, the first request slowly
     _rows(8).pipe(complete, prompt="{text}", concurrency=8)
     assert endpoint.stats()["max_in_flight"] == 7  # the first, then the seven others
 
 
 def test_an_endpoint_without_a_model_list_gets_one_request_first(complete, endpoint):
-    endpoint.configure(latency=0.2, models=())
+    endpoint.configure(**FIRST_ALONE, models=())
     _rows(8).pipe(complete, prompt="{text}", concurrency=8)
     assert endpoint.stats()["max_in_flight"] == 7  # the first, then the seven others
 
@@ -399,7 +362,7 @@ def test_requests_carry_the_key_but_not_the_sdks_telemetry_headers(complete, end
 def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, caplog):
     from llm_ops import llm_complete_async
 
-    endpoint.configure(latency=0.3)
+    endpoint.configure(hold=1)  # the first answered, then every other held until told
     rows = _rows(200)
 
     async def cancel_once_in_flight() -> None:
@@ -413,9 +376,11 @@ def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, c
                 concurrency=16,
             )
         )
-        while (await asyncio.to_thread(endpoint.stats))["requests"] < 16:
+        while (await asyncio.to_thread(endpoint.stats))["held"] < 16:
             await asyncio.sleep(0.02)
         job.cancel()
+        await asyncio.sleep(0)  # the job takes the cancel in, then waits for what is held
+        await asyncio.to_thread(endpoint.configure)  # which now goes
         with pytest.raises(asyncio.CancelledError):
             await job
 
@@ -423,7 +388,8 @@ def test_a_cancelled_async_job_keeps_every_answer_it_was_sent(endpoint, cache, c
     sent = endpoint.stats()["requests"]
     with duckdb.connect(str(cache), read_only=True) as con:
         cached = con.sql("SELECT count(*) FROM llm_cache").fetchall()
-    assert cached == [(sent,)] and sent < 200  # what was in flight was answered and kept
+    assert sent == 1 + 16  # the first, then 16 in flight: no more once cancelled
+    assert cached == [(sent,)]  # what was in flight was answered and kept
     assert "destroyed but it is pending" not in caplog.text
 
 

@@ -8,6 +8,7 @@ import time
 
 import polars as pl
 import pytest
+from clocks import VirtualTime
 from pydantic import BaseModel
 
 import llm_ops
@@ -24,7 +25,7 @@ from llm_ops import (
     llm_filter,
     open_cache,
 )
-from llm_ops._expr.reports import record_unrecorded
+from llm_ops._expr.reports import Reports, record_unrecorded
 from llm_ops.polars import llm
 from llm_ops.testing import expected_reply
 
@@ -126,6 +127,23 @@ def test_a_query_is_recorded_in_llm_runs(options):
     with open_cache(options["cache"]) as con:
         runs = con.sql("SELECT rows, statuses['rejected'] FROM llm_runs").fetchall()
     assert runs == [(5, 1)]
+
+
+def test_batches_within_flush_seconds_of_a_record_are_recorded_together(options, tmp_path):
+    TEXTS.head(2).select(summary(options))
+    batch = llm_ops.last_report()  # one batch's report, as an expression adds them up
+    assert batch is not None
+    clock = VirtualTime()
+    runs = Cache(tmp_path / "runs.duckdb", flush_seconds=60)
+    with Client(endpoint=options["endpoint"], cache=runs) as client:
+        reports = Reports(client, clock=clock)
+        recorded = []
+        for now in (0.0, 59.0, 60.0):  # the first at once; the next waits; the third: both
+            clock.now = now
+            reports.include_batch(batch)
+            with open_cache(runs.path) as con:
+                recorded += con.sql("SELECT count(*), sum(rows) FROM llm_runs").fetchall()
+    assert recorded == [(1, 2), (1, 2), (2, 6)]
 
 
 def test_the_exit_waits_for_a_run_record_under_way(options, small_batches, monkeypatch):
@@ -274,7 +292,9 @@ def test_an_expression_sends_on_its_clients_connection_pool(endpoint):
     """A frame job, then an expression on the same client: the expression's requests go out on
     the client's engine, so on the keep-alive connections the job opened, and no more open
     than the concurrency allows (an engine of its own would open as many again)."""
-    endpoint.configure(latency=0.05)  # requests overlap: the job opens several connections
+    # the job's requests overlap however busy the machine (answers wait until four are in
+    # flight), so it opens several connections
+    endpoint.configure(gather=4)
     first = pl.DataFrame({"text": [f"first {i}" for i in range(24)]})
     second = pl.DataFrame({"text": [f"second {i}" for i in range(24)]})
     with Client(endpoint=endpoint.base_url, cache=False, concurrency=4) as client:

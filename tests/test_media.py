@@ -414,7 +414,7 @@ def test_a_request_larger_than_a_batch_file_is_rejected_not_uploaded(complete, e
         complete,
         prompt="Describe it",
         images="photo",
-        batch=BatchMode(poll_seconds=0.05, max_bytes=len(big)),
+        batch=BatchMode(poll_seconds=0.05, bytes_per_batch=len(big)),
     )
     assert status(out) == ["rejected", "ok"]
     assert "over a batch file's" in out["completion_error"][0]

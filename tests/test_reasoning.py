@@ -24,6 +24,7 @@ from llm_ops import (
     options_from_settings,
 )
 from llm_ops._dialects.openai import thinking
+from llm_ops._options import make_job
 from llm_ops._pipeline.estimate import REASONING_MODEL
 from llm_ops._pipeline.plan import lookup_answers
 from llm_ops.cli import main
@@ -146,12 +147,12 @@ def test_the_command_line_flags_reach_the_job(tmp_path, endpoint, cache, capsys)
     assert re.search(r"output tokens \(max\) +100\n", capsys.readouterr().out)
 
 
-KEEP = Sampling(keep_reasoning=True)
+KEEP = {"keep_reasoning": True}
 THOUGHTS = [expected_reasoning(t, model="sim-think") for t in DF["text"]]
 
 
 def test_keep_reasoning_adds_the_thinking_beside_the_answer(complete):
-    out = _ask(complete, sampling=KEEP)[0]
+    out = _ask(complete, **KEEP)[0]
     assert out["completion_reasoning"].to_list() == THOUGHTS
     assert out["completion"].to_list() == [expected_reply(t, model="sim-think") for t in DF["text"]]
 
@@ -161,12 +162,14 @@ def test_without_keep_reasoning_there_is_no_reasoning_column(complete):
 
 
 def test_keep_reasoning_is_neither_sent_nor_keyed():
-    assert Sampling(keep_reasoning=True).params == Sampling().params == {}
+    asked = {"prompt": "{text}", "model": "m", "endpoint": "e", "cached": False}
+    kept = make_job(**asked, options={"keep_reasoning": True})
+    assert kept.columns.reasoning and kept.spec == make_job(**asked, options={}).spec
 
 
 def test_the_thinking_comes_back_from_the_cache(complete):
     _ask(complete)  # not asked to keep it: the cache stores it all the same
-    out, report = _ask(complete, sampling=KEEP)
+    out, report = _ask(complete, **KEEP)
     assert (report.cache_hits, report.requests_sent) == (2, 0)
     assert out["completion_reasoning"].to_list() == THOUGHTS
 
@@ -191,13 +194,13 @@ def test_an_answer_refreshed_for_age_keeps_its_thinking_in_history(complete, cac
 def test_an_expression_with_status_keeps_the_thinking_as_a_field(endpoint, cache):
     asked = pl.col("text").llm.complete(
         "{}", model="sim-think", with_status=True, endpoint=endpoint.base_url, cache=cache,
-        sampling=KEEP,
+        **KEEP,
     )  # fmt: skip
     assert DF.select(asked)["text"].struct.field("reasoning").to_list() == THOUGHTS
 
 
 def test_a_model_that_does_not_reason_gets_null_thinking(complete):
-    out = DF.pipe(complete, prompt="{text}", sampling=KEEP)
+    out = DF.pipe(complete, prompt="{text}", **KEEP)
     assert out["completion_reasoning"].to_list() == [None, None]
 
 
@@ -209,13 +212,20 @@ def test_thinking_that_is_not_text_is_none():
     assert thinking({"content": "4", "reasoning_content": {"steps": 2}}) is None
 
 
-def test_keep_reasoning_must_be_a_bool():
-    with pytest.raises(ConfigError, match="keep_reasoning"):
-        Sampling(keep_reasoning="yes")  # type: ignore[arg-type]
+def test_keep_reasoning_must_be_a_bool(complete):
+    with pytest.raises(ConfigError, match="keep_reasoning must be True or False"):
+        DF.pipe(complete, prompt="{text}", keep_reasoning="yes")
+
+
+def test_keep_reasoning_in_sampling_says_where_it_is_now():
+    with pytest.raises(
+        ConfigError, match=r"llm_complete\(\.\.\., output=\.\.\., keep_reasoning=True\)"
+    ):
+        Sampling(keep_reasoning=True)
 
 
 def test_the_flat_setting_keeps_reasoning():
-    assert options_from_settings({"keep_reasoning": True})["sampling"] == KEEP
+    assert options_from_settings({"keep_reasoning": True}) == KEEP
 
 
 def test_a_table_job_keeps_the_thinking(tmp_path, endpoint, cache):

@@ -35,10 +35,8 @@ MIXED = pl.DataFrame(
 
 def test_prefix_order_keeps_every_rows_answer_status_and_position(complete, tmp_path):
     options = dict(prompt="Summarize: {text}", system="Be {tone}.", concurrency=2)
-    prefix = MIXED.pipe(complete, packing=Packing(send_order="prefix"), **options)
-    as_planned = MIXED.pipe(
-        complete, packing=Packing(send_order="input"), cache=tmp_path / "b.duckdb", **options
-    )
+    prefix = MIXED.pipe(complete, send_order="prefix", **options)
+    as_planned = MIXED.pipe(complete, send_order="input", cache=tmp_path / "b.duckdb", **options)
     assert_frame_equal(prefix, as_planned)
     assert prefix["completion_status"].cast(pl.String).to_list() == [
         *["ok", "ok", "skipped", "ok", "rejected", "truncated", "ok", "skipped", "skipped"]
@@ -58,7 +56,7 @@ def test_input_order_sends_misses_in_the_order_of_their_first_rows(complete):
         prompt="{text}",
         concurrency=1,
         budget=Budget(max_requests=3),
-        packing=Packing(send_order="input"),
+        send_order="input",
     )
     answered = out.filter(pl.col("completion_status") == "ok")["text"].to_list()
     assert answered == GROUPED["text"].head(3).to_list()
@@ -69,9 +67,7 @@ def test_prefix_order_is_the_default_and_reuses_the_servers_prefix_cache(complet
     GROUPED.pipe(complete, prompt="{text}", concurrency=1)
     prefix = endpoint.stats()["cached_tokens"]
     endpoint.reset()
-    GROUPED.pipe(
-        complete, prompt="{text}", concurrency=1, packing=Packing(send_order="input"), cache=False
-    )
+    GROUPED.pipe(complete, prompt="{text}", concurrency=1, send_order="input", cache=False)
     assert prefix > 3 * endpoint.stats()["cached_tokens"]
 
 
@@ -114,7 +110,7 @@ def test_table_chunks_in_input_order_follow_the_first_rows(endpoint, tmp_path):
             model="sim",
             chunk_size=5,
             rows_per_read=7,  # first rows counted across input batches
-            packing=Packing(send_order="input"),
+            send_order="input",
         )
         chunks = [pl.read_parquet(chunk)["prompt"] for chunk in table.plan().chunks]
     assert pl.concat(chunks).to_list() == GROUPED["text"].to_list()
@@ -123,5 +119,10 @@ def test_table_chunks_in_input_order_follow_the_first_rows(endpoint, tmp_path):
 @pytest.mark.parametrize("value", ["random", "", None, 1])
 def test_a_bad_send_order_is_a_config_error_before_sending(complete, endpoint, value):
     with pytest.raises(ConfigError, match="send_order must be 'prefix' or 'input'"):
-        MIXED.pipe(complete, prompt="{text}", packing=Packing(send_order=value))
+        MIXED.pipe(complete, prompt="{text}", send_order=value)
     assert endpoint.stats()["requests"] == 0
+
+
+def test_send_order_in_packing_says_where_it_is_now():
+    with pytest.raises(ConfigError, match=r"llm_complete\(\.\.\., send_order='input'\)"):
+        Packing(send_order="input")

@@ -9,8 +9,9 @@ import sys
 import time
 
 import polars as pl
+from clocks import VirtualTime
 
-from llm_ops._claims import Claims
+from llm_ops._claims import ALIVE_SECONDS, Claims
 from llm_ops._journal import JournalWriter
 
 JOB = """
@@ -111,6 +112,22 @@ def test_a_key_whose_claimer_is_gone_is_looked_up_before_it_is_sent(tmp_path):
     assert (list(claims.take([key], key=str)), claims.deferred) == ([], [key])
     assert claims.held_by_others([key]) == set()
     assert list(claims.take([key], key=str, checked={key})) == [key]
+
+
+def test_an_owner_seen_alive_is_believed_alive_until_its_lease_runs_out(tmp_path):
+    owner = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    waiter = JournalWriter(tmp_path, merge=lambda files, wait: None, merge_every=10)
+    key = "v1:" + "b" * 64
+    assert list(Claims(tmp_path, owner.id).take([key], key=str)) == [key]
+    clock = VirtualTime()
+    claims = Claims(tmp_path, waiter.id, clock=clock)
+    assert list(claims.take([key], key=str)) == []
+    assert claims.held_by_others([key]) == {key}  # the owner is alive: checked, and believed
+    owner.close(wait=0)  # gone, but not looked at again until the lease runs out
+    clock.now = ALIVE_SECONDS * 0.99
+    assert claims.held_by_others([key]) == {key}
+    clock.now = ALIVE_SECONDS
+    assert claims.held_by_others([key]) == set()
 
 
 def test_the_claims_log_is_removed_when_the_last_job_ends(complete, cache):

@@ -186,3 +186,24 @@ def test_the_past_knee_preset_falls_beyond_its_slots():
 def test_the_presets_cannot_be_changed_by_accident():
     with pytest.raises(TypeError):
         PRESETS["gpu"]["slots"] = 1  # type: ignore[index]
+
+
+def test_held_answers_go_once_the_hold_is_lifted(endpoint):
+    endpoint.configure(hold=1)
+
+    async def run() -> list[int]:
+        url = endpoint.base_url + "/chat/completions"
+        async with aiohttp.ClientSession() as session:
+
+            async def status(n: int) -> int:
+                async with session.post(url, json=_body(n)) as response:
+                    return response.status
+
+            posts = [asyncio.create_task(status(n)) for n in range(3)]
+            held = await asyncio.to_thread(_wait, endpoint, lambda s: s["held"] == 2)
+            assert (held["answered"], held["held"]) == (1, 2)
+            await asyncio.to_thread(endpoint.configure)
+            return list(await asyncio.gather(*posts))
+
+    assert asyncio.run(run()) == [200] * 3
+    assert endpoint.stats()["held"] == 0

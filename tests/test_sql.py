@@ -101,18 +101,27 @@ df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=sys.argv[1],
 """
 
 
+def _count(cache) -> int:
+    with open_cache(cache) as reader:
+        return reader.sql("SELECT count(*) FROM llm_cache").fetchall()[0][0]
+
+
 def test_a_reader_can_query_while_a_job_writes(endpoint, cache):
+    endpoint.configure(hold=300)  # the job is held midway, alive, until told
     writer = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
-    counts = []
+    deadline = time.monotonic() + 60  # only against a hang
+    while not (cache.exists() and _count(cache) == 300):  # its merges so far landed
+        if writer.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError("the job ended, or merged nothing in a minute, while held")
+        time.sleep(0.01)
+    counts = [300]
+    endpoint.configure()
     while writer.poll() is None:
-        if cache.exists():
-            with open_cache(cache) as reader:
-                counts.append(reader.sql("SELECT count(*) FROM llm_cache").fetchall()[0][0])
+        counts.append(_count(cache))
         time.sleep(0.05)
     assert writer.returncode == 0
-    assert len(counts) > 3 and counts == sorted(counts)
-    with open_cache(cache) as reader:
-        assert reader.sql("SELECT count(*) FROM llm_cache").fetchall() == [(600,)]
+    assert counts == sorted(counts)
+    assert _count(cache) == 600
 
 
 def test_one_query_over_many_vectors_stays_under_rpm(endpoint, cache):

@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
-from llm_ops import ConfigError, Retries
+from llm_ops import Client, ConfigError, Retries, llm_extract
+from llm_ops.polars import llm  # noqa: F401  (the .llm namespace)
 
 
 class Aspect(BaseModel):
@@ -67,7 +68,7 @@ def test_invalid_answers_are_not_cached(complete, endpoint):
 
 def test_repair_resends_once_with_the_error(complete, endpoint):
     out, report = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]}).pipe(
-        complete, prompt="{text}", schema=Review, retries=Retries(repair=True), return_report=True
+        complete, prompt="{text}", schema=Review, repair=True, return_report=True
     )
     assert out["completion_status"].to_list() == ["ok"]
     assert (report.requests_sent, report.retries) == (2, 1)
@@ -93,6 +94,41 @@ def test_schemas_that_cannot_become_columns_are_refused(complete):
         )
 
 
-def test_repair_is_a_field_of_retries_now(complete):
-    with pytest.raises(ConfigError, match=r"repair is Retries\(repair=...\) as retries= now"):
+def test_repair_is_said_per_call_on_one_client(endpoint):
+    df = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]})
+    with Client(endpoint=endpoint.base_url, cache=False) as client:
+        repaired = client.complete(df, "{text}", model="sim", schema=Review, repair=True)
+        left = client.complete(df, "{text}", model="sim", schema=Review)
+    assert (repaired["completion_status"].to_list(), left["completion_status"].to_list()) == (
+        ["ok"],
+        ["invalid"],
+    )
+
+
+def test_an_extraction_takes_repair(endpoint):
+    df = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]})
+    out = df.pipe(
+        llm_extract, "text", Review, model="sim", endpoint=endpoint.base_url, cache=False,
+        repair=True, prompt="{text}",
+    )  # fmt: skip
+    assert out["extracted_status"].to_list() == ["ok"]
+
+
+def test_an_expression_takes_repair(endpoint):
+    asked = pl.col("text").llm.complete(
+        "{}", model="sim", schema=Review, repair=True, with_status=True,
+        endpoint=endpoint.base_url, cache=False,
+    )  # fmt: skip
+    out = pl.DataFrame({"text": ["[[sim:invalid=schema]] wool"]}).select(asked)
+    assert out["text"].struct.field("status").to_list() == ["ok"]
+
+
+def test_repair_without_a_schema_is_a_config_error_before_sending(complete, endpoint):
+    with pytest.raises(ConfigError, match="repair asks again for an answer that does not match"):
         pl.DataFrame({"text": ["x"]}).pipe(complete, prompt="{text}", repair=True)
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_repair_in_retries_says_where_it_is_now():
+    with pytest.raises(ConfigError, match=r"llm_complete\(\.\.\., schema=\.\.\., repair=True\)"):
+        Retries(repair=True)

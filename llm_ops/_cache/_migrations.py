@@ -266,7 +266,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         13,
         "add reasoning_text to llm_cache and llm_cache_history",
         # Kept whenever the endpoint returns it, whether or not the job asked to keep it
-        # (Sampling.keep_reasoning is not keyed): a later job that asks finds it on a hit.
+        # (keep_reasoning= is not keyed): a later job that asks finds it on a hit.
         """
         -- a reasoning model's thinking, beside its answer (the message's reasoning_content,
         -- or reasoning); NULL when none came, and for answers recorded before

@@ -139,9 +139,9 @@ class BatchRowsFailedError(RowsFailedError):
 
     _raised: ClassVar[dict[str, tuple[list[int], list[str], list[str]]]] = {}
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, *args: Any, cached: bool = True) -> None:
         if len(args) == 3:
-            super().__init__(*args)
+            super().__init__(*args, cached=cached)
             self._raised.clear()  # only the error in flight is wanted
             self._raised[str(self)] = (self.rows, self.errors, self.statuses)
             return
@@ -195,9 +195,11 @@ class ExprBatchFunction:
             columns = self.answer(frame, job)
         if self.on_error == "raise" and columns[job.columns.status].is_in(list(FAILED)).any():
             try:
-                raise_failed_rows(columns, job.columns)
+                raise_failed_rows(columns, job.columns, cached=self.client.cache is not None)
             except RowsFailedError as exc:
-                raise BatchRowsFailedError(exc.rows, exc.errors, exc.statuses) from None
+                raise BatchRowsFailedError(
+                    exc.rows, exc.errors, exc.statuses, cached=self.client.cache is not None
+                ) from None
         if not self.warned:  # once per expression: the first batch with failed rows speaks
             names = job.columns
             self.warned = bool(columns[names.status].is_in(list(FAILED)).any())

@@ -332,7 +332,8 @@ def llm_extract(
     error.
 
     As ``llm_complete(schema=...)``: answers are validated, one that does not match is
-    ``invalid`` (null, its text in ``<output>_raw``), and a rerun is served by the cache.
+    ``invalid`` (null, its text in ``<output>_raw``; ``repair=True`` asks once more, showing
+    the model what was wrong), and a rerun is served by the cache.
 
     Parameters
     ----------

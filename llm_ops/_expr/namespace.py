@@ -46,7 +46,8 @@ class LlmNamespace:
     ``.alias(...)``. Each method returns the answer, null where a row failed or was skipped
     (:func:`llm_ops.last_report` counts them), or, with ``with_status=True``, a struct of
     ``answer``, ``status`` (:data:`llm_ops.STATUSES`) and ``error`` (plus ``raw``,
-    ``similar_to``, ``similarity`` and ``model`` where ``llm_complete`` adds those columns).
+    ``similar_to``, ``similarity``, ``model`` and ``reasoning`` where ``llm_complete`` adds
+    those columns: ``reasoning`` with ``keep_reasoning=True``).
 
     Use the plain form where a null answer is all you need to know (a filter, a summary
     column); use ``with_status=True`` where each row must say why it has no answer (a job whose
@@ -216,7 +217,7 @@ class LlmNamespace:
 
         Answers are asked for by the schema and validated as with ``llm_complete(schema=)``;
         one that does not match is ``invalid`` (null here; its raw text in the struct form's
-        ``raw``).
+        ``raw``), unless ``repair=True`` asks again and the second answer matches.
 
         Parameters
         ----------

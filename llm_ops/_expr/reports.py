@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from .._client import Client
@@ -66,10 +66,16 @@ def last_report() -> RunReport | None:
 
 class Reports:
     """One expression's batch reports: added up for :func:`last_report`, and recorded in
-    ``llm_runs``."""
+    ``llm_runs``.
 
-    def __init__(self, client: Client):
+    ``clock`` tells whether ``flush_seconds`` have passed since the last record:
+    :func:`time.monotonic`, or a test's fake one. (The timer that records the last batches
+    of a query soon after it runs on real time: it only bounds how late they are.)
+    """
+
+    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic):
         self.client = client
+        self._clock = clock
         self.cache = client.cache
         self.run_id = uuid.uuid4().hex[:12]
         self.total: RunReport | None = None
@@ -103,7 +109,7 @@ class Reports:
             self._pending.append(report)
             due = (
                 self._recorded_at is None
-                or time.monotonic() - self._recorded_at >= self.cache.flush_seconds
+                or self._clock() - self._recorded_at >= self.cache.flush_seconds
             )
             if not due and self._timer is None:
                 # the last batches of a query are recorded soon after it, not at exit
@@ -123,7 +129,7 @@ class Reports:
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
-                self._recorded_at = time.monotonic()
+                self._recorded_at = self._clock()
             if pending and self.cache is not None:
                 self.cache.record_run(added_up(pending).as_dict(), wait=wait)
             with self._lock:

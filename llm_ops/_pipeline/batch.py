@@ -1,8 +1,8 @@
 """Provider batch mode (``batch=True``): the distinct uncached requests through the Files and
 Batches API, at the batch price, answered within 24 hours.
 
-A submission (a ``job_id``) is cut into parts of at most ``batch_max_requests`` lines and
-``batch_max_bytes``; each part is one JSONL file (``custom_id`` = the request key) and one
+A submission (a ``job_id``) is cut into parts of at most ``requests_per_batch`` lines and
+``bytes_per_batch``; each part is one JSONL file (``custom_id`` = the request key) and one
 batch. Every provider object is recorded in the cache database (``llm_batches`` and
 ``llm_batch_requests``, through the journal, so durably) before and after the call that makes
 it::
@@ -205,10 +205,10 @@ class BatchRunner:
                     continue
                 line = self.dialect.batch_line(request.key, self.live.body(request, messages))
             encoded = json.dumps(line, ensure_ascii=False).encode() + b"\n"
-            if len(encoded) > self.settings.max_bytes:  # no batch file could hold it
+            if len(encoded) > self.settings.bytes_per_batch:  # no batch file could hold it
                 why = (
                     f"its batch line is {len(encoded):,} bytes, over a batch file's "
-                    f"{self.settings.max_bytes:,} (BatchMode(max_bytes=)); row not sent"
+                    f"{self.settings.bytes_per_batch:,} (BatchMode(bytes_per_batch=)); row not sent"
                 )
                 await on_outcome(request, Outcome(request.key, "rejected", error=why))
                 continue
@@ -252,8 +252,8 @@ class BatchRunner:
         size = 0
         for key, line in lines:
             if chunk and (
-                len(chunk) >= self.settings.max_requests
-                or size + len(line) > self.settings.max_bytes
+                len(chunk) >= self.settings.requests_per_batch
+                or size + len(line) > self.settings.bytes_per_batch
             ):
                 yield chunk
                 chunk, size = [], 0

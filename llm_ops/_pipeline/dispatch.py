@@ -239,7 +239,7 @@ async def _send(
             model=spec.model,
             params=spec.params,
             validate=spec.schema.validate if spec.schema else None,
-            repair=backend.engine.limits.retries.repair,
+            repair=job.repair,
             budget=budget,
             # a row an earlier model of a cascade refuses goes on to the next one
             stop_when_refused_alike=spec.model == job.models[-1],
@@ -271,7 +271,7 @@ async def _send(
     # Sorting a million misses takes seconds: not on the event loop. Packs take one run,
     # so members of a pack share a prefix too.
     lanes = 1 if job.packing.rows_per_request > 1 else backend.engine.concurrency.limit
-    ordered = await asyncio.to_thread(send_order, misses, job.packing.send_order, lanes=lanes)
+    ordered = await asyncio.to_thread(send_order, misses, job.send_order, lanes=lanes)
     stopped = await dispatch_durably(
         sender,
         requests_for(ordered, job, answers.claims, checked=checked, refuse=refuse),

@@ -73,7 +73,7 @@ async def embed_frame(
     if done.stopped is not None:
         raise done.stopped
     if on_error == "raise" and report.failed_rows:
-        raise_failed_rows(added, columns)
+        raise_failed_rows(added, columns, cached=backend.cache is not None)
     return added
 
 

@@ -116,8 +116,9 @@ def status_counts(added: pl.DataFrame, columns: Columns) -> dict[str, int]:
     return {str(status): int(n) for status, n in counts.iter_rows()}
 
 
-def raise_failed_rows(added: pl.DataFrame, columns: Columns) -> None:
-    """``on_error="raise"``: one :class:`~llm_ops.RowsFailedError` for every failed row."""
+def raise_failed_rows(added: pl.DataFrame, columns: Columns, *, cached: bool) -> None:
+    """``on_error="raise"``: one :class:`~llm_ops.RowsFailedError` for every failed row
+    (``cached``: whether the job's answers were kept in a cache)."""
     failed = added.with_row_index("row").filter(
         pl.col(columns.status).cast(pl.String).is_in(list(FAILED))
     )
@@ -125,4 +126,5 @@ def raise_failed_rows(added: pl.DataFrame, columns: Columns) -> None:
         failed["row"].to_list(),
         failed[columns.error].fill_null("").to_list(),
         failed[columns.status].cast(pl.String).to_list(),
+        cached=cached,
     )

@@ -28,11 +28,22 @@ CLOSE_WAIT = 0.5  # at the end of a dispatch; what the file does not take then w
 
 
 class CacheSink:
-    """The cache writer of one dispatch, driven from its event loop."""
+    """The cache writer of one dispatch, driven from its event loop.
 
-    def __init__(self, cache: Cache, *, merge_at_close: bool = True):
+    Its flush timer waits ``flush_seconds`` between merges through ``sleep``:
+    :func:`asyncio.sleep`, or a test's, which moves a fake clock.
+    """
+
+    def __init__(
+        self,
+        cache: Cache,
+        *,
+        merge_at_close: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
         self.writer = cache.writer()
         self.merge_at_close = merge_at_close
+        self._sleep = sleep
         self.merge_every = cache.flush_every
         self.merge_seconds = cache.flush_seconds
         # under a max_age, what is sent is missing or too old: a refresh (see _cache._writes)
@@ -62,7 +73,7 @@ class CacheSink:
     async def merge_periodically(self) -> None:
         """Bound how long an answer waits when answers trickle in; cancel to stop."""
         while True:
-            await asyncio.sleep(self.merge_seconds)
+            await self._sleep(self.merge_seconds)
             self.writer.write()
             if self.writer.unmerged:
                 self._start_merge()

@@ -53,5 +53,5 @@ async def run_frame(
             print(f"interrupted; {kept}.\n{report}", file=sys.stderr)
         raise stopped
     if job.on_error == "raise" and report.failed_rows:
-        raise_failed_rows(columns, job.columns)
+        raise_failed_rows(columns, job.columns, cached=backend.cache is not None)
     return columns, report

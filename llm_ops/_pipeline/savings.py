@@ -35,7 +35,8 @@ def account(
     ``distinct`` holds the pass's distinct requests, ``hits`` the cache's answers to them (the
     exact cache's, and those another job sharing it sent meanwhile), ``results`` every settled
     request (:data:`~llm_ops._status.RESULTS`)."""
-    return usage_report(job, facts, tally(distinct, results, cache_hits=hits["key"]))
+    tallies = tally(distinct, results, cache_hits=hits["key"])
+    return usage_report(job, facts, tallies)
 
 
 def usage_report(job: Job, facts: RunFacts, tallies: dict[str, Tally]) -> RunReport:

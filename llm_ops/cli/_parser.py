@@ -14,6 +14,7 @@ import polars as pl
 
 from .. import __version__
 from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from .._parameters import flag_of, help_text
 from .._spec import Endpoint
 from ..exceptions import ConfigError
 
@@ -70,9 +71,9 @@ def command(
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """``--base-url`` and ``--cache``: where a command's client sends, and its cache file."""
-    parser.add_argument(
-        "--base-url", metavar="URL", help="endpoint (default: $OPENAI_BASE_URL, then OpenAI's)"
-    )
+    base_url = flag_of("base_url")  # declared with the settings
+    assert base_url is not None
+    parser.add_argument(base_url.flag_name, metavar=base_url.metavar, help=help_text(base_url))
     parser.add_argument("--cache", metavar="FILE", help=CACHE_HELP)
 
 
@@ -108,20 +109,14 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         help="a header whose value is in an environment variable, e.g. "
         "api-key=AZURE_OPENAI_API_KEY (Azure OpenAI), so it stays out of the shell history",
     )
-    parser.add_argument(
-        "--verify",
-        metavar="CA_BUNDLE|false",
-        help="check the server's certificate against this CA bundle instead of the "
-        "system's; 'false' checks nothing",
-    )
-    parser.add_argument("--cert", metavar="PEM", help="client certificate (mutual TLS)")
-    parser.add_argument("--cert-key", metavar="PEM", help="its key, if not in the --cert file")
-    parser.add_argument(
-        "--proxy",
-        metavar="URL",
-        help="http:// or https:// proxy (default: $HTTPS_PROXY, $HTTP_PROXY or $ALL_PROXY, "
-        "unless $NO_PROXY names the host)",
-    )
+    for name in ("verify", "cert", "proxy"):  # declared with the settings
+        declared = flag_of(name)
+        assert declared is not None
+        parser.add_argument(declared.flag_name, metavar=declared.metavar, help=help_text(declared))
+        if name == "cert":
+            parser.add_argument(
+                "--cert-key", metavar="PEM", help="its key, if not in the --cert file"
+            )
 
 
 def connection_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from .._parameters import flag_of
 from ..exceptions import Words
-from ._option_flags import OPTION_FLAGS
 
 # The settings whose flag gives them another way than their value: the API key and the
 # credential headers by the environment variable that holds them, so they stay out of the
@@ -23,17 +23,15 @@ class FlagWords(Words):
     def name(self, setting: str) -> str:
         if setting in _GIVEN_OTHERWISE:
             return _GIVEN_OTHERWISE[setting][0]
-        declared = OPTION_FLAGS.get(setting)
-        if declared is not None and declared.flag is not None:
-            return declared.flag
-        return "--" + setting.replace("_", "-")
+        declared = flag_of(setting)
+        return "--" + setting.replace("_", "-") if declared is None else declared.flag_name
 
     def set_to(self, setting: str, value: str | None) -> str:
         if value:
             return f"{self.name(setting)} {shlex.quote(value)}"
         if setting in _GIVEN_OTHERWISE:
             return " ".join(_GIVEN_OTHERWISE[setting])
-        declared = OPTION_FLAGS.get(setting)
+        declared = flag_of(setting)
         metavar = declared.metavar if declared is not None and declared.metavar else "..."
         return f"{self.name(setting)} {metavar}"
 

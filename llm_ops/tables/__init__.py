@@ -30,8 +30,10 @@ A cascade (``model=[small, large]``) runs batch by batch through the models inst
 from .._outcome import Counters
 from .._pipeline.batch import BatchPart
 from ._files import input_files, input_folder, media_folders
+from ._parameters import TableSettings
 from ._plan import TablePlan
 from ._send import send_chunk as send_chunk
+from ._settings import table_of_settings
 from ._table import Table
 from ._workers import SharedQuota, WorkerStore
 from ._write import Written
@@ -42,9 +44,11 @@ __all__ = [
     "SharedQuota",
     "Table",
     "TablePlan",
+    "TableSettings",
     "WorkerStore",
     "Written",
     "input_files",
     "input_folder",
     "media_folders",
+    "table_of_settings",
 ]

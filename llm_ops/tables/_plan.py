@@ -129,7 +129,7 @@ def plan_table(
             _create_requests(con, extra)
         media = _listed(extra)
         # Chunks are runs of the send order (llm_ops._order): byte-wise, as Polars sorts.
-        prefix = job.packing.send_order == "prefix"
+        prefix = job.send_order == "prefix"
         order = "r.system NULLS FIRST, r.prompt, r.key" if prefix else "r.first"
         with cache.answers_view(con, name="cached", columns=["key"]):
             con.execute(

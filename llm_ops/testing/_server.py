@@ -157,6 +157,11 @@ class SimulatorConfig:
         30 s), so that a test can make sure two clients' requests overlap without waiting a
         guessed time; the first request (since :meth:`Simulator.reset`) is answered at once, as
         a client may send no more until it is (llm-ops does). 0 (the default): no waiting.
+    hold
+        Answer this many chat requests (counted since :meth:`Simulator.reset`), and hold the
+        others until told: a later configure with a larger ``hold`` or none lets them go. A test
+        then knows what is in flight, and for how long, without guessing a latency; the
+        ``held`` counter says how many wait. ``None`` (the default): no holding.
     rpm, tpm
         Requests and tokens per minute. Over the limit the answer is 429 with ``Retry-After``
         and ``retry-after-ms``; ``x-ratelimit-*`` headers are sent on every answer.
@@ -250,6 +255,7 @@ class SimulatorConfig:
     step_per_queued: float = 0.0
     answer_tokens: int = 16
     gather: int = 0
+    hold: int | None = None
     rpm: int | None = None
     tpm: int | None = None
     rate_window: float = 60.0
@@ -884,6 +890,8 @@ class Simulator:
         self.prefix_cache = PrefixCache()
         self._app_max_size = config.max_request_bytes  # the limit app() gave aiohttp
         self.decoder = DecodeBatch(lambda: self.config)
+        self._hold_changed = asyncio.Event()
+        self.held = 0  # chat requests waiting for the hold to lift (a reset keeps them)
         self.configure(config)
         self.reset()
 
@@ -894,6 +902,21 @@ class Simulator:
         self._requests_bucket = _Bucket(config.rpm, config.rate_window) if config.rpm else None
         self._tokens_bucket = _Bucket(config.tpm, config.rate_window) if config.tpm else None
         self.prefix_cache.resize(config.prefix_cache_tokens)
+        self._recheck_holds()
+
+    def _recheck_holds(self) -> None:
+        """Wake every held request to look at ``hold`` again."""
+        self._hold_changed.set()
+        self._hold_changed = asyncio.Event()
+
+    async def _wait_while_held(self) -> None:
+        self.held += 1
+        try:
+            while self.config.hold is not None and self.let_through >= self.config.hold:
+                await self._hold_changed.wait()
+        finally:
+            self.held -= 1
+        self.let_through += 1
 
     def reset(self) -> None:
         """Zero the counters and empty the prefix cache."""
@@ -908,6 +931,8 @@ class Simulator:
         self.in_flight = 0
         self.max_in_flight = 0
         self._gathered = asyncio.Event()
+        self.let_through = 0  # chat requests past the hold
+        self._recheck_holds()
         self.header_names: set[str] = set()
         self.completion_tokens = 0
         self.prompt_tokens = 0
@@ -934,6 +959,7 @@ class Simulator:
             "answered": self.answered_total,
             "distinct_answered": len(self.answered),
             "max_in_flight": self.max_in_flight,
+            "held": self.held,
             "cancelled": self.cancelled,
             "connections": len(self.peers),
             "answer_seconds": self.answer_seconds.summary(),
@@ -1081,6 +1107,7 @@ class Simulator:
                     self._gathered.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._gathered.wait(), GATHER_SECONDS)
+            await self._wait_while_held()
             response = await self._answer(request)
         except asyncio.CancelledError:  # the client gave up (a timeout, say) and hung up
             self.cancelled += 1
