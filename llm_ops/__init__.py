@@ -11,6 +11,17 @@ from importlib import metadata as _metadata
 
 from ._cache import CACHE_ENV, Cache, default_cache_path, open_cache, parse_duration
 from ._client import Client
+from ._config import (
+    BatchMode,
+    Budget,
+    Cascade,
+    Endpoint,
+    Packing,
+    RateLimit,
+    Retries,
+    Sampling,
+    SemanticCache,
+)
 from ._escalate import ConfidenceBelow, confidence_below
 from ._expr import ExprOptions, ExtractOptions, LlmNamespace, last_report
 from ._expr.frames import llm_classify, llm_extract, llm_filter
@@ -20,14 +31,10 @@ from ._operator import estimate, llm_complete, llm_complete_async, llm_embed
 from ._options import (
     SETTINGS,
     AskOptions,
-    BatchMode,
-    Budget,
     CallOptions,
-    Cascade,
     ClientOptions,
     EmbedOptions,
     Options,
-    Packing,
     RequestOptions,
     options_from_settings,
 )
@@ -37,8 +44,6 @@ from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
-from ._semantic import SemanticCache
-from ._spec import Endpoint, RateLimit, Retries, Sampling
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from ._wire import AsyncTransport, HttpAnswer, HttpRequest

@@ -15,6 +15,7 @@ import polars as pl
 import pyarrow as pa
 
 from ._cache import cache_of
+from ._config import Limits, RateLimit, Retries, endpoint_of
 from ._engine.dispatcher import DRAIN_SECONDS
 from ._engine.engine import Engine
 from ._failures import warn_columns, warn_report
@@ -47,7 +48,7 @@ from ._pipeline.run import run_frame
 from ._progress import resolve_progress
 from ._report import RunReport, latest, remember_latest
 from ._signals import graceful_sigterm, stopping_gently
-from ._spec import EmbeddingSpec, Limits, RateLimit, Retries, endpoint_of
+from ._spec import EmbeddingSpec
 from .exceptions import ConfigError
 
 T = TypeVar("T")

@@ -14,6 +14,7 @@ import polars as pl
 import pyarrow as pa
 
 from ._client import Client, complete_on, complete_on_async, embed_later, given_client
+from ._config import endpoint_of
 from ._frames import Frame, PolarsFrame
 from ._options import (
     EmbedOptions,
@@ -25,7 +26,6 @@ from ._options import (
 )
 from ._pipeline.estimate import Estimate
 from ._report import RunReport
-from ._spec import endpoint_of
 
 
 @overload

@@ -4,11 +4,13 @@
 ``llm_complete_async``, ``estimate`` and :meth:`llm_ops.Client.complete` take after
 ``prompt`` and ``model``: what a :class:`~llm_ops.Client` is made with
 (:class:`ClientOptions`) and what each call says (:class:`CallOptions`). Settings that belong
-together are one typed object each, checking its own fields when made: the endpoint
-(:class:`~llm_ops.Endpoint`), the cache file (:class:`~llm_ops.Cache`),
-:class:`~llm_ops.Retries`, :class:`~llm_ops.RateLimit`, :class:`~llm_ops.Sampling`, and the
-levers :class:`Packing`, :class:`Budget`, :class:`BatchMode`, :class:`Cascade` and
-:class:`~llm_ops.SemanticCache`.
+together are one typed object each, checking its own fields when made, all defined in
+:mod:`llm_ops._config`: the endpoint (:class:`~llm_ops.Endpoint`), :class:`~llm_ops.Retries`,
+:class:`~llm_ops.RateLimit`, :class:`~llm_ops.Sampling`, and the levers
+:class:`~llm_ops.Packing`, :class:`~llm_ops.Budget`, :class:`~llm_ops.BatchMode`,
+:class:`~llm_ops.Cascade` and :class:`~llm_ops.SemanticCache` (besides the cache file,
+:class:`~llm_ops.Cache`, and the media columns, :class:`~llm_ops.Images` and
+:class:`~llm_ops.Documents`).
 
 The CLI and the flow spell each field as a flat setting (``--temperature``,
 ``max_cost:``): :data:`SETTINGS` says which object each belongs to, and
@@ -24,23 +26,34 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict, cast, get_type_hints
 
 import polars as pl
 from pydantic import BaseModel
 
 from ._cache import Cache, cache_of
-from ._escalate import EscalateOption, check_escalation, escalation_rule
+from ._checks import positive_int
+from ._config import (
+    OPTION_CLASSES,
+    BatchMode,
+    Budget,
+    Cascade,
+    Endpoint,
+    Packing,
+    RateLimit,
+    Retries,
+    Sampling,
+    SemanticCache,
+)
+from ._escalate import check_escalation, escalation_rule
 from ._media import Documents, DocumentsOption, Images, ImagesOption, Media
 from ._order import SEND_ORDERS, SendOrder
 from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_for
 from ._progress import ProgressCallback, resolve_progress
 from ._schema import output_schema
-from ._semantic import SemanticCache
 from ._settings import DECLARED, settings_map
-from ._spec import Endpoint, RateLimit, RequestSpec, Retries, Sampling, positive_int, seconds
-from ._spec import is_number as _is_number
+from ._spec import RequestSpec
 from ._status import STATUS_DTYPE
 from ._template import check_columns, parse_template, render
 from .exceptions import ConfigError, setting
@@ -52,174 +65,7 @@ ProgressOption = bool | ProgressCallback | None
 SchemaOption = type[BaseModel] | Mapping[str, Any] | None
 
 
-@dataclass(frozen=True)
-class Cascade:
-    """Models from the cheapest to the strongest, and which answers go on: ``model=`` of a
-    completion call (a list of names stands for ``Cascade(names)``).
-
-    Every row goes to the first model; rows whose answer is ``rejected``, ``failed``,
-    ``invalid`` or ``truncated``, and rows ``escalate`` flags, go on to the next.
-    ``<output>_model`` is added: the model whose answer the row has.
-
-    Parameters
-    ----------
-    models
-        Model names, the cheapest first, each once.
-    escalate
-        Which answered rows go on besides: :func:`~llm_ops.confidence_below` reads a
-        confidence field of a structured answer, e.g. ``confidence_below(0.7)``; any boolean
-        Polars expression over the input and answer columns works too, e.g.
-        ``pl.col("summary").str.contains("(?i)not sure")``, or a SQL expression as a string,
-        e.g. ``"summary LIKE 'unsure:%'"``.
-
-    Examples
-    --------
-    >>> from llm_ops import Cascade, confidence_below
-    >>> Cascade(["gpt-4o-mini", "gpt-4o"], escalate=confidence_below(0.7))  # doctest: +ELLIPSIS
-    Cascade(models=('gpt-4o-mini', 'gpt-4o'), escalate=ConfidenceBelow(...))
-    """
-
-    models: Sequence[str]
-    escalate: EscalateOption = None
-
-    def __post_init__(self) -> None:
-        models = self.models
-        names = [models] if isinstance(models, str) else models
-        if (
-            not isinstance(names, Sequence)
-            or not names
-            or not all(isinstance(name, str) and name.strip() for name in names)
-        ):
-            raise ConfigError(
-                "model must be a model name such as 'gpt-4o-mini', or a cascade such as "
-                f"['gpt-4o-mini', 'gpt-4o'] or Cascade([...], escalate=...), got {models!r}"
-            )
-        if len(set(names)) != len(names):
-            raise ConfigError(f"a cascade names each model once, got {list(names)!r}")
-        if self.escalate is not None and len(names) < 2:
-            raise ConfigError(
-                "escalate decides which rows go on to the next model of a cascade: "
-                "give Cascade two models or more, or drop escalate"
-            )
-        object.__setattr__(self, "models", tuple(names))
-
-
 ModelOption = str | Sequence[str] | Cascade
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Several distinct prompts per request: ``packing=`` of a completion call.
-
-    Up to ``rows_per_request`` distinct requests (and about ``pack_tokens`` prompt tokens)
-    go in one request whose answer lists each by id; useful where a provider prices per
-    request. Every id must come back exactly once, else the pack is split in halves and
-    resent, down to single rows, so no row gets another's answer. Answers are cached per row.
-    The order requests are sent in is ``send_order=`` of the call.
-
-    Examples
-    --------
-    >>> from llm_ops import Packing
-    >>> Packing(rows_per_request=8)
-    Packing(rows_per_request=8, pack_tokens=None)
-    """
-
-    rows_per_request: int = 1
-    pack_tokens: int | None = None
-    # send_order was a field here though it is scheduling, not packing: given, it names its
-    # new place, an option of the call.
-    send_order: InitVar[SendOrder | None] = None
-
-    def __post_init__(self, send_order: SendOrder | None) -> None:
-        if send_order is not None:
-            raise ConfigError(
-                "send_order is an option of the call now, not of Packing: "
-                f"llm_complete(..., send_order={send_order!r})"
-            )
-        positive_int("rows_per_request", self.rows_per_request)
-        if self.pack_tokens is not None:
-            positive_int("pack_tokens", self.pack_tokens)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """When a job stops sending: ``budget=`` of a completion call.
-
-    Sending stops once the job's projected spend would pass ``max_cost`` dollars (which needs
-    a price for every model: see ``pricing=``), ``max_requests`` HTTP requests or
-    ``max_tokens_total`` tokens; rows not sent are ``skipped`` with the reason, everything
-    answered is cached, and the report's ``budget_stop`` says why.
-
-    Examples
-    --------
-    >>> from llm_ops import Budget
-    >>> Budget(max_cost=5.0)
-    Budget(max_cost=5.0, max_requests=None, max_tokens_total=None)
-    """
-
-    max_cost: float | None = None
-    max_requests: int | None = None
-    max_tokens_total: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_requests", "max_tokens_total"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
-        if self.max_cost is not None and (not _is_number(self.max_cost) or self.max_cost < 0):
-            raise ConfigError(f"max_cost must be a number of dollars >= 0, got {self.max_cost!r}")
-
-
-@dataclass(frozen=True)
-class BatchMode:
-    """Through the provider's Files and Batches API: ``batch=`` of a completion call
-    (``batch=True`` stands for ``BatchMode()``).
-
-    The distinct uncached requests go in batch files at the Batch API's price (half the live
-    one by default, see :meth:`~llm_ops.Price.for_batch`), answered within 24 h. The batches
-    are recorded in the cache before and after each provider call, so a rerun after a crash
-    picks them up and never submits a request twice.
-
-    Parameters
-    ----------
-    requests_per_batch, bytes_per_batch
-        Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB).
-    poll_seconds
-        The first wait between asking how the batches do; it grows to a minute.
-    on_expired
-        What the part of an expired or cancelled batch that was not answered does:
-        ``"resubmit"`` (in a new batch) or ``"live"`` (sent now).
-
-    Examples
-    --------
-    >>> from llm_ops import BatchMode
-    >>> BatchMode(poll_seconds=30)
-    BatchMode(requests_per_batch=50000, bytes_per_batch=200000000, poll_seconds=30.0, on_expired='resubmit')
-    """  # noqa: E501
-
-    requests_per_batch: int = 50_000
-    bytes_per_batch: int = 200_000_000
-    poll_seconds: float = 5.0
-    on_expired: Literal["resubmit", "live"] = "resubmit"
-    # The former names of requests_per_batch and bytes_per_batch, when max_requests was
-    # Budget's too: given, they name the new ones.
-    max_requests: InitVar[int | None] = None
-    max_bytes: InitVar[int | None] = None
-
-    def __post_init__(self, max_requests: int | None, max_bytes: int | None) -> None:
-        for old, new, value in (
-            ("max_requests", "requests_per_batch", max_requests),
-            ("max_bytes", "bytes_per_batch", max_bytes),
-        ):
-            if value is not None:
-                raise ConfigError(
-                    f"BatchMode's {old} is {new} now: BatchMode({new}={value!r})"
-                    + ("; max_requests= is Budget's alone" if old == "max_requests" else "")
-                )
-        positive_int("requests_per_batch", self.requests_per_batch)
-        positive_int("bytes_per_batch", self.bytes_per_batch)
-        object.__setattr__(self, "poll_seconds", seconds("batch poll_seconds", self.poll_seconds))
-        if self.on_expired not in ("resubmit", "live"):
-            raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")
 
 
 class ClientOptions(TypedDict, total=False):
@@ -287,21 +133,6 @@ a field of an option's object: setting -> (option, field). Every other setting i
 of its name. ``media_folders`` is the ``folders`` of both :class:`Images` and
 :class:`Documents`. Made from the declarations of :mod:`llm_ops._settings`."""
 
-_GROUPS: Mapping[str, type] = {
-    "endpoint": Endpoint,
-    "cache": Cache,
-    "retries": Retries,
-    "rate_limit": RateLimit,
-    "sampling": Sampling,
-    "packing": Packing,
-    "budget": Budget,
-    "batch": BatchMode,
-    "model": Cascade,
-    "semantic_cache": SemanticCache,
-    "images": Images,
-    "documents": Documents,
-}
-
 
 SPELLED_ELSEWHERE: Mapping[str, str] = {
     "output_column": "output",  # the flow's and the CLI's (--output-column) spelling
@@ -326,7 +157,7 @@ def unknown_options(names: set[str]) -> ConfigError:
     """The error for options that are not: where a former one went, what an option spelled
     elsewhere is called here, the closest name to a misspelt one, else where to look."""
     moved = [
-        f"{name} is {_GROUPS[SETTINGS[name][0]].__name__}({SETTINGS[name][1]}=...) as "
+        f"{name} is {OPTION_CLASSES[SETTINGS[name][0]].__name__}({SETTINGS[name][1]}=...) as "
         f"{SETTINGS[name][0]}= now"
         for name in sorted(names)
         if name in SETTINGS
@@ -335,7 +166,7 @@ def unknown_options(names: set[str]) -> ConfigError:
         option, field_name = SETTINGS[RENAMED_SETTINGS[name]]
         moved.append(
             f"{name} is {setting(RENAMED_SETTINGS[name])} now "
-            f"({_GROUPS[option].__name__}({field_name}=...) as {option}=)"
+            f"({OPTION_CLASSES[option].__name__}({field_name}=...) as {option}=)"
         )
     other = sorted(names - set(SETTINGS) - set(RENAMED_SETTINGS))
     if "mode" in other:
@@ -351,7 +182,7 @@ def unknown_options(names: set[str]) -> ConfigError:
         meant = closest[0]
         if meant in SETTINGS:
             option, field_name = SETTINGS[meant]
-            meant = f"{_GROUPS[option].__name__}({field_name}=...) as {option}="
+            meant = f"{OPTION_CLASSES[option].__name__}({field_name}=...) as {option}="
         else:
             meant += "="
         said.append(f"did you mean {meant} instead of {name}=?")
@@ -393,11 +224,11 @@ def options_from_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         elif option in ("images", "documents"):
             if option not in options:
                 raise ConfigError(f"{_settings_of(given, option)} only with {option}")
-            options[option] = _GROUPS[option](options[option], **values)
+            options[option] = OPTION_CLASSES[option](options[option], **values)
         elif option == "batch" and options.get("batch") is not True:
             raise ConfigError(f"{_settings_of(given, 'batch')} only in batch mode")
         else:
-            options[option] = _GROUPS[option](**values)
+            options[option] = OPTION_CLASSES[option](**values)
     if "media_folders" in given:
         _set_media_folders(options, given["media_folders"])
     if isinstance(options.get("semantic_cache"), str):
@@ -444,7 +275,7 @@ def option_type(option: str, field_name: str | None) -> object:
     ``field_name``."""
     if field_name is None:
         return get_type_hints(Options)[option]
-    kind = _GROUPS[option]
+    kind = OPTION_CLASSES[option]
     return get_type_hints(kind.__init__ if kind is Cache else kind)[field_name]
 
 
@@ -714,7 +545,7 @@ def make_job(
             model=models[0],
             prompt=parse_template(prompt, argument="prompt"),
             system=None if system is None else parse_template(system, argument="system"),
-            sampling=sampling,
+            params=sampling.params,
             schema=structured,
             media=media,
         ),

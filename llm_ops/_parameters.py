@@ -32,10 +32,10 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ._cache import parse_duration
-from ._options import _GROUPS as GROUPS
+from ._config import OPTION_CLASSES
+from ._endpoint import _CREDENTIAL
 from ._options import option_type
 from ._settings import DECLARED, SECTIONS, Setting
-from ._spec import _CREDENTIAL
 from .exceptions import ConfigError, Words
 
 Model = TypeVar("Model", bound="SettingsModel")
@@ -72,7 +72,7 @@ def class_default(setting: Setting) -> object:
     """Its field's default in its class, ``None`` where there is none."""
     if setting.field is None:
         return None
-    kind = GROUPS[setting.option]
+    kind = OPTION_CLASSES[setting.option]
     if not dataclasses.is_dataclass(kind):
         found = inspect.signature(kind).parameters.get(setting.field)
         return None if found is None or found.default is found.empty else found.default

@@ -37,13 +37,13 @@ from duckdb.func import FunctionNullHandling, PythonUDFType
 from duckdb.sqltypes import DOUBLE, INTEGER, VARCHAR
 
 from ._client import Client
+from ._config import Sampling
 from ._failures import count_reasons, warn_failed
 from ._options import ClientOptions, Job, make_job
 from ._pipeline.backend import Backend
 from ._pipeline.plan import key_rows
 from ._pipeline.run import run_frame
 from ._report import RunReport
-from ._spec import Sampling
 from ._status import FAILED
 from .exceptions import ConfigError, RowsFailedError
 

@@ -441,7 +441,7 @@ _MEDIA_DESCRIPTORS = [
                 model="sim",
                 prompt=_PROMPT,
                 system=parse_template("You are terse.", argument="system"),
-                sampling=Sampling(max_tokens=64, temperature=0.0, seed=7),
+                params=Sampling(max_tokens=64, temperature=0.0, seed=7).params,
             ),
             ("You are terse.", "Summarise: the cat"),
             "v1:d4f7f71fac188ed40269df7cc98209629f4b667a39680110f844ce077b63fc18",

@@ -29,9 +29,10 @@ import openai
 from yarl import URL
 
 from .._concurrency import Concurrency
+from .._config import Limits
 from .._dialects import MalformedAnswer
+from .._endpoint import NO_KEY, Connection, ResolvedEndpoint
 from .._limits import Limiter, RateLimiter
-from .._spec import NO_KEY, Connection, Limits, ResolvedEndpoint
 from ..exceptions import ConfigError, setting_to
 from .answers import duration
 from .boundary import TransportError, describe, redact, redact_in_logs

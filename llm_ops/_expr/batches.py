@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import polars as pl
 
+from .._checks import positive_int
 from .._client import Client
 from .._failures import failure_reasons, warn_columns
 from .._media import Documents, Images
@@ -34,7 +35,7 @@ from .._pipeline.join import raise_failed_rows, status_counts
 from .._pipeline.run import run_frame
 from .._progress import resolve_progress
 from .._report import RunReport
-from .._spec import EmbeddingSpec, positive_int
+from .._spec import EmbeddingSpec
 from .._status import FAILED
 from ..exceptions import ConfigError, RowsFailedError, TemplateError
 from .asks import Ask, Output, shaped, shaped_dtype

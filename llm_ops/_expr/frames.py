@@ -17,8 +17,9 @@ import polars as pl
 import pyarrow as pa
 
 from .._client import Client, provide_semantic_operators
+from .._config import Cascade
 from .._frames import Frame, PolarsFrame, from_arrow, schema_of
-from .._options import Cascade, ModelOption, SchemaOption
+from .._options import ModelOption, SchemaOption
 from .._report import RunReport
 from .._template import check_columns, parse_template
 from ..exceptions import ConfigError

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 import polars as pl
 
 from .._cache import Cache
-from .._options import BatchMode, Job, make_job
+from .._config import BatchMode
+from .._options import Job, make_job
 from .._outcome import Outcome, Request
 from .backend import Backend
 from .batch import BatchPart, BatchRunner

@@ -14,8 +14,8 @@ import polars as pl
 
 from .. import __version__
 from .._cache import CACHE_ENV, Cache, default_cache_path, resolve_cache_path
+from .._config import Endpoint
 from .._parameters import flag_of, help_text
-from .._spec import Endpoint
 from ..exceptions import ConfigError
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

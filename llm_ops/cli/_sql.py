@@ -12,7 +12,8 @@ import polars as pl
 import pyarrow as pa
 
 from .._cache import DUCKDB_CONFIG, Cache
-from .._spec import Endpoint, ResolvedEndpoint
+from .._config import Endpoint
+from .._endpoint import ResolvedEndpoint
 from ..exceptions import CacheError, ConfigError, MissingApiKeyError
 from ..sql import register
 from ._parser import (

@@ -22,6 +22,7 @@ from typing import Unpack
 import polars as pl
 
 from .._cache import Cache
+from .._checks import positive_int
 from .._client import Client
 from .._failures import warn_report
 from .._options import CallOptions, Job, ModelOption, check_job, make_job
@@ -30,7 +31,6 @@ from .._pipeline.batch import BatchPart
 from .._pipeline.estimate import Estimate
 from .._pipeline.savings import completion_cost
 from .._report import RunReport
-from .._spec import positive_int
 from ..exceptions import ConfigError
 from ._accounting import estimate_table, table_report
 from ._cascade import cascade_table
