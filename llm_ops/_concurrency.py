@@ -22,9 +22,16 @@ delivery rate rises with it, and past the point where it does not, keep less.
   fool it (requests per second where the endpoint reports no usage); latency is per token.
   A window in which fewer requests were in flight than the limit (a rate limit, a job's last
   requests) says nothing about the limit and is measured again.
-- **Climb**: from :data:`START` (or what an earlier job on the endpoint settled on, or the cap
-  given), double the limit while throughput rises by at least :data:`RISE` of what doubling
-  could give. Then search around the best setting with steps that shrink (x1.41, x1.19):
+- **Climb** as TCP's slow start does, doubling once a round trip: from :data:`START` (or what an
+  earlier job on the endpoint settled on, or the cap given), double the limit while throughput
+  rises by at least :data:`RISE` of what doubling could give. While it climbs, each setting is
+  measured over one round rather than a window: the round begins with the first request sent
+  at that setting and ends once as many answers came back as the limit (and one of them to a
+  request of the round), about one round trip; its throughput is what was answered meanwhile
+  over the time it took. Counting what the server delivered, rather than the latency of the
+  round's requests, keeps a server that queues from looking faster than it is: the requests
+  let in first are answered as fast as before, those queued behind them late, and the answers
+  come no faster. Then search around the best setting with steps that shrink (x1.41, x1.19):
   up where throughput still rises enough, down where it holds (within :data:`SAG` of the
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
@@ -54,6 +61,9 @@ DEFAULT_CAP = 1024
 """The most in flight without ``concurrency=``: beyond the knee of any single server seen."""
 MIN_ANSWERS = 48
 MIN_WINDOW = 0.25  # seconds: a fast server answers 48 requests in a few milliseconds
+MIN_ROUND = 0.05
+"""Seconds a round of the climb lasts at least: on a server answering in a few milliseconds,
+a rate read over less is the event loop's noise."""
 MIN_TURNS = 2.0
 """A window lasts at least this many times the answers' mean latency: the answers counted
 then are those of a whole turn of what is in flight, long ones as well as short ones."""
@@ -128,6 +138,7 @@ class Concurrency:
         self._tokens = 0.0
         self._seconds = 0.0
         self._occupancy = 0.0  # requests in flight times seconds, since the window opened
+        self._round_tokens = 0.0  # tokens of the answers to the round's own requests
         self._stamp = self._clock()
         self._token_mean = 1.0  # tokens of an answer, for those that report none
         # backing off
@@ -163,6 +174,8 @@ class Concurrency:
     def take(self) -> int:
         """Take a free slot (see :meth:`acquire`)."""
         self._count_occupancy()
+        if self._opened is None and self._in_round():  # the first request of a round
+            self._opened, self._occupancy = self._stamp, 0.0
         self.in_flight += 1
         return self._epoch
 
@@ -201,6 +214,9 @@ class Concurrency:
         if not self._failing():  # the usual latency is the one from before failures began
             self._usual_latency = _average(self._usual_latency, per_token, USUAL_ANSWERS)
         now = self._clock()
+        if self._in_round():
+            self._count_round(epoch, seconds, weight, now)
+            return
         if self._opened is None:
             if epoch == self._epoch:  # the first answer to the setting being measured
                 self._count_occupancy()
@@ -219,6 +235,31 @@ class Concurrency:
             # Little's law: what is in flight over the time an answer takes, in tokens
             throughput = in_flight * self._tokens / self._seconds
             measured = Measure(self.limit, throughput, self._seconds / self._tokens)
+            self._decide(measured, in_flight >= FULL * self.limit, now)
+
+    def _in_round(self) -> bool:
+        """Whether the setting is measured over a round (see :meth:`_count_round`): while it
+        climbs, at the start and at each doubling, not while it holds what it found."""
+        best = self.best
+        return self._climbing and not self.given and (best is None or self.limit > best.limit)
+
+    def _count_round(self, epoch: int, seconds: float, weight: float, now: float) -> None:
+        """An answer in a round of the climb: every answer since the round began counts as work
+        done in it, whenever its request was sent (the answers of the last setting's requests
+        come first, as a server that queues lets them go first); latency is read from the
+        round's own requests, those sent at the setting being measured."""
+        if self._opened is None:
+            return
+        self._answers += 1
+        self._tokens += weight
+        if epoch == self._epoch:
+            self._seconds += seconds
+            self._round_tokens += weight
+        span = now - self._opened
+        if self._answers >= self.limit and self._round_tokens > 0 and span >= MIN_ROUND:
+            self._count_occupancy()
+            in_flight = self._occupancy / span
+            measured = Measure(self.limit, self._tokens / span, self._seconds / self._round_tokens)
             self._decide(measured, in_flight >= FULL * self.limit, now)
 
     def _decide(self, measured: Measure, full: bool, now: float) -> None:
@@ -336,6 +377,7 @@ class Concurrency:
         self._epoch += 1
         self._opened = None
         self._answers, self._tokens, self._seconds, self._occupancy = 0, 0.0, 0.0, 0.0
+        self._round_tokens = 0.0
 
     # -- backing off ----------------------------------------------------------------------------
 
