@@ -24,14 +24,17 @@ delivery rate rises with it, and past the point where it does not, keep less.
   requests) says nothing about the limit and is measured again.
 - **Climb** as TCP's slow start does, doubling once a round trip: from :data:`START` (or what an
   earlier job on the endpoint settled on, or the cap given), double the limit while throughput
-  rises by at least :data:`RISE` of what doubling could give. While it climbs, each setting is
-  measured over one round rather than a window: the round begins with the first request sent
-  at that setting and ends once as many answers came back as the limit (and one of them to a
-  request of the round), about one round trip; its throughput is what was answered meanwhile
-  over the time it took. Counting what the server delivered, rather than the latency of the
-  round's requests, keeps a server that queues from looking faster than it is: the requests
-  let in first are answered as fast as before, those queued behind them late, and the answers
-  come no faster. Then search around the best setting with steps that shrink (x1.41, x1.19):
+  rises by at least :data:`RISE` of what doubling could give. While it climbs, a setting is
+  measured over a round, not a window: from the first request sent at it until as many
+  answers came back as the limit (one of them to a request of the round), about one round
+  trip. A round is read two ways. From latency, as a window is: steady where answers differ
+  in length, but a server that queues looks faster than it is at first, as the requests let
+  in first are answered as fast as before and those queued behind them are not back yet. And
+  from what was answered over the round's time, which a queue does not fool (the answers
+  come no faster) but which reads low while long answers are still out. The limit doubles
+  where both say throughput rose; where only latency says so, the setting is read over one
+  more round, everything in flight now sent at it, and latency decides; where latency says
+  flat, the climb ends. Then search around the best setting with steps that shrink (x1.41, x1.19):
   up where throughput still rises enough, down where it holds (within :data:`SAG` of the
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
@@ -70,6 +73,9 @@ then are those of a whole turn of what is in flight, long ones as well as short 
 RISE = 0.1
 """A higher limit is kept when throughput rose by at least this share of the rise in the
 limit (doubling it: 10% more throughput)."""
+AGREE = 0.1
+"""A round of the climb that delivered more than this share less than its latency says is read
+once more before the limit doubles (see Climb above)."""
 SAG = 0.1
 """A lower limit is kept when throughput fell by at most this share of the cut in the limit
 (halving it: 5% less throughput): less in flight, for as much work done."""
@@ -139,6 +145,7 @@ class Concurrency:
         self._seconds = 0.0
         self._occupancy = 0.0  # requests in flight times seconds, since the window opened
         self._round_tokens = 0.0  # tokens of the answers to the round's own requests
+        self._read_again = False  # a doubling read over one round more: the two disagreed
         self._stamp = self._clock()
         self._token_mean = 1.0  # tokens of an answer, for those that report none
         # backing off
@@ -244,10 +251,9 @@ class Concurrency:
         return self._climbing and not self.given and (best is None or self.limit > best.limit)
 
     def _count_round(self, epoch: int, seconds: float, weight: float, now: float) -> None:
-        """An answer in a round of the climb: every answer since the round began counts as work
-        done in it, whenever its request was sent (the answers of the last setting's requests
-        come first, as a server that queues lets them go first); latency is read from the
-        round's own requests, those sent at the setting being measured."""
+        """An answer in a round of the climb. Latency is read from the round's own requests,
+        those sent at the setting being measured; every answer since the round began counts
+        as delivered in it, whenever its request was sent."""
         if self._opened is None:
             return
         self._answers += 1
@@ -259,10 +265,16 @@ class Concurrency:
         if self._answers >= self.limit and self._round_tokens > 0 and span >= MIN_ROUND:
             self._count_occupancy()
             in_flight = self._occupancy / span
-            measured = Measure(self.limit, self._tokens / span, self._seconds / self._round_tokens)
-            self._decide(measured, in_flight >= FULL * self.limit, now)
+            latency = self._seconds / self._round_tokens
+            measured = Measure(self.limit, in_flight / latency, latency)  # Little's law
+            full = in_flight >= FULL * self.limit
+            self._decide(measured, full, now, delivered=self._tokens / span)
 
-    def _decide(self, measured: Measure, full: bool, now: float) -> None:
+    def _decide(
+        self, measured: Measure, full: bool, now: float, delivered: float | None = None
+    ) -> None:
+        """What to do after ``measured``; ``delivered``: for a round of the climb, what was
+        answered over the time it took, in tokens (or requests) per second."""
         best = self.best
         if not self._warm:  # the first window saw the job start: one request alone, then a wave
             self._warm = True
@@ -296,6 +308,14 @@ class Concurrency:
             kept = measured.throughput >= best.throughput * (1 + RISE * (ratio - 1))
         else:
             kept = measured.throughput >= best.throughput * (1 - SAG * (1 - ratio))
+        if kept and ratio > 1 and delivered is not None and not self._read_again:
+            needed = best.throughput * (1 + RISE * (ratio - 1))
+            if delivered < max(needed, (1 - AGREE) * measured.throughput):
+                # latency says higher, the answers came no faster: a queue, or long answers
+                # still out; read the setting once more, all in flight sent at it
+                self._read_again = True
+                self._measure_again()
+                return
         if kept:
             gain = measured.throughput / best.throughput - 1
             if ratio > 1:
@@ -369,6 +389,7 @@ class Concurrency:
 
     def _set(self, limit: int) -> None:
         self.limit = limit
+        self._read_again = False
         self.history.append((limit, self.why))
         self._measure_again()
         self._wake()

@@ -133,6 +133,13 @@ def test_it_climbs_no_further_than_one_doubling_past_the_slots_of_a_server_that_
     assert max(limit for limit, _ in controller.history) == 16, controller.history
 
 
+def test_answers_of_any_length_do_not_carry_the_climb_past_a_queue():
+    """Where long answers are still out when a round ends and short ones came back first."""
+    queueing = Server(slots=128, base=0.03, per_sequence=0.0001, tokens=None)
+    controller = settle(queueing, seconds=60)
+    assert max(limit for limit, _ in controller.history) <= 256, controller.history
+
+
 def test_it_climbs_no_further_than_one_doubling_past_where_throughput_falls():
     falling = {**GPU, "per_queued": 0.00005}
     controller = settle(Server(**falling), cap=4096)
