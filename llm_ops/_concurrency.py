@@ -32,9 +32,10 @@ delivery rate rises with it, and past the point where it does not, keep less.
   in first are answered as fast as before and those queued behind them are not back yet. And
   from what was answered over the round's time, which a queue does not fool (the answers
   come no faster) but which reads low while long answers are still out. The limit doubles
-  where both say throughput rose; where only latency says so, the setting is read over one
-  more round, everything in flight now sent at it, and latency decides; where latency says
-  flat, the climb ends. Then search around the best setting with steps that shrink (x1.41, x1.19):
+  at once where both say throughput rose; otherwise (they disagree, or both read flat, as
+  the new requests' new connections may make them) the setting is read over one more round,
+  everything in flight now sent at it, and latency decides whether to double again or stop
+  there. Then search around the best setting with steps that shrink (x1.41, x1.19):
   up where throughput still rises enough, down where it holds (within :data:`SAG` of the
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
@@ -74,8 +75,8 @@ RISE = 0.1
 """A higher limit is kept when throughput rose by at least this share of the rise in the
 limit (doubling it: 10% more throughput)."""
 AGREE = 0.1
-"""A round of the climb that delivered more than this share less than its latency says is read
-once more before the limit doubles (see Climb above)."""
+"""A round just after a doubling that delivered more than this share less than its latency
+says is read once more before the limit doubles (see Climb above)."""
 SAG = 0.1
 """A lower limit is kept when throughput fell by at most this share of the cut in the limit
 (halving it: 5% less throughput): less in flight, for as much work done."""
@@ -145,7 +146,7 @@ class Concurrency:
         self._seconds = 0.0
         self._occupancy = 0.0  # requests in flight times seconds, since the window opened
         self._round_tokens = 0.0  # tokens of the answers to the round's own requests
-        self._read_again = False  # a doubling read over one round more: the two disagreed
+        self._read_again = False  # the setting doubled to is read over a second round
         self._stamp = self._clock()
         self._token_mean = 1.0  # tokens of an answer, for those that report none
         # backing off
@@ -308,11 +309,12 @@ class Concurrency:
             kept = measured.throughput >= best.throughput * (1 + RISE * (ratio - 1))
         else:
             kept = measured.throughput >= best.throughput * (1 - SAG * (1 - ratio))
-        if kept and ratio > 1 and delivered is not None and not self._read_again:
+        if ratio > 1 and delivered is not None and not self._read_again:
             needed = best.throughput * (1 + RISE * (ratio - 1))
-            if delivered < max(needed, (1 - AGREE) * measured.throughput):
-                # latency says higher, the answers came no faster: a queue, or long answers
-                # still out; read the setting once more, all in flight sent at it
+            if not kept or delivered < max(needed, (1 - AGREE) * measured.throughput):
+                # The round right after a doubling disagreed (a queue, long answers still
+                # out) or read flat, maybe from the new requests' new connections: read the
+                # setting once more, all in flight now sent at it.
                 self._read_again = True
                 self._measure_again()
                 return

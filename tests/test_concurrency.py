@@ -117,6 +117,18 @@ def test_while_throughput_rises_it_doubles_once_a_round_trip():
     assert limits == [START, 2 * START, 4 * START, 8 * START, 16 * START]
 
 
+def test_a_doubling_that_reads_flat_over_its_first_round_is_read_once_more():
+    """The requests a doubling lets go open new connections: its first round may read slow."""
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    for _ in range(2):
+        _round_trip(controller, clock, 0.1)
+    _round_trip(controller, clock, 0.25)  # twice as many in flight, answered 2.5 times slower
+    assert controller.limit == 2 * START
+    _round_trip(controller, clock, 0.1)
+    assert controller.limit == 4 * START
+
+
 def test_it_reaches_the_slots_of_a_gpu_like_server_within_a_round_trip_a_doubling():
     """About a second of the server's time: 86 ms at 8 in flight, 290 ms at 256."""
     clock = Clock()
