@@ -34,8 +34,9 @@ delivery rate rises with it, and past the point where it does not, keep less.
   come no faster) but which reads low while long answers are still out. The limit doubles
   at once where both say throughput rose; otherwise (they disagree, or both read flat, as
   the new requests' new connections may make them) the setting is read over one more round,
-  everything in flight now sent at it, and latency decides whether to double again or stop
-  there. Then search around the best setting with steps that shrink (x1.41, x1.19):
+  everything in flight now sent at it, and the limit doubles again only where both say so
+  (latency read from the answers back first is short where some wait in a queue). Then
+  search around the best setting with steps that shrink (x1.41, x1.19):
   up where throughput still rises enough, down where it holds (within :data:`SAG` of the
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
@@ -309,9 +310,13 @@ class Concurrency:
             kept = measured.throughput >= best.throughput * (1 + RISE * (ratio - 1))
         else:
             kept = measured.throughput >= best.throughput * (1 - SAG * (1 - ratio))
-        if ratio > 1 and delivered is not None and not self._read_again:
+        if ratio > 1 and delivered is not None:
             needed = best.throughput * (1 + RISE * (ratio - 1))
-            if not kept or delivered < max(needed, (1 - AGREE) * measured.throughput):
+            if self._read_again:
+                # read twice: what was answered must have risen too, for latency read from
+                # the answers back first is short where some wait in a queue
+                kept = kept and delivered >= needed
+            elif not kept or delivered < max(needed, (1 - AGREE) * measured.throughput):
                 # The round right after a doubling disagreed (a queue, long answers still
                 # out) or read flat, maybe from the new requests' new connections: read the
                 # setting once more, all in flight now sent at it.

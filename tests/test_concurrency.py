@@ -129,6 +129,21 @@ def test_a_doubling_that_reads_flat_over_its_first_round_is_read_once_more():
     assert controller.limit == 4 * START
 
 
+def test_a_doubling_read_twice_is_kept_only_where_the_answers_came_faster_too():
+    """Latency read from the answers back first is short where others wait in a queue."""
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    for _ in range(2):
+        _round_trip(controller, clock, 0.1)
+    _round_trip(controller, clock, 0.25)  # flat: read once more
+    sent = [controller.take() for _ in range(controller.limit - controller.in_flight)]
+    clock.now += 0.25  # the answers come no faster than at START,
+    for epoch in sent:
+        controller.release()
+        controller.observe(epoch, 0.1, 16)  # though each says it took as long as there
+    assert controller.limit == START
+
+
 def test_it_reaches_the_slots_of_a_gpu_like_server_within_a_round_trip_a_doubling():
     """About a second of the server's time: 86 ms at 8 in flight, 290 ms at 256."""
     clock = Clock()
