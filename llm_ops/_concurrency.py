@@ -22,9 +22,21 @@ delivery rate rises with it, and past the point where it does not, keep less.
   fool it (requests per second where the endpoint reports no usage); latency is per token.
   A window in which fewer requests were in flight than the limit (a rate limit, a job's last
   requests) says nothing about the limit and is measured again.
-- **Climb**: from :data:`START` (or what an earlier job on the endpoint settled on, or the cap
-  given), double the limit while throughput rises by at least :data:`RISE` of what doubling
-  could give. Then search around the best setting with steps that shrink (x1.41, x1.19):
+- **Climb** as TCP's slow start does, doubling once a round trip: from :data:`START` (or what an
+  earlier job on the endpoint settled on, or the cap given), double the limit while throughput
+  rises by at least :data:`RISE` of what doubling could give. While it climbs, a setting is
+  measured over a round, not a window: from the first request sent at it until as many
+  answers came back as the limit (one of them to a request of the round), about one round
+  trip. A round is read two ways. From latency, as a window is: steady where answers differ
+  in length, but a server that queues looks faster than it is at first, as the requests let
+  in first are answered as fast as before and those queued behind them are not back yet. And
+  from what was answered over the round's time, which a queue does not fool (the answers
+  come no faster) but which reads low while long answers are still out. The limit doubles
+  at once where both say throughput rose; otherwise (they disagree, or both read flat, as
+  the new requests' new connections may make them) the setting is read over one more round,
+  everything in flight now sent at it, and the limit doubles again only where both say so
+  (latency read from the answers back first is short where some wait in a queue). Then
+  search around the best setting with steps that shrink (x1.41, x1.19):
   up where throughput still rises enough, down where it holds (within :data:`SAG` of the
   proportional loss) while latency has grown: there the extra requests were only queueing.
 - **Hold** the best setting, measuring it again; every :data:`PROBE_SECONDS` probe once up and
@@ -54,12 +66,18 @@ DEFAULT_CAP = 1024
 """The most in flight without ``concurrency=``: beyond the knee of any single server seen."""
 MIN_ANSWERS = 48
 MIN_WINDOW = 0.25  # seconds: a fast server answers 48 requests in a few milliseconds
+MIN_ROUND = 0.05
+"""Seconds a round of the climb lasts at least: on a server answering in a few milliseconds,
+a rate read over less is the event loop's noise."""
 MIN_TURNS = 2.0
 """A window lasts at least this many times the answers' mean latency: the answers counted
 then are those of a whole turn of what is in flight, long ones as well as short ones."""
 RISE = 0.1
 """A higher limit is kept when throughput rose by at least this share of the rise in the
 limit (doubling it: 10% more throughput)."""
+AGREE = 0.1
+"""A round just after a doubling that delivered more than this share less than its latency
+says is read once more before the limit doubles (see Climb above)."""
 SAG = 0.1
 """A lower limit is kept when throughput fell by at most this share of the cut in the limit
 (halving it: 5% less throughput): less in flight, for as much work done."""
@@ -128,6 +146,8 @@ class Concurrency:
         self._tokens = 0.0
         self._seconds = 0.0
         self._occupancy = 0.0  # requests in flight times seconds, since the window opened
+        self._round_tokens = 0.0  # tokens of the answers to the round's own requests
+        self._read_again = False  # the setting doubled to is read over a second round
         self._stamp = self._clock()
         self._token_mean = 1.0  # tokens of an answer, for those that report none
         # backing off
@@ -163,6 +183,8 @@ class Concurrency:
     def take(self) -> int:
         """Take a free slot (see :meth:`acquire`)."""
         self._count_occupancy()
+        if self._opened is None and self._in_round():  # the first request of a round
+            self._opened, self._occupancy = self._stamp, 0.0
         self.in_flight += 1
         return self._epoch
 
@@ -201,6 +223,9 @@ class Concurrency:
         if not self._failing():  # the usual latency is the one from before failures began
             self._usual_latency = _average(self._usual_latency, per_token, USUAL_ANSWERS)
         now = self._clock()
+        if self._in_round():
+            self._count_round(epoch, seconds, weight, now)
+            return
         if self._opened is None:
             if epoch == self._epoch:  # the first answer to the setting being measured
                 self._count_occupancy()
@@ -221,7 +246,37 @@ class Concurrency:
             measured = Measure(self.limit, throughput, self._seconds / self._tokens)
             self._decide(measured, in_flight >= FULL * self.limit, now)
 
-    def _decide(self, measured: Measure, full: bool, now: float) -> None:
+    def _in_round(self) -> bool:
+        """Whether the setting is measured over a round (see :meth:`_count_round`): while it
+        climbs, at the start and at each doubling, not while it holds what it found."""
+        best = self.best
+        return self._climbing and not self.given and (best is None or self.limit > best.limit)
+
+    def _count_round(self, epoch: int, seconds: float, weight: float, now: float) -> None:
+        """An answer in a round of the climb. Latency is read from the round's own requests,
+        those sent at the setting being measured; every answer since the round began counts
+        as delivered in it, whenever its request was sent."""
+        if self._opened is None:
+            return
+        self._answers += 1
+        self._tokens += weight
+        if epoch == self._epoch:
+            self._seconds += seconds
+            self._round_tokens += weight
+        span = now - self._opened
+        if self._answers >= self.limit and self._round_tokens > 0 and span >= MIN_ROUND:
+            self._count_occupancy()
+            in_flight = self._occupancy / span
+            latency = self._seconds / self._round_tokens
+            measured = Measure(self.limit, in_flight / latency, latency)  # Little's law
+            full = in_flight >= FULL * self.limit
+            self._decide(measured, full, now, delivered=self._tokens / span)
+
+    def _decide(
+        self, measured: Measure, full: bool, now: float, delivered: float | None = None
+    ) -> None:
+        """What to do after ``measured``; ``delivered``: for a round of the climb, what was
+        answered over the time it took, in tokens (or requests) per second."""
         best = self.best
         if not self._warm:  # the first window saw the job start: one request alone, then a wave
             self._warm = True
@@ -255,6 +310,19 @@ class Concurrency:
             kept = measured.throughput >= best.throughput * (1 + RISE * (ratio - 1))
         else:
             kept = measured.throughput >= best.throughput * (1 - SAG * (1 - ratio))
+        if ratio > 1 and delivered is not None:
+            needed = best.throughput * (1 + RISE * (ratio - 1))
+            if self._read_again:
+                # read twice: what was answered must have risen too, for latency read from
+                # the answers back first is short where some wait in a queue
+                kept = kept and delivered >= needed
+            elif not kept or delivered < max(needed, (1 - AGREE) * measured.throughput):
+                # The round right after a doubling disagreed (a queue, long answers still
+                # out) or read flat, maybe from the new requests' new connections: read the
+                # setting once more, all in flight now sent at it.
+                self._read_again = True
+                self._measure_again()
+                return
         if kept:
             gain = measured.throughput / best.throughput - 1
             if ratio > 1:
@@ -328,6 +396,7 @@ class Concurrency:
 
     def _set(self, limit: int) -> None:
         self.limit = limit
+        self._read_again = False
         self.history.append((limit, self.why))
         self._measure_again()
         self._wake()
@@ -336,6 +405,7 @@ class Concurrency:
         self._epoch += 1
         self._opened = None
         self._answers, self._tokens, self._seconds, self._occupancy = 0, 0.0, 0.0, 0.0
+        self._round_tokens = 0.0
 
     # -- backing off ----------------------------------------------------------------------------
 

@@ -96,6 +96,83 @@ def test_it_rises_on_a_server_with_room():
     assert controller.limit >= 256
 
 
+def _round_trip(controller: Concurrency, clock: Clock, seconds: float) -> None:
+    """The limit sent at once, and every request answered ``seconds`` later: a server with room
+    for all of them, as fast with many in flight as with few."""
+    sent = [controller.take() for _ in range(controller.limit - controller.in_flight)]
+    clock.now += seconds
+    for epoch in sent:
+        controller.release()
+        controller.observe(epoch, seconds, 16)
+
+
+def test_while_throughput_rises_it_doubles_once_a_round_trip():
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    limits = []
+    for _ in range(5):
+        _round_trip(controller, clock, 0.1)
+        limits.append(controller.limit)
+    # the first round saw the job start and is not read; each one after it doubles the limit
+    assert limits == [START, 2 * START, 4 * START, 8 * START, 16 * START]
+
+
+def test_a_doubling_that_reads_flat_over_its_first_round_is_read_once_more():
+    """The requests a doubling lets go open new connections: its first round may read slow."""
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    for _ in range(2):
+        _round_trip(controller, clock, 0.1)
+    _round_trip(controller, clock, 0.25)  # twice as many in flight, answered 2.5 times slower
+    assert controller.limit == 2 * START
+    _round_trip(controller, clock, 0.1)
+    assert controller.limit == 4 * START
+
+
+def test_a_doubling_read_twice_is_kept_only_where_the_answers_came_faster_too():
+    """Latency read from the answers back first is short where others wait in a queue."""
+    clock = Clock()
+    controller = Concurrency(1024, clock=clock)
+    for _ in range(2):
+        _round_trip(controller, clock, 0.1)
+    _round_trip(controller, clock, 0.25)  # flat: read once more
+    sent = [controller.take() for _ in range(controller.limit - controller.in_flight)]
+    clock.now += 0.25  # the answers come no faster than at START,
+    for epoch in sent:
+        controller.release()
+        controller.observe(epoch, 0.1, 16)  # though each says it took as long as there
+    assert controller.limit == START
+
+
+def test_it_reaches_the_slots_of_a_gpu_like_server_within_a_round_trip_a_doubling():
+    """About a second of the server's time: 86 ms at 8 in flight, 290 ms at 256."""
+    clock = Clock()
+    controller, server = Concurrency(1024, clock=clock), Server(**GPU)
+    while controller.limit < 512 and clock.now < 10:
+        server.run(controller, clock, 0.01)
+    assert clock.now < 1.5, controller.history
+
+
+def test_it_climbs_no_further_than_one_doubling_past_the_slots_of_a_server_that_queues():
+    """The requests let in first answer as fast as before; the climb reads the answers that
+    come, not those first latencies."""
+    controller = settle(Server(**SMALL))
+    assert max(limit for limit, _ in controller.history) == 16, controller.history
+
+
+def test_answers_of_any_length_do_not_carry_the_climb_past_a_queue():
+    """Where long answers are still out when a round ends and short ones came back first."""
+    queueing = Server(slots=128, base=0.03, per_sequence=0.0001, tokens=None)
+    controller = settle(queueing, seconds=60)
+    assert max(limit for limit, _ in controller.history) <= 256, controller.history
+
+
+def test_it_climbs_no_further_than_one_doubling_past_where_throughput_falls():
+    falling = {**GPU, "per_queued": 0.00005}
+    controller = settle(Server(**falling), cap=4096)
+    assert max(limit for limit, _ in controller.history) == 1024, controller.history
+
+
 def test_it_settles_near_the_slots_of_a_server_that_queues():
     controller = settle(Server(**SMALL))
     assert 8 <= controller.limit <= 16, controller.history
