@@ -30,8 +30,8 @@ from typing import Any, Literal, get_args
 from ._cache import Cache
 from ._checks import is_number, positive_int, seconds
 from ._concurrency import DEFAULT_CAP
-from ._dialects import Dialect, dialect_for
-from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key
+from ._dialects import Dialect
+from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key, dialect_for
 from ._escalate import EscalateOption
 from ._media import Documents, Images
 from ._order import SendOrder
