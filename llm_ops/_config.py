@@ -11,12 +11,12 @@ keeps ``Timeout``, ``Limits`` and ``Proxy`` in its ``_config``).
 * The levers: :class:`Cascade` (``model=``), :class:`Packing`, :class:`Budget`,
   :class:`BatchMode` (``batch=``) and :class:`SemanticCache`.
 
-:data:`OPTION_CLASSES` names the class of each option that takes one. Two of them are defined
-elsewhere: :class:`~llm_ops.Cache` is the cache file's handle, with methods that read and
-rewrite it (``vacuum``, ``prune``, ...), so it lives with the rest of that file's code in
-:mod:`llm_ops._cache`; :class:`~llm_ops.Images` and :class:`~llm_ops.Documents` stay beside the
-``Media`` they make in :mod:`llm_ops._media`, which every request key reads a layer below this
-module. No ``repr`` shows a secret.
+Three options are objects defined elsewhere: :class:`~llm_ops.Cache` is the cache file's
+handle, with methods that read and rewrite it (``vacuum``, ``prune``, ...), so it lives with
+the rest of that file's code in :mod:`llm_ops._cache`; :class:`~llm_ops.Images` and
+:class:`~llm_ops.Documents` stay beside the ``Media`` they make in :mod:`llm_ops._media`, which
+every request key reads. :data:`llm_ops._options.OPTION_CLASSES` names the class of each
+option that takes one, these too. No ``repr`` shows a secret.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from ._cache import Cache
 from ._checks import is_number, positive_int, seconds
 from ._concurrency import DEFAULT_CAP
 from ._dialects import Dialect
 from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key, dialect_for
 from ._escalate import EscalateOption
-from ._media import Documents, Images
 from ._order import SendOrder
 from ._wire import AsyncTransport
 from .exceptions import ConfigError
@@ -555,21 +553,3 @@ class SemanticCache:
     @property
     def params(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
-
-
-OPTION_CLASSES: Mapping[str, type] = {
-    "endpoint": Endpoint,
-    "cache": Cache,
-    "retries": Retries,
-    "rate_limit": RateLimit,
-    "sampling": Sampling,
-    "packing": Packing,
-    "budget": Budget,
-    "batch": BatchMode,
-    "model": Cascade,
-    "semantic_cache": SemanticCache,
-    "images": Images,
-    "documents": Documents,
-}
-"""Each option that takes an object -> its class: what a setting of the CLI or the flow is
-checked and typed against."""

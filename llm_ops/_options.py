@@ -35,7 +35,6 @@ from pydantic import BaseModel
 from ._cache import Cache, cache_of
 from ._checks import positive_int
 from ._config import (
-    OPTION_CLASSES,
     BatchMode,
     Budget,
     Cascade,
@@ -126,6 +125,24 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
+
+OPTION_CLASSES: Mapping[str, type] = {
+    "endpoint": Endpoint,
+    "cache": Cache,
+    "retries": Retries,
+    "rate_limit": RateLimit,
+    "sampling": Sampling,
+    "packing": Packing,
+    "budget": Budget,
+    "batch": BatchMode,
+    "model": Cascade,
+    "semantic_cache": SemanticCache,
+    "images": Images,
+    "documents": Documents,
+}
+"""Each option that takes an object -> its class: what a setting of the CLI or the flow is
+checked and typed against."""
+
 
 SETTINGS: Mapping[str, tuple[str, str]] = settings_map(DECLARED)
 """The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
