@@ -8,8 +8,9 @@ keeps ``Timeout``, ``Limits`` and ``Proxy`` in its ``_config``).
 * :class:`Retries` and :class:`RateLimit`, put together with the concurrency into
   :class:`Limits`: transport settings, never part of a key.
 * :class:`Sampling`: the sampling parameters, part of the key.
-* The levers: :class:`Cascade` (``model=``), :class:`Packing`, :class:`Budget`,
-  :class:`BatchMode` (``batch=``) and :class:`SemanticCache`.
+* The levers: :class:`Cascade` (``model=``; its ``escalate=`` rule
+  :func:`confidence_below`), :class:`Packing`, :class:`Budget`, :class:`BatchMode`
+  (``batch=``) and :class:`SemanticCache`.
 
 Three options are objects defined elsewhere: :class:`~llm_ops.Cache` is the cache file's
 handle, with methods that read and rewrite it (``vacuum``, ``prune``, ...), so it lives with
@@ -27,12 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Literal, get_args
 
+import polars as pl
+
 from ._checks import is_number, positive_int, seconds
 from ._concurrency import DEFAULT_CAP
 from ._dialects import Dialect
 from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key, dialect_for
-from ._escalate import EscalateOption
 from ._order import SendOrder
+from ._schema import OutputSchema
 from ._wire import AsyncTransport
 from .exceptions import ConfigError
 
@@ -331,6 +334,45 @@ class Sampling:
     def params(self) -> dict[str, Any]:
         """The fields that are set, as the request's parameters."""
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+@dataclass(frozen=True)
+class ConfidenceBelow:
+    """An ``escalate=`` rule: the structured answer's confidence field is below ``threshold``.
+    Made by :func:`confidence_below`."""
+
+    threshold: float
+    field: str = "confidence"
+
+    def expr(self, output: str, structured: OutputSchema | None) -> pl.Expr:
+        dtype = structured.dtype if structured is not None else None
+        fields = {f.name: f.dtype for f in dtype.fields} if isinstance(dtype, pl.Struct) else {}
+        if not fields.get(self.field, pl.Null()).is_numeric():
+            raise ConfigError(
+                f"confidence_below reads the number field {self.field!r} of a structured answer: "
+                f"pass schema= with such a field (e.g. {self.field}: float), or name the field "
+                "with confidence_below(..., field=...)"
+            )
+        return pl.col(output).struct.field(self.field) < self.threshold
+
+
+def confidence_below(threshold: float, *, field: str = "confidence") -> ConfidenceBelow:
+    """A cascade rule: send a row on when its structured answer's ``field`` < ``threshold``.
+
+    Use it as ``escalate=confidence_below(0.7)`` with a ``schema=`` that has a number field
+    named ``confidence`` (or ``field``) which the model fills in.
+
+    Examples
+    --------
+    >>> confidence_below(0.7)
+    ConfidenceBelow(threshold=0.7, field='confidence')
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ConfigError(f"confidence_below takes a number, got {threshold!r}")
+    return ConfidenceBelow(float(threshold), field)
+
+
+EscalateOption = pl.Expr | ConfidenceBelow | str | None
 
 
 @dataclass(frozen=True)
