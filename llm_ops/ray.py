@@ -296,7 +296,7 @@ class Quota(SharedQuota):
     >>> quota.lease(4, 400)  # four requests, and the tokens asked for
     (4, 400, 0.0)
     >>> from llm_ops._dialects import HeardLimit, HeardLimits  # as a dialect reads headers
-    >>> quota.observe(HeardLimits(requests=HeardLimit(per_minute=300)))  # a lower limit heard
+    >>> quota.observe(HeardLimits(requests=HeardLimit(per_minute=300.0)))  # a lower limit heard
     >>> quota.limits()
     (300.0, None)
     >>> quota.pause(30)  # a worker got Retry-After: 30
