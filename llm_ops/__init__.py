@@ -15,14 +15,15 @@ from ._config import (
     BatchMode,
     Budget,
     Cascade,
+    ConfidenceBelow,
     Endpoint,
     Packing,
     RateLimit,
     Retries,
     Sampling,
     SemanticCache,
+    confidence_below,
 )
-from ._escalate import ConfidenceBelow, confidence_below
 from ._expr import ExprOptions, ExtractOptions, LlmNamespace, last_report
 from ._expr.frames import llm_classify, llm_extract, llm_filter
 from ._key import canonical_json, request_key

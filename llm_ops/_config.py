@@ -8,15 +8,16 @@ keeps ``Timeout``, ``Limits`` and ``Proxy`` in its ``_config``).
 * :class:`Retries` and :class:`RateLimit`, put together with the concurrency into
   :class:`Limits`: transport settings, never part of a key.
 * :class:`Sampling`: the sampling parameters, part of the key.
-* The levers: :class:`Cascade` (``model=``), :class:`Packing`, :class:`Budget`,
-  :class:`BatchMode` (``batch=``) and :class:`SemanticCache`.
+* The levers: :class:`Cascade` (``model=``; its ``escalate=`` rule
+  :func:`confidence_below`), :class:`Packing`, :class:`Budget`, :class:`BatchMode`
+  (``batch=``) and :class:`SemanticCache`.
 
-:data:`OPTION_CLASSES` names the class of each option that takes one. Two of them are defined
-elsewhere: :class:`~llm_ops.Cache` is the cache file's handle, with methods that read and
-rewrite it (``vacuum``, ``prune``, ...), so it lives with the rest of that file's code in
-:mod:`llm_ops._cache`; :class:`~llm_ops.Images` and :class:`~llm_ops.Documents` stay beside the
-``Media`` they make in :mod:`llm_ops._media`, which every request key reads a layer below this
-module. No ``repr`` shows a secret.
+Three options are objects defined elsewhere: :class:`~llm_ops.Cache` is the cache file's
+handle, with methods that read and rewrite it (``vacuum``, ``prune``, ...), so it lives with
+the rest of that file's code in :mod:`llm_ops._cache`; :class:`~llm_ops.Images` and
+:class:`~llm_ops.Documents` stay beside the ``Media`` they make in :mod:`llm_ops._media`, which
+every request key reads. :data:`llm_ops._options.OPTION_CLASSES` names the class of each
+option that takes one, these too. No ``repr`` shows a secret.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from ._cache import Cache
+import polars as pl
+
 from ._checks import is_number, positive_int, seconds
 from ._concurrency import DEFAULT_CAP
-from ._dialects import Dialect, dialect_for
-from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key
-from ._escalate import EscalateOption
-from ._media import Documents, Images
+from ._dialects import Dialect
+from ._endpoint import _NAME, Connection, ResolvedEndpoint, _check_api_key, dialect_for
 from ._order import SendOrder
+from ._schema import OutputSchema
 from ._wire import AsyncTransport
 from .exceptions import ConfigError
 
@@ -336,6 +337,45 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class ConfidenceBelow:
+    """An ``escalate=`` rule: the structured answer's confidence field is below ``threshold``.
+    Made by :func:`confidence_below`."""
+
+    threshold: float
+    field: str = "confidence"
+
+    def expr(self, output: str, structured: OutputSchema | None) -> pl.Expr:
+        dtype = structured.dtype if structured is not None else None
+        fields = {f.name: f.dtype for f in dtype.fields} if isinstance(dtype, pl.Struct) else {}
+        if not fields.get(self.field, pl.Null()).is_numeric():
+            raise ConfigError(
+                f"confidence_below reads the number field {self.field!r} of a structured answer: "
+                f"pass schema= with such a field (e.g. {self.field}: float), or name the field "
+                "with confidence_below(..., field=...)"
+            )
+        return pl.col(output).struct.field(self.field) < self.threshold
+
+
+def confidence_below(threshold: float, *, field: str = "confidence") -> ConfidenceBelow:
+    """A cascade rule: send a row on when its structured answer's ``field`` < ``threshold``.
+
+    Use it as ``escalate=confidence_below(0.7)`` with a ``schema=`` that has a number field
+    named ``confidence`` (or ``field``) which the model fills in.
+
+    Examples
+    --------
+    >>> confidence_below(0.7)
+    ConfidenceBelow(threshold=0.7, field='confidence')
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ConfigError(f"confidence_below takes a number, got {threshold!r}")
+    return ConfidenceBelow(float(threshold), field)
+
+
+EscalateOption = pl.Expr | ConfidenceBelow | str | None
+
+
+@dataclass(frozen=True)
 class Cascade:
     """Models from the cheapest to the strongest, and which answers go on: ``model=`` of a
     completion call (a list of names stands for ``Cascade(names)``).
@@ -555,21 +595,3 @@ class SemanticCache:
     @property
     def params(self) -> dict[str, Any]:
         return {"dimensions": self.dimensions} if self.dimensions is not None else {}
-
-
-OPTION_CLASSES: Mapping[str, type] = {
-    "endpoint": Endpoint,
-    "cache": Cache,
-    "retries": Retries,
-    "rate_limit": RateLimit,
-    "sampling": Sampling,
-    "packing": Packing,
-    "budget": Budget,
-    "batch": BatchMode,
-    "model": Cascade,
-    "semantic_cache": SemanticCache,
-    "images": Images,
-    "documents": Documents,
-}
-"""Each option that takes an object -> its class: what a setting of the CLI or the flow is
-checked and typed against."""

@@ -3,6 +3,12 @@ none is given, and the credentials in effect; its :attr:`~ResolvedEndpoint.ident
 keys see) and :class:`Connection` (headers of one's own, TLS, a proxy, an injected transport),
 never part of a key. :class:`~llm_ops.Endpoint`, the option a user writes, is in
 :mod:`llm_ops._config` and resolves into these. No ``repr`` shows a secret.
+
+Which API dialect an endpoint speaks is picked here too (:func:`dialect_for`):
+``Endpoint(provider=...)`` names one of :data:`DIALECTS` (``"openai"``, the default), or is a
+:class:`~llm_ops._dialects.Dialect` object (a test's, or a provider llm-ops does not ship).
+Without one, the endpoint's host names it where it is a provider's own (:data:`HOSTS`), else it
+is ``"openai"``: what most servers and gateways speak.
 """
 
 from __future__ import annotations
@@ -20,12 +26,43 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
-from ._dialects import Dialect, dialect_for
+from ._dialects import OPENAI, Dialect
 from ._key import normalize_base_url
 from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+DEFAULT = "openai"
+DIALECTS: dict[str, Dialect] = {"openai": OPENAI}
+"""The dialects llm-ops ships, by the name ``provider=`` gives them."""
+HOSTS: dict[str, str] = {"api.openai.com": "openai"}
+"""Hosts whose provider is known: their API's dialect is picked without ``provider=``. (Room
+for ``api.anthropic.com`` and ``generativelanguage.googleapis.com`` once their dialects are
+written.)"""
+
+
+def dialect_for(provider: object, base_url: str | None = None) -> Dialect:
+    """The dialect ``provider`` names or is; ``None``: the one ``base_url``'s host is known to
+    speak, else OpenAI's. :class:`ConfigError` for a name no dialect has, or an object that
+    is not one."""
+    if provider is None:
+        host = (urlsplit(base_url).hostname or "") if base_url else ""
+        return DIALECTS[HOSTS.get(host.lower(), DEFAULT)]
+    if isinstance(provider, str):
+        if provider not in DIALECTS:
+            known = ", ".join(repr(name) for name in sorted(DIALECTS))
+            raise ConfigError(
+                f"provider {provider!r} is not a dialect llm-ops speaks; it knows {known}, or "
+                "pass a Dialect object"
+            )
+        return DIALECTS[provider]
+    if not isinstance(provider, Dialect):
+        raise ConfigError(
+            "provider takes a provider's name such as 'openai', or a Dialect object, got "
+            f"{type(provider).__name__}"
+        )
+    return provider
 
 
 # An endpoint's own name in keys; never mistaken for a URL (no ':' or '/').

@@ -35,10 +35,10 @@ from pydantic import BaseModel
 from ._cache import Cache, cache_of
 from ._checks import positive_int
 from ._config import (
-    OPTION_CLASSES,
     BatchMode,
     Budget,
     Cascade,
+    ConfidenceBelow,
     Endpoint,
     Packing,
     RateLimit,
@@ -46,15 +46,14 @@ from ._config import (
     Sampling,
     SemanticCache,
 )
-from ._escalate import check_escalation, escalation_rule
 from ._media import Documents, DocumentsOption, Images, ImagesOption, Media
 from ._order import SEND_ORDERS, SendOrder
 from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_for
 from ._progress import ProgressCallback, resolve_progress
-from ._schema import output_schema
+from ._schema import OutputSchema, output_schema
 from ._settings import DECLARED, settings_map
 from ._spec import RequestSpec
-from ._status import STATUS_DTYPE
+from ._status import STATUS_DTYPE, STATUSES
 from ._template import check_columns, parse_template, render
 from .exceptions import ConfigError, setting
 
@@ -126,6 +125,24 @@ class EmbedOptions(ClientOptions, ResultOptions, total=False):
 
 
 CLIENT_OPTIONS = frozenset(ClientOptions.__optional_keys__)
+
+OPTION_CLASSES: Mapping[str, type] = {
+    "endpoint": Endpoint,
+    "cache": Cache,
+    "retries": Retries,
+    "rate_limit": RateLimit,
+    "sampling": Sampling,
+    "packing": Packing,
+    "budget": Budget,
+    "batch": BatchMode,
+    "model": Cascade,
+    "semantic_cache": SemanticCache,
+    "images": Images,
+    "documents": Documents,
+}
+"""Each option that takes an object -> its class: what a setting of the CLI or the flow is
+checked and typed against."""
+
 
 SETTINGS: Mapping[str, tuple[str, str]] = settings_map(DECLARED)
 """The flat settings of the CLI (``--temperature``) and the flow (``temperature:``) that are
@@ -615,6 +632,35 @@ def _check_together(
         )
 
 
+def escalation_rule(
+    escalate: object, output: str, structured: OutputSchema | None, models: int
+) -> pl.Expr:
+    """``escalate=`` as a boolean Polars expression over the input and answer columns (see
+    :func:`check_escalation` for its check against them)."""
+    if models < 2:
+        raise ConfigError(
+            "escalate= decides which rows go on to the next model of a cascade: "
+            "pass model=[first, second, ...] too"
+        )
+    if isinstance(escalate, ConfidenceBelow):
+        escalate = escalate.expr(output, structured)
+    elif isinstance(escalate, str):  # SQL, for the CLI and flow parameters
+        try:
+            escalate = pl.sql_expr(escalate)
+        except pl.exceptions.PolarsError as exc:
+            raise ConfigError(
+                f"escalate {escalate!r} is not a SQL expression Polars can read "
+                f"({exc}); e.g. \"{output} LIKE 'unsure:%'\""
+            ) from exc
+    if not isinstance(escalate, pl.Expr):
+        raise ConfigError(
+            "escalate takes confidence_below(0.7), a Polars expression or a SQL "
+            "condition that is true for the rows to send to the next model, e.g. "
+            "pl.col('summary').str.contains('not sure')"
+        )
+    return escalate
+
+
 def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
     """Check ``job`` against the input's ``columns``: the columns it adds must be new, its
     escalation rule must read them, its templates must reference renderable ones."""
@@ -626,6 +672,32 @@ def check_job(job: Job, columns: Mapping[str, pl.DataType]) -> None:
         job.spec.media.check(columns)
     if job.spec.system is not None:
         check_columns(job.spec.system, columns, argument="system")
+
+
+def check_escalation(
+    rule: pl.Expr, columns: Mapping[str, pl.DataType], output: str, structured: OutputSchema | None
+) -> None:
+    """Evaluate ``rule`` on an empty frame of the input and answer columns, so that a bad rule
+    fails before anything is sent."""
+    answer_columns = {
+        output: structured.dtype if structured else pl.String,
+        f"{output}_status": pl.Enum(STATUSES),
+        f"{output}_error": pl.String,
+    }
+    if structured is not None:
+        answer_columns[f"{output}_raw"] = pl.String
+    empty = pl.DataFrame(schema={**columns, **answer_columns})
+    try:
+        dtype = empty.select(rule).to_series().dtype
+    except pl.exceptions.PolarsError as exc:
+        raise ConfigError(
+            f"escalate cannot be evaluated on the input and answer columns "
+            f"({', '.join(empty.columns)}): {exc}"
+        ) from exc
+    if dtype != pl.Boolean:
+        raise ConfigError(
+            f"escalate must give true/false per row, but gives {dtype}; compare it, e.g. ... < 0.8"
+        )
 
 
 def check_embedding(

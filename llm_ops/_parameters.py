@@ -32,9 +32,8 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ._cache import parse_duration
-from ._config import OPTION_CLASSES
 from ._endpoint import _CREDENTIAL
-from ._options import option_type
+from ._options import OPTION_CLASSES, option_type
 from ._settings import DECLARED, SECTIONS, Setting
 from .exceptions import ConfigError, Words
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ._client import Client
-from ._limits import HeardLimits
+from ._dialects import HeardLimits
 from ._report import RunReport
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
@@ -295,8 +295,8 @@ class Quota(SharedQuota):
     >>> quota = Quota(rpm=600, tpm=None)  # ten requests a second, no token budget
     >>> quota.lease(4, 400)  # four requests, and the tokens asked for
     (4, 400, 0.0)
-    >>> from llm_ops._limits import HeardLimit, HeardLimits  # as a dialect reads headers
-    >>> quota.observe(HeardLimits(requests=HeardLimit(per_minute=300)))  # a lower limit heard
+    >>> from llm_ops._dialects import HeardLimit, HeardLimits  # as a dialect reads headers
+    >>> quota.observe(HeardLimits(requests=HeardLimit(per_minute=300.0)))  # a lower limit heard
     >>> quota.limits()
     (300.0, None)
     >>> quota.pause(30)  # a worker got Retry-After: 30

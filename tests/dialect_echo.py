@@ -17,8 +17,15 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_ops._dialects import BatchResult, ErrorReading, MalformedAnswer, Reply, Vectors
-from llm_ops._limits import HeardLimit, HeardLimits
+from llm_ops._dialects import (
+    BatchResult,
+    ErrorReading,
+    HeardLimit,
+    HeardLimits,
+    MalformedAnswer,
+    Reply,
+    Vectors,
+)
 
 ECHO_KEY = "echo-secret"
 

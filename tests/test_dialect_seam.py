@@ -12,8 +12,8 @@ import pytest
 from dialect_echo import ECHO, ECHO_KEY, EchoServer, echoed
 
 from llm_ops import Client, ConfigError, Endpoint, HttpAnswer, Sampling, llm_complete
-from llm_ops._dialects import DIALECTS, dialect_for
 from llm_ops._dialects.openai import OPENAI
+from llm_ops._endpoint import DIALECTS, dialect_for
 
 PROMPTS = pl.DataFrame({"text": ["one", "two", "three"]})
 

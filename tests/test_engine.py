@@ -19,9 +19,10 @@ import pytest
 from clocks import VirtualTime
 
 from llm_ops import Cache, JobAbortedError, Progress, RateLimit, Retries, RowsFailedWarning
+from llm_ops._dialects import parse_duration
 from llm_ops._dialects.openai import OPENAI
 from llm_ops._engine.answers import retry_after
-from llm_ops._limits import NOTHING_HEARD, RateLimiter, SlowStart, parse_duration
+from llm_ops._limits import NOTHING_HEARD, RateLimiter, SlowStart
 from llm_ops._progress import TerminalDisplay, resolve_progress
 from llm_ops.testing import expected_reply
 

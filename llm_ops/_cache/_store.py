@@ -18,7 +18,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
-from .. import _limits
+from .. import _dialects
 from .._in_place import in_place
 from .._journal import JournalWriter
 from ..exceptions import CacheError, ConfigError
@@ -52,7 +52,7 @@ def parse_duration(text: str) -> timedelta:
     >>> parse_duration("6h"), parse_duration("90")
     (datetime.timedelta(seconds=21600), datetime.timedelta(seconds=90))
     """
-    seconds = _limits.parse_duration(text.lower()) if isinstance(text, str) else None
+    seconds = _dialects.parse_duration(text.lower()) if isinstance(text, str) else None
     if seconds is None or not seconds > 0:  # not a duration, or nan
         raise ConfigError(
             f"a duration is a positive number with s, m, h or d (1d, 6h, 30m, 45s) or a "

@@ -13,12 +13,10 @@ before there were dialects; another dialect reads it in :meth:`Dialect.completio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
-
-from .._limits import HeardLimits
-from ..exceptions import LlmOpsError
 
 Stop = Literal["done", "length", "filtered", "unfinished"]
 """Why an answer stopped: ``done`` (it finished), ``length`` (cut at its token limit: the row
@@ -88,9 +86,55 @@ class BatchResult:
     error: object = None
 
 
-class MalformedAnswer(LlmOpsError, ValueError):
-    """An answer whose body a dialect cannot read (torn JSON, fields missing); internal: the
-    engine sends the request again once."""
+@dataclass(slots=True)  # made for every answer: not frozen, whose __init__ costs twice as much
+class HeardLimit:
+    """What an answer said of one per-minute budget of the endpoint (its requests or its
+    tokens): the limit, what ``remaining`` of it is readable (a non-negative number), whether
+    it said none is left (``spent``), and then the seconds until it is full again (``reset``;
+    read only when it is spent, the one time it is used)."""
+
+    per_minute: float | None = None
+    remaining: float | None = None
+    spent: bool = False
+    reset: float | None = None
+
+
+@dataclass(slots=True)
+class HeardLimits:
+    """What an answer said of the endpoint's rate limits, as a dialect reads its headers
+    (:meth:`Dialect.heard_limits`): nothing, when it named none."""
+
+    requests: HeardLimit | None = None
+    tokens: HeardLimit | None = None
+
+    def of(self, kind: str) -> HeardLimit | None:
+        return self.requests if kind == "requests" else self.tokens
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float | None:
+    """A duration in seconds, or ``None`` when ``text`` is none: OpenAI's reset durations
+    (``"1s"``, ``"6m0s"``, ``"20ms"``, ``"1.5"``) and the ``max_age`` a user writes (``"1d"``,
+    ``"6h"``). Written here, not taken from a library (pytimeparse and the like), because this
+    small grammar is all either needs and a dependency would not be smaller."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+class MalformedAnswer(ValueError):
+    """An answer whose body a dialect cannot read (torn JSON, fields missing); internal, never
+    raised to a caller: the engine catches it where it asks a dialect to read an answer, and
+    sends the request again once (its row ``failed`` after that, as any unreadable answer's)."""
 
 
 @runtime_checkable

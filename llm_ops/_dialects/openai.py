@@ -25,8 +25,18 @@ from typing import Any
 
 import orjson
 
-from .._limits import HeardLimit, HeardLimits, parse_duration
-from .base import BatchResult, ErrorReading, MalformedAnswer, Reply, Stop, Usage, Vectors
+from .base import (
+    BatchResult,
+    ErrorReading,
+    HeardLimit,
+    HeardLimits,
+    MalformedAnswer,
+    Reply,
+    Stop,
+    Usage,
+    Vectors,
+    parse_duration,
+)
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 CREDENTIALS_STATUS = frozenset({401, 403})
