@@ -36,6 +36,7 @@ def test_every_exception_the_library_defines_is_rooted_at_llm_ops_error_or_llm_o
 
     import llm_ops
     from llm_ops import LlmOpsError, LlmOpsWarning
+    from llm_ops._dialects import MalformedAnswer
     from llm_ops._engine.answers import Final, Retryable
 
     modules = [
@@ -51,7 +52,9 @@ def test_every_exception_the_library_defines_is_rooted_at_llm_ops_error_or_llm_o
         and issubclass(value, BaseException)
         and value.__module__.startswith("llm_ops")
     }
-    signals = {Retryable, Final}  # how an attempt tells its retry loop what became of it
+    # how an attempt tells its retry loop what became of it, and a dialect the engine that an
+    # answer could not be read (the dialects import nothing of llm-ops, LlmOpsError included)
+    signals = {Retryable, Final, MalformedAnswer}
     roots = (LlmOpsError, LlmOpsWarning)
     outside = {kind.__name__ for kind in defined - signals if not issubclass(kind, roots)}
     assert outside == set()
