@@ -246,6 +246,18 @@ def addresses(name: str, *hosts: str) -> Callable[..., Iterable[Any]]:
     return getaddrinfo
 
 
+def _linger(connection: socket.socket) -> None:
+    """Close as nginx's lingering close does: what the client sent meanwhile (its request,
+    right after its side of a TLS 1.3 handshake) is read first, so the close comes after the
+    alert as a FIN, never as a reset that can reach the client before the alert is read."""
+    with suppress(OSError):
+        connection.shutdown(socket.SHUT_WR)  # a TLS socket's: plain TCP from here on
+        connection.settimeout(2.0)
+        while connection.recv(65536):
+            pass
+    connection.close()
+
+
 @contextmanager
 def tls_handshakes(context: ssl.SSLContext) -> Iterator[int]:
     """A TLS server (its port) that only shakes hands, on blocking sockets: unlike asyncio's,
@@ -260,9 +272,11 @@ def tls_handshakes(context: ssl.SSLContext) -> Iterator[int]:
                 connection, _ = listener.accept()
             except OSError:  # closed
                 return
+            tls = context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
             with suppress(ssl.SSLError, OSError):
-                context.wrap_socket(connection, server_side=True).recv(1)
-            connection.close()
+                tls.do_handshake()
+                tls.recv(1)
+            _linger(tls)
 
     threading.Thread(target=serve, daemon=True).start()
     try:
