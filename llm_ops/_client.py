@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
+import hashlib
+import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
@@ -1066,3 +1069,27 @@ def _deferred(
     """
     schema = pl.Schema({**df.collect_schema(), **added})
     return df.map_batches(run, schema=schema, streamable=False)
+
+
+def shared_key(made: ClientOptions) -> str:
+    """A digest of the options and environment a shared client is made from (the expressions'
+    and the tables' shared clients are keyed by it): the key holds no secret (an endpoint's
+    API key, ``OPENAI_API_KEY``) in plain, where the cache is kept for the process's life."""
+    cache = cache_of(made.get("cache"))
+    canonical = (
+        tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
+        None if cache is None else (str(cache.path), _identity(vars(cache))),
+        os.environ.get("OPENAI_BASE_URL"),
+        os.environ.get("OPENAI_API_KEY"),
+    )
+    return hashlib.sha256(repr(canonical).encode()).hexdigest()
+
+
+def _identity(value: object) -> object:
+    """A hashable stand-in for an option's value that tells every two values apart: an
+    object's every field, where its ``repr`` hides some (an endpoint's key and headers)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return tuple((f.name, _identity(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _identity(v)) for k, v in value.items()))
+    return repr(value)

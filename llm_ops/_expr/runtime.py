@@ -26,16 +26,12 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
-import hashlib
-import os
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .._cache import cache_of
-from .._client import Client, given_client
+from .._client import Client, given_client, shared_key
 from .._in_place import runs_in_place
 from .._options import ClientOptions
 from .._pipeline.backend import Backend
@@ -65,7 +61,7 @@ def client_for(client: Client | None, made: ClientOptions, *, user: object = Non
     is closed once no ``user`` (the expression it was given to) is alive, never under one."""
     if client is not None:
         return given_client(client, made)
-    key = _shared_key(made)
+    key = shared_key(made)
     with _lock:
         shared = _clients.get(key)
         if shared is None:
@@ -79,20 +75,6 @@ def client_for(client: Client | None, made: ClientOptions, *, user: object = Non
     for evicted, runtime in unused:
         _close(evicted, runtime)
     return shared
-
-
-def _shared_key(made: ClientOptions) -> str:
-    """A digest of the options and environment a shared client is made from: the key holds
-    no secret (an endpoint's API key, ``OPENAI_API_KEY``) in plain, where the cache is kept
-    for the process's life."""
-    cache = cache_of(made.get("cache"))
-    canonical = (
-        tuple(sorted((name, _identity(value)) for name, value in made.items() if name != "cache")),
-        None if cache is None else (str(cache.path), _identity(vars(cache))),
-        os.environ.get("OPENAI_BASE_URL"),
-        os.environ.get("OPENAI_API_KEY"),
-    )
-    return hashlib.sha256(repr(canonical).encode()).hexdigest()
 
 
 def _take_unused_retired() -> list[tuple[Client, Runtime | None]]:
@@ -118,16 +100,6 @@ def _close(client: Client, runtime: Runtime | None) -> None:
     with contextlib.suppress(Exception):  # closing frees what it can; the caller wants a client
         if runtime is None or runtime.close(wait=0):
             client.close()
-
-
-def _identity(value: object) -> object:
-    """A hashable stand-in for an option's value that tells every two values apart: an
-    object's every field, where its ``repr`` hides some (an endpoint's key and headers)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return tuple((f.name, _identity(getattr(value, f.name))) for f in dataclasses.fields(value))
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _identity(v)) for k, v in value.items()))
-    return repr(value)
 
 
 def runtime_of(client: Client) -> Runtime:

@@ -4,14 +4,12 @@ client shared within the process."""
 from __future__ import annotations
 
 import atexit
-import hashlib
-import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from .._client import Client
-from .._options import CLIENT_OPTIONS, SETTINGS, options_from_settings
+from .._client import Client, shared_key
+from .._options import CLIENT_OPTIONS, SETTINGS, ClientOptions, options_from_settings
 from ._table import Table
 
 _clients: dict[str, Client] = {}
@@ -32,7 +30,8 @@ def table_of_settings(
     Its client is shared by every table the process makes with the same client settings (the
     endpoint, the cache, the limits), so what one task learned of the endpoint (how many
     requests it absorbs, its rate limits) holds in the next; it is closed when the process
-    exits. Clients are told apart by a hash of their settings, which no copy keeps.
+    exits. Clients are told apart as the expressions' are (:func:`~llm_ops._client.shared_key`:
+    a hash of their options and environment, which no copy keeps).
 
     Parameters
     ----------
@@ -53,9 +52,10 @@ def table_of_settings(
         for name in list(given)
         if (SETTINGS[name][0] if name in SETTINGS else name) in CLIENT_OPTIONS
     }
-    key = hashlib.sha256(json.dumps(of_client, sort_keys=True, default=str).encode()).hexdigest()
+    made = options_from_settings(of_client)
+    key = shared_key(cast(ClientOptions, made))
     if key not in _clients:
-        client = _clients[key] = Client(**options_from_settings(of_client))
+        client = _clients[key] = Client(**made)
         atexit.register(client.close)
     options = options_from_settings(given)
     return Table(
