@@ -139,6 +139,11 @@ class RunReport:
         (an HTTP status kept), so rows that failed the same way count together; the ten most
         common reasons. Each row's own error is in the ``<output>_error`` column. Not stored
         in ``llm_runs``.
+    operator, plan, plan_why, waves
+        A set operator's run (``llm_aggregate``, ``llm_top_k``, ``llm_join``,
+        ``llm_resolve``): its name, the plan it chose (``"quickselect"``, ``"cascade"``,
+        ...), why, and the rounds of judgments it sent, each one job (its counts are the sum
+        of theirs). ``None`` and 0 for a row-wise job. Not stored in ``llm_runs``.
     """
 
     run_id: str
@@ -173,6 +178,10 @@ class RunReport:
     cache: str | None = None
     journal_pending: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    operator: str | None = None
+    plan: str | None = None
+    plan_why: str | None = None
+    waves: int = 0
 
     @property
     def failed_rows(self) -> int:
@@ -290,6 +299,10 @@ class RunReport:
             lines.append(
                 f"  usage unknown      {self.usage_unknown:>10,}  answers reported token counts "
                 "that cannot be right; left out of tokens and cost"
+            )
+        if self.plan:
+            lines.append(
+                f"  plan               {self.plan}, {self.waves:,} waves ({self.plan_why})"
             )
         if self.budget_stop:
             lines.append(f"  budget stop        {self.budget_stop}")
