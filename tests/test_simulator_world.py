@@ -133,6 +133,19 @@ def test_the_judged_counters_count_each_kind(endpoint):
     assert judged == {"verdict": 1, "comparison": 0, "ranking": 0, "choice": 0, "aggregation": 1}
 
 
+def test_a_judgment_without_the_facts_it_needs_is_not_judged(endpoint):
+    assert _judge(endpoint, "A: [score=0.3] and nothing else", COMPARISON) in ("A", "B")
+    assert set(endpoint.stats()["judged"].values()) == {0}
+
+
+def test_the_strings_of_a_schema_without_a_judgment_hold_the_facts(endpoint):
+    summary = {"summary": {"type": "string"}}
+    assert _judge(endpoint, "Sum up: [entity=2] and [score=0.7]", summary) == (
+        "[entity=2] [score=0.7]"
+    )
+    assert endpoint.stats()["judged"]["aggregation"] == 1
+
+
 def test_context_tokens_refuses_an_over_long_request_with_llama_cpps_400(endpoint):
     endpoint.configure(context_tokens=64)
     with pytest.raises(openai.BadRequestError) as refused:

@@ -935,20 +935,20 @@ def _structured_reply(
     digest = _digest(messages)
     number = int(digest[:8], 16)
     facts = distinct_facts(said) if broken is None else []
+    asked = _judgment_asked(schema)
+    draws = _draws(seed, digest, model, schema)
     kind: str | None = None
-    judged: tuple[str, str, Any] | None = None
-    if facts:
-        draws = _draws(seed, digest, model, schema)
-        judged = _judge(schema, facts_in(said), draws, judge_error, position_bias)
-        if judged is not None:
-            kind, text = judged[0], " ".join(facts)
-        else:  # any other schema: its strings aggregate the facts
-            kind, text = "aggregation", " ".join(_aggregation(facts, draws, judge_error))
-    else:
-        text = " ".join(said.split()[:3]) or "text"
+    judged: tuple[Any] | None = None
+    text = " ".join(said.split()[:3]) or "text"
+    if facts and asked is None:  # any other schema: its strings aggregate the facts
+        kind, text = "aggregation", " ".join(_aggregation(facts, draws, judge_error))
+    elif facts and asked is not None:
+        judged = _judge(*asked, facts_in(said), draws, judge_error, position_bias)
+        if judged is not None:  # else the facts it needs are missing: answered as before
+            kind, text = asked[0], " ".join(facts)
     answer = _instance(schema, schema, text, number, broken == "enum")
-    if judged is not None and isinstance(answer, dict):
-        answer[judged[1]] = judged[2]
+    if asked is not None and judged is not None and isinstance(answer, dict):
+        answer[_JUDGED_PROPERTY[asked[0]]] = judged[0]
     if (
         isinstance(answer, dict)
         and schema.get("properties", {}).get("confidence", {}).get("type") == "number"
@@ -973,40 +973,61 @@ def _resolved(node: Any, root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+_JUDGED_PROPERTY = {
+    "verdict": "answer",
+    "comparison": "better",
+    "ranking": "ranking",
+    "choice": "choice",
+}
+"""The property of a ``json_schema`` whose presence asks the judge for each judgment."""
+
+
+def _judgment_asked(schema: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The judgment a schema asks for, with its property's node; ``None``: no judgment."""
+    root = _resolved(schema, schema)
+    properties = root.get("properties") or {}
+    for kind, name in _JUDGED_PROPERTY.items():
+        node = _resolved(properties.get(name), schema)
+        labels = node.get("enum")
+        integers = _resolved(node.get("items"), schema).get("type") == "integer"
+        if (
+            (kind == "verdict" and node.get("type") == "boolean")
+            or (kind == "comparison" and isinstance(labels, list) and len(labels) >= 2)
+            or (kind == "choice" and isinstance(labels, list) and labels)
+            or (kind == "ranking" and node.get("type") == "array" and integers)
+        ):
+            return kind, node
+    return None
+
+
 def _judge(
-    schema: dict[str, Any],
+    kind: str,
+    node: dict[str, Any],
     facts: dict[str, list[Any]],
     draws: random.Random,
     judge_error: float,
     position_bias: float,
-) -> tuple[str, str, Any] | None:
-    """``(kind, property, value)`` of the judgment the schema asks for, from the facts;
-    ``None`` when it asks for none, or the facts it needs are missing."""
-    root = _resolved(schema, schema)
-    properties = {
-        name: _resolved(node, schema) for name, node in (root.get("properties") or {}).items()
-    }
+) -> tuple[Any] | None:
+    """The judged property's value (in a 1-tuple), from the facts; ``None`` when the
+    facts this judgment needs are missing."""
     scores, entities = facts["score"], facts["entity"]
-    ranking = properties.get("ranking", {})
-    if (
-        ranking.get("type") == "array"
-        and _resolved(ranking.get("items", {}), schema).get("type") == "integer"
-        and scores
-    ):
+    if kind == "verdict" and (len(entities) >= 2 or scores):
+        verdict = entities[0] == entities[1] if len(entities) >= 2 else scores[0] >= 0.5
+        return (verdict != (draws.random() < judge_error),)
+    if kind == "comparison" and len(scores) >= 2:
+        first, second = node["enum"][0], node["enum"][1]
+        if draws.random() < position_bias:
+            return (first,)
+        right, wrong = (first, second) if scores[0] >= scores[1] else (second, first)
+        return (wrong if draws.random() < judge_error else right,)
+    if kind == "ranking" and scores:
         order = sorted(range(1, len(scores) + 1), key=lambda item: -scores[item - 1])
         for i in range(len(order) - 1):  # one pass of noisy adjacent swaps
             if draws.random() < judge_error:
                 order[i], order[i + 1] = order[i + 1], order[i]
-        return "ranking", "ranking", order
-    labels = properties.get("better", {}).get("enum")
-    if isinstance(labels, list) and len(labels) >= 2 and len(scores) >= 2:
-        first, second = labels[0], labels[1]
-        if draws.random() < position_bias:
-            return "comparison", "better", first
-        right, wrong = (first, second) if scores[0] >= scores[1] else (second, first)
-        return "comparison", "better", wrong if draws.random() < judge_error else right
-    labels = properties.get("choice", {}).get("enum")
-    if isinstance(labels, list) and labels and len(entities) >= 2:
+        return (order,)
+    if kind == "choice" and len(entities) >= 2:
+        labels = node["enum"]
         options = [label for label in labels if label != "none"]
         query, candidates = entities[0], entities[1 : 1 + len(options)]
         matching = [label for label, e in zip(options, candidates, strict=False) if e == query]
@@ -1014,10 +1035,7 @@ def _judge(
         others = [label for label in labels if label != right]
         if others and draws.random() < judge_error:
             right = others[draws.randrange(len(others))]
-        return "choice", "choice", right
-    if properties.get("answer", {}).get("type") == "boolean" and (len(entities) >= 2 or scores):
-        verdict = entities[0] == entities[1] if len(entities) >= 2 else scores[0] >= 0.5
-        return "verdict", "answer", verdict != (draws.random() < judge_error)
+        return (right,)
     return None
 
 
