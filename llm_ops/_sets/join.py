@@ -61,7 +61,7 @@ SAMPLE_SIZE = 400
 CONFIDENCE_Z = 1.645
 """The one-sided normal quantile of the cascade's bounds: 95% confidence."""
 
-GATE_ALPHA = 0.05
+GATE_ALPHA = 0.01
 """A stratum counts as holding matches when its "yes" count would happen with probability
 below this under the judge's noise floor alone (one-sided binomial test)."""
 
@@ -451,7 +451,7 @@ def _calibrate(
     ``labels[h]`` holds stratum h's answers (1 yes, 0 no, -1 failed: left out). The lower
     half of the strata (by similarity; most of the pairs) is taken to hold no matches: their
     pooled "yes" rate is the judge's noise floor ``e``. An upper stratum's "yes" count counts
-    only when a binomial test tells it from ``e`` (p < 0.05 / number of strata); then each
+    only when a binomial test tells it from ``e`` (p < 0.01 / number of strata); then each
     answer ``y`` stands for ``N_h / n_h`` pairs with a de-noised label ``(y - e) / (1 - 2e)``.
 
     Guarantee, if the judge errs independently on each pair at one rate whatever the
@@ -491,7 +491,8 @@ def _calibrate(
         why = f"the sample's yes rate nowhere rose above the judge's noise floor {noise:.3f}"
         return Thresholds(math.inf, math.inf, noise, 0.0, why)
     accept = _accept_threshold(s, w, c, precision_target)
-    reject = _reject_threshold(s, w, c, hs, accept, noise, recall_target)
+    edges = [float(flat[strata.order[end - 1]]) for end in strata.bounds[1:]]
+    reject = _reject_threshold(s, w, c, hs, accept, noise, recall_target, edges)
     why = (
         f"noise floor {noise:.3f}; about {matches:,.0f} matches; accept at similarity >= "
         f"{accept:.3f}, reject below {min(reject, accept):.3f}"
@@ -501,13 +502,19 @@ def _calibrate(
 
 def _accept_threshold(s: np.ndarray, w: np.ndarray, c: np.ndarray, target: float) -> float:
     """The lowest sampled similarity above which the de-noised precision's lower bound
-    reaches ``target`` (at least 5 answers above it); ``inf``: none, every pair is asked."""
+    reaches ``target`` (at least 5 answers above it); ``inf``: none, every pair is asked.
+
+    Only a "yes" that counts (``c > 0``) can be the threshold: accepting further down, where
+    the sample saw no more matches, would add no match and only lower the precision.
+    """
     best = math.inf
     cw, cwc = np.cumsum(w), np.cumsum(w * c)
     for k in range(4, len(s)):
+        if c[k] <= 0 or (k + 1 < len(s) and s[k + 1] == s[k]):
+            continue
         precision = cwc[k] / cw[k]
         spread = math.sqrt(float((w[: k + 1] ** 2 * (c[: k + 1] - precision) ** 2).sum())) / cw[k]
-        if precision - CONFIDENCE_Z * spread >= target and (k + 1 == len(s) or s[k + 1] < s[k]):
+        if precision - CONFIDENCE_Z * spread >= target:
             best = float(s[k])
     return best
 
@@ -520,14 +527,17 @@ def _reject_threshold(
     accept: float,
     noise: float,
     target: float,
+    edges: Sequence[float],
 ) -> float:
-    """The highest sampled similarity at or above which the kept pairs' recall lower bound
-    reaches ``target``; ``-inf``: every pair below ``accept`` is asked.
+    """The highest similarity at or above which the kept pairs' recall lower bound reaches
+    ``target``, among the lowest similarities of the strata (``edges``), so that a stratum is
+    kept whole or dropped whole; ``-inf``: every pair below ``accept`` is asked.
 
-    It is never above the first sampled similarity below ``accept``: the pairs between the two
-    were not sampled, so nothing says they do not match as those just above do; they are asked.
+    Never a similarity inside a stratum (not even ``accept``): the pairs between a stratum's
+    lowest sampled one and its lower edge were not sampled, and the few answers at the edge
+    of a sample cannot tell how many of them match (a threshold there loses them unseen).
     """
-    candidates = [float(x) for x in s if x < accept] + [-math.inf]
+    candidates = [*[e for e in edges if e <= accept], -math.inf]
     wc = w * c
     total = float(wc.sum())
     for t in candidates:
@@ -538,11 +548,11 @@ def _reject_threshold(
         variance = 0.0
         for h in np.unique(hs):
             mine = hs == h
-            below = np.where(kept[mine], 0.0, c[mine])
+            missed_here = np.where(kept[mine], 0.0, c[mine])
             n = int(mine.sum())
             size = float(w[mine][0]) * n
             if n > 1:
-                variance += size**2 * float(np.var(below, ddof=1)) / n * (1 - n / size)
+                variance += size**2 * float(np.var(missed_here, ddof=1)) / n * (1 - n / size)
         bound = missed + CONFIDENCE_Z * math.sqrt(max(variance, 0.0))
         found = accepted + (1 - noise) * band
         if found / max(accepted + band + bound, 1e-12) >= target:
@@ -1109,7 +1119,10 @@ def plan_join(
     """What :func:`llm_join` would ask: the nested loop's and the classify plan's calls are
     counted exactly from the distinct rows; the cascade's sample is counted exactly too (the
     planner embeds both sides, cached and cheap), and its band, which only the labelled sample
-    reveals, is estimated empty: the calls the report shows beyond the estimate are the band."""
+    reveals, is estimated as one sampling interval of the top stratum: what is asked when
+    the embedding ranks the matches first and the sample certifies their precision. When it
+    cannot (a judge erring often on the top stratum's sample), the band is that whole
+    stratum, up to ``max(n_left, n_right)`` calls more than estimated."""
     prepared = prepare(
         left,
         right,
@@ -1143,8 +1156,12 @@ def plan_join(
         with Waves("llm_join", model=model, client=client, options=options) as embedder:
             similarity = similarities(embedder, li, ri, embedding_model)
         strata = Strata.of(similarity, max(len(li), len(ri)))
-        calls = sum(len(x) for x in strata.sample(sample_size, seed))
-        waves, chars, out = 1, pair_chars, VERDICT_TOKENS
+        picked = strata.sample(sample_size, seed)
+        # The band: the top stratum's pairs below its lowest sampled match, about one
+        # sampling interval of it when the embedding separates the matches.
+        band = round(strata.bounds[1] / max(len(picked[0]), 1)) if picked else 0
+        calls = sum(len(x) for x in picked) + band
+        waves, chars, out = 2 if band else 1, pair_chars, VERDICT_TOKENS
     return priced(
         "llm_join",
         plan=chosen.plan,
