@@ -196,3 +196,21 @@ def test_the_estimate_is_within_a_quarter_of_the_run(endpoint, cache, left, righ
     assert planned.plan == report.plan
     assert abs(planned.calls - report.requests_sent) <= 0.25 * report.requests_sent
     assert planned.waves <= report.waves
+
+
+def test_a_pair_whose_embedding_failed_is_asked_not_dropped(endpoint, cache):
+    endpoint.configure(max_embedding_chars=80)  # a longer text fails its embedding request
+    left, right = _world(30)
+    left = left.vstack(pl.DataFrame({"review": ["a long review " * 6 + "[entity=3]"]}))
+    with pytest.warns(RowsFailedWarning, match="vector_error"):
+        joined = _join(endpoint, cache, left, right, plan="cascade", embedding_model="sim-embed")
+    found = joined.filter(pl.col("review").str.starts_with("a long review"))
+    assert found["product"].to_list() == ["product 3 [entity=3]"]
+
+
+def test_an_empty_side_joins_nothing_and_sends_nothing(endpoint, cache):
+    empty = _products([]).cast({"product": pl.String})
+    joined = _join(
+        endpoint, cache, _reviews([1, 2]), empty, plan="cascade", embedding_model="sim-embed"
+    )
+    assert joined.height == 0 and endpoint.stats()["requests"] == 0

@@ -55,6 +55,10 @@ CLASSIFY_MAX = 100
 """``plan="auto"`` classifies each left row into the right side's rows up to this many distinct
 right rows (one call per left row, at most one match each)."""
 
+MAX_CASCADE_PAIRS = 25_000_000
+"""The cascade holds every pair's similarity and rank in memory (12 bytes a pair): beyond
+this many pairs it asks for the left side in parts."""
+
 SAMPLE_SIZE = 400
 """The cascade's labelled sample: about this many pairs, spread over the similarity strata."""
 
@@ -581,9 +585,11 @@ def run_cascade(
     seed: int,
     max_tokens: int | None,
 ) -> CascadeRun:
-    similarity = similarities(waves, left, right, embedding_model)
+    similarity, unembedded = similarities(waves, left, right, embedding_model)
     flat = similarity.ravel()
     width = similarity.shape[1]
+    if flat.size == 0:
+        return CascadeRun(Outcomes.empty(), Thresholds(math.inf, math.inf, 0.0, 0.0, ""), 0, 0)
     strata = Strata.of(similarity, max(len(left), len(right)))
     picked = strata.sample(sample_size, seed)
     sample = np.concatenate(picked)
@@ -614,9 +620,10 @@ def run_cascade(
     outcomes = Outcomes.empty()
     for p in np.flatnonzero(flat >= thresholds.accept):
         outcomes.matches[(int(p) // width, int(p) % width)] = "similar"
-    band = [
-        int(p) for p in np.flatnonzero((flat >= thresholds.reject) & (flat < thresholds.accept))
-    ]
+    # A pair whose similarity is unknown (an embedding failed) is asked: nothing says it
+    # does not match.
+    between = (flat >= thresholds.reject) & (flat < thresholds.accept)
+    band = [int(p) for p in np.flatnonzero(between | unembedded.ravel())]
     fresh = [p for p in band if p not in answered]
     new = waves.ask(
         [pair_prompt(predicate, left, right, p // width, p % width) for p in fresh],
@@ -634,11 +641,30 @@ def run_cascade(
     return CascadeRun(outcomes, thresholds, len(pairs), len(band))
 
 
-def similarities(waves: Waves, left: Items, right: Items, model: str) -> np.ndarray:
-    """Every left item's cosine similarity to every right item (a failed embedding: 0)."""
-    left_vectors, _ = unit_vectors(waves, [left.text(i) for i in range(len(left))], model=model)
-    right_vectors, _ = unit_vectors(waves, [right.text(j) for j in range(len(right))], model=model)
-    return cosine(left_vectors, right_vectors)
+def similarities(
+    waves: Waves, left: Items, right: Items, model: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every left item's cosine similarity to every right item, and which pairs have none
+    (an embedding failed: similarity 0)."""
+    if len(left) * len(right) > MAX_CASCADE_PAIRS:
+        raise ConfigError(
+            f"the cascade compares {len(left):,} x {len(right):,} distinct rows, more than "
+            f"{MAX_CASCADE_PAIRS:,} pairs in memory: join the left side in parts of "
+            f"{max(MAX_CASCADE_PAIRS // max(len(right), 1), 1):,} rows and concatenate"
+        )
+    if not len(left) or not len(right):
+        shape = (len(left), len(right))
+        return np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=bool)
+    left_vectors, left_errors = unit_vectors(
+        waves, [left.text(i) for i in range(len(left))], model=model
+    )
+    right_vectors, right_errors = unit_vectors(
+        waves, [right.text(j) for j in range(len(right))], model=model
+    )
+    left_failed = np.array([e is not None for e in left_errors], dtype=bool)
+    right_failed = np.array([e is not None for e in right_errors], dtype=bool)
+    unembedded = left_failed[:, None] | right_failed[None, :]
+    return cosine(left_vectors, right_vectors), unembedded
 
 
 # -- the result --------------------------------------------------------------------------------
@@ -1154,13 +1180,13 @@ def plan_join(
     else:
         assert embedding_model is not None
         with Waves("llm_join", model=model, client=client, options=options) as embedder:
-            similarity = similarities(embedder, li, ri, embedding_model)
+            similarity, unembedded = similarities(embedder, li, ri, embedding_model)
         strata = Strata.of(similarity, max(len(li), len(ri)))
         picked = strata.sample(sample_size, seed)
         # The band: the top stratum's pairs below its lowest sampled match, about one
         # sampling interval of it when the embedding separates the matches.
         band = round(strata.bounds[1] / max(len(picked[0]), 1)) if picked else 0
-        calls = sum(len(x) for x in picked) + band
+        calls = sum(len(x) for x in picked) + band + int(unembedded.sum())
         waves, chars, out = 2 if band else 1, pair_chars, VERDICT_TOKENS
     return priced(
         "llm_join",
