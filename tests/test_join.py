@@ -7,7 +7,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import ConfigError, RowsFailedWarning, TemplateError, estimate_set, llm_join
+from llm_ops import Budget, ConfigError, RowsFailedWarning, TemplateError, estimate_set, llm_join
 
 PREDICATE = "Is the review {review} about the product {product}?"
 
@@ -158,7 +158,7 @@ def test_a_failed_judgment_is_a_status_not_an_answer(endpoint, cache):
     left = pl.DataFrame({"review": ["[[sim:status=400]] [entity=1]"]})
     with pytest.warns(RowsFailedWarning):
         joined = _join(endpoint, cache, left, _products([1]))
-    assert joined.select("match", "match_status").rows() == [(None, "failed")]
+    assert joined.select("match", "match_status").rows() == [(None, "rejected")]
     assert joined["match_error"][0]
 
 
@@ -214,3 +214,10 @@ def test_an_empty_side_joins_nothing_and_sends_nothing(endpoint, cache):
         endpoint, cache, _reviews([1, 2]), empty, plan="cascade", embedding_model="sim-embed"
     )
     assert joined.height == 0 and endpoint.stats()["requests"] == 0
+
+
+def test_a_spent_budget_leaves_the_pairs_not_asked_skipped(endpoint, cache):
+    budget = Budget(max_requests=4)
+    joined = _join(endpoint, cache, _reviews([1, 2, 3]), _products([1, 2, 3]), budget=budget)
+    statuses = joined["match_status"].cast(pl.String).to_list()
+    assert endpoint.stats()["requests"] <= 4 and "skipped" in statuses

@@ -19,7 +19,6 @@ look like more matches than there are. :func:`_calibrate` states the guarantee.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Unpack, cast, overload
@@ -35,7 +34,7 @@ from .._pricing import approx_tokens
 from .._report import RunReport
 from .._status import STATUS_DTYPE
 from .._template import parse_template, render
-from ..exceptions import ConfigError, LlmOpsWarning, TemplateError
+from ..exceptions import ConfigError, TemplateError
 from . import plans
 from ._pairs import cosine, unit_vectors
 from ._waves import Answers, SetEstimate, SetOptions, Waves, priced
@@ -248,7 +247,8 @@ class Outcomes:
     Pairs in neither did not match."""
 
     matches: dict[tuple[int, int], str]  # (left item, right item) -> status
-    failed: dict[tuple[int, int | None], str]  # right item None: the whole left item failed
+    # (status, error); right item None: the whole left item failed
+    failed: dict[tuple[int, int | None], tuple[str, str]]
 
     @classmethod
     def empty(cls) -> Outcomes:
@@ -260,7 +260,7 @@ class Outcomes:
                 if _yes(answers.values[n]):
                     self.matches[pair] = answers.statuses[n]
             else:
-                self.failed[pair] = answers.errors[n] or answers.statuses[n]
+                self.failed[pair] = (answers.statuses[n], answers.errors[n] or "no answer")
 
 
 def _yes(value: Any) -> bool:
@@ -376,7 +376,7 @@ def run_classify(
         )
         for n, (i, g) in enumerate(these):
             if not answers.ok(n):
-                outcomes.failed[(i, None)] = answers.errors[n] or answers.statuses[n]
+                outcomes.failed[(i, None)] = (answers.statuses[n], answers.errors[n] or "no answer")
                 continue
             label = answers.values[n].get("choice") if isinstance(answers.values[n], dict) else None
             if isinstance(label, str) and label.isdigit() and 1 <= int(label) <= size:
@@ -694,8 +694,8 @@ def joined(
         (i, j, True, status, None) for (i, j), status in outcomes.matches.items()
     ]
     pair_rows += [
-        (i, j, None, "failed", error)
-        for (i, j), error in outcomes.failed.items()
+        (i, j, None, status, error)
+        for (i, j), (status, error) in outcomes.failed.items()
         if (i, j) not in outcomes.matches
     ]
     decided = pl.DataFrame(
@@ -738,6 +738,7 @@ def joined(
             pl.col(columns.output).any().alias("__any"),
             pl.col(columns.error).drop_nulls().first().alias(columns.error),
             pl.col(columns.status).filter(pl.col(columns.output)).first().alias("__status"),
+            pl.col(columns.status).filter(pl.col(columns.output).is_null()).first().alias("__why"),
         )
         rows = left_keyed.filter(pl.col(li) >= 0).join(per_item, on=li, how="left")
         matched = pl.col("__any").fill_null(False)
@@ -748,7 +749,7 @@ def joined(
             .with_columns(
                 pl.when(failed).then(pl.lit(None)).otherwise(matched).alias(columns.output),
                 pl.when(failed)
-                .then(pl.lit("failed"))
+                .then(pl.col("__why"))
                 .when(matched)
                 .then(pl.col("__status"))
                 .otherwise(pl.lit("ok"))
@@ -1000,8 +1001,9 @@ def llm_join(
         predicate.
     output
         The added columns: ``<output>`` (true: matched; false: a ``left``/``anti`` row without
-        a match; null: its judgment failed), ``<output>_status`` (``similar`` for a pair the
-        cascade joined by similarity alone) and ``<output>_error``.
+        a match; null: its judgment failed or was not sent), ``<output>_status`` (``similar``
+        for a pair the cascade joined by similarity alone; ``skipped`` for one a spent budget
+        left unasked, or a row with a null in the predicate's columns) and ``<output>_error``.
     classify_max, nested_max
         The sizes up to which ``plan="auto"`` classifies or asks every pair.
     context_tokens
@@ -1050,12 +1052,6 @@ def llm_join(
         context_tokens=context_tokens,
     )
     columns = Columns(output)
-    if return_report and isinstance(left, pl.LazyFrame):
-        warnings.warn(
-            "llm_join computed the LazyFrame at once to return its report",
-            LlmOpsWarning,
-            stacklevel=2,
-        )
     with Waves("llm_join", model=model, client=client, options=options) as waves:
         outcomes, why = _run(
             waves,
