@@ -7,7 +7,15 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import Budget, ConfigError, RowsFailedWarning, TemplateError, estimate_set, llm_join
+from llm_ops import (
+    Budget,
+    ConfigError,
+    LlmOpsWarning,
+    RowsFailedWarning,
+    TemplateError,
+    estimate_set,
+    llm_join,
+)
 
 PREDICATE = "Is the review {review} about the product {product}?"
 
@@ -221,3 +229,11 @@ def test_a_spent_budget_leaves_the_pairs_not_asked_skipped(endpoint, cache):
     joined = _join(endpoint, cache, _reviews([1, 2, 3]), _products([1, 2, 3]), budget=budget)
     statuses = joined["match_status"].cast(pl.String).to_list()
     assert endpoint.stats()["requests"] <= 4 and "skipped" in statuses
+
+
+def test_a_cascade_that_finds_no_match_above_the_noise_floor_says_so(endpoint, cache):
+    left, right = _world(60)
+    right = right.with_columns(pl.col("product").str.replace(r"entity=", "entity=10"))
+    with pytest.warns(LlmOpsWarning, match="noise floor"):
+        joined = _join(endpoint, cache, left, right, plan="cascade", embedding_model="sim-embed")
+    assert joined.height == 0

@@ -19,6 +19,7 @@ look like more matches than there are. :func:`_calibrate` states the guarantee.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Unpack, cast, overload
@@ -34,7 +35,7 @@ from .._pricing import approx_tokens
 from .._report import RunReport
 from .._status import STATUS_DTYPE
 from .._template import parse_template, render
-from ..exceptions import ConfigError, TemplateError
+from ..exceptions import ConfigError, LlmOpsWarning, TemplateError
 from . import plans
 from ._pairs import cosine, unit_vectors
 from ._waves import Answers, SetEstimate, SetOptions, Waves, priced
@@ -617,6 +618,16 @@ def run_cascade(
         recall_target=recall_target,
         precision_target=precision_target,
     )
+    if thresholds.matches <= 0:
+        warnings.warn(
+            f"llm_join's cascade found no similarity stratum where the model said yes more "
+            f"often than its noise floor ({thresholds.noise_floor:.3f}) in a sample of "
+            f"{len(pairs):,} pairs, so it joined nothing by similarity: either nothing "
+            "matches, or the embedding does not rank the matches first. Try a larger "
+            "sample_size=, another embedding_model=, or plan='nested' on a part to see",
+            LlmOpsWarning,
+            stacklevel=4,
+        )
     outcomes = Outcomes.empty()
     for p in np.flatnonzero(flat >= thresholds.accept):
         outcomes.matches[(int(p) // width, int(p) % width)] = "similar"
