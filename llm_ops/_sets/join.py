@@ -462,7 +462,7 @@ def _calibrate(
     Guarantee, if the judge errs independently on each pair at one rate whatever the
     similarity and the strata the test cannot tell from the floor hold no matches: with about
     95% confidence (one-sided normal bounds, z = 1.645, on the Horvitz-Thompson estimates),
-    the pairs joined without a call hold at least ``precision_target`` true matches, and the
+    the pairs joined without a call have a precision of at least ``precision_target``, the
     pairs kept (those joined plus those asked, counting the matches the judge then misses at
     its error rate) hold at least ``recall_target`` of all true matches.
     """
