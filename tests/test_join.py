@@ -237,3 +237,9 @@ def test_a_cascade_that_finds_no_match_above_the_noise_floor_says_so(endpoint, c
     with pytest.warns(LlmOpsWarning, match="noise floor"):
         joined = _join(endpoint, cache, left, right, plan="cascade", embedding_model="sim-embed")
     assert joined.height == 0
+
+
+def test_an_output_name_the_rows_already_have_is_a_config_error(endpoint, cache):
+    right = _products([1]).with_columns(match=pl.lit("yes"))
+    with pytest.raises(ConfigError, match="output="):
+        _join(endpoint, cache, _reviews([1]), right)

@@ -800,6 +800,7 @@ def prepare(
     classify_max: int,
     nested_max: int,
     context_tokens: int | None,
+    output: str,
 ) -> Prepared:
     """The checked arguments and each side's items: every ConfigError before a request."""
     if how not in HOWS:
@@ -818,6 +819,16 @@ def prepare(
     if context_tokens is not None and context_tokens < 64:
         raise ConfigError(f"context_tokens must be at least 64, got {context_tokens!r}")
     left_frame, right_frame = to_polars(left), to_polars(right)
+    added = Columns(output)
+    shared = set(left_frame.columns) & set(right_frame.columns)
+    result = {*left_frame.columns, *(c + suffix if c in shared else c for c in right_frame.columns)}
+    taken = sorted(result & {added.output, added.status, added.error})
+    if taken:
+        raise ConfigError(
+            f"llm_join adds the columns {added.output!r}, {added.status!r} and "
+            f"{added.error!r}, but the joined rows already have {', '.join(map(repr, taken))}: "
+            "pass another output= name"
+        )
     parsed = parse_predicate(predicate, left_frame.schema, right_frame.schema, suffix=suffix)
     left_items = items_of(left_frame, parsed.left)
     right_items = items_of(right_frame, parsed.right)
@@ -1061,6 +1072,7 @@ def llm_join(
         classify_max=classify_max,
         nested_max=nested_max,
         context_tokens=context_tokens,
+        output=output,
     )
     columns = Columns(output)
     with Waves("llm_join", model=model, client=client, options=options) as waves:
@@ -1170,6 +1182,7 @@ def plan_join(
         classify_max=classify_max,
         nested_max=nested_max,
         context_tokens=context_tokens,
+        output=output,
     )
     p, li, ri = prepared.predicate, prepared.left_items, prepared.right_items
     mean_left = _mean_chars(li, "Left item:")
