@@ -203,7 +203,7 @@ def test_the_estimate_is_within_a_quarter_of_the_run(endpoint, cache, left, righ
     _, report = llm_join(left, right, PREDICATE, return_report=True, **options)
     assert planned.plan == report.plan
     assert abs(planned.calls - report.requests_sent) <= 0.25 * report.requests_sent
-    assert planned.waves <= report.waves
+    assert abs(planned.waves - report.waves) <= 1  # the cascade: a band, or none
 
 
 def test_a_pair_whose_embedding_failed_is_asked_not_dropped(endpoint, cache):
