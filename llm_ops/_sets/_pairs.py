@@ -7,12 +7,14 @@ pairs near enough to matter.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import polars as pl
 
 from .._status import FAILED
+from ..exceptions import RowsFailedWarning
 from ._waves import Waves
 
 
@@ -23,7 +25,11 @@ def unit_vectors(
     unit length, and each one's error (``None``: embedded). A text that failed is a row of
     zeros: near nothing, so it is never blocked with another by similarity alone."""
     frame = pl.DataFrame({"text": list(texts)}, schema={"text": pl.String})
-    embedded = waves.client.embed(frame, "text", model=model, output="vector", progress=False)
+    with warnings.catch_warnings():
+        # the operator answers for these rows (asked, or given a status of their own): a
+        # warning naming this frame's ``vector_error`` column would point at no column it adds
+        warnings.simplefilter("ignore", RowsFailedWarning)
+        embedded = waves.client.embed(frame, "text", model=model, output="vector", progress=False)
     failed = embedded["vector_status"].cast(pl.String).is_in(list(FAILED)).to_list()
     errors = embedded["vector_error"].to_list()
     vectors = [
