@@ -463,16 +463,18 @@ def llm_aggregate(
     >>> with LocalEndpoint() as endpoint:
     ...     summary = llm_aggregate(reviews, "text", "Summarize the reviews", by="shop",
     ...                             model="sim", endpoint=endpoint.base_url, cache=False)
-    >>> summary.select("shop", "aggregate")
+    >>> summary.select("shop", "aggregate_status")
     shape: (2, 2)
-    ┌──────┬─────────────────────────────────┐
-    │ shop ┆ aggregate                       │
-    │ ---  ┆ ---                             │
-    │ str  ┆ str                             │
-    ╞══════╪═════════════════════════════════╡
-    │ a    ┆ sim #59b5a7ff: [entity=1] [enti… │
-    │ b    ┆ sim #8b3d6d4c: [entity=2]       │
-    └──────┴─────────────────────────────────┘
+    ┌──────┬──────────────────┐
+    │ shop ┆ aggregate_status │
+    │ ---  ┆ ---              │
+    │ str  ┆ enum             │
+    ╞══════╪══════════════════╡
+    │ a    ┆ ok               │
+    │ b    ┆ ok               │
+    └──────┴──────────────────┘
+    >>> summary["aggregate"].to_list()  # the simulator names the facts it was given
+    ['sim #0a789136: [entity=1] [entity=3]', 'sim #75d1a01b: [entity=2]']
     """
     keys, order = _names(by), _names(order_by)
     _check(df, column, instruction, keys, order, context_tokens, max_tokens)
@@ -519,13 +521,16 @@ def llm_aggregate(
 
 @dataclass
 class _Rehearsal:
-    """The fold's waves without a request: every answer as long as an average value (at
-    most ``max_tokens``), counted."""
+    """The fold's waves without a request, counted. A part's answer is taken a third as long
+    as its values, and an answer of answers as long as one of them (a summary of summaries
+    is about as long as a summary), at most ``max_tokens``."""
 
-    answer: str
+    header_chars: int
+    most_chars: int
     calls: int = 0
     waves: int = 0
     prompt_chars: int = 0
+    answer_chars: int = 0
 
     def __call__(
         self, prompts: Sequence[str], *, schema: SchemaOption, max_tokens: int | None
@@ -535,8 +540,16 @@ class _Rehearsal:
         self.waves += 1
         self.calls += len(prompts)
         self.prompt_chars += sum(map(len, prompts))
+        answers = ["x" * min(self.most_chars, self._answer_chars(p)) for p in prompts]
+        self.answer_chars += sum(map(len, answers))
         n = len(prompts)
-        return Answers([self.answer] * n, ["ok"] * n, [None] * n)
+        return Answers(list(answers), ["ok"] * n, [None] * n)
+
+    def _answer_chars(self, prompt: str) -> int:
+        chars = len(prompt) - self.header_chars
+        if _UPPER in prompt:
+            return max(1, chars // max(1, prompt.count("\n[")))
+        return max(1, chars // 3)
 
 
 @plans(llm_aggregate)
@@ -567,10 +580,8 @@ def _plan(
     room = _room(
         instruction, options.get("system"), context=context, source=source, max_tokens=max_tokens
     )
-    lengths = [len(v) for vs in values for v in vs]
-    average = sum(lengths) // len(lengths) if lengths else 0
-    answer_chars = min(average, room.max_tokens * CHARS_PER_TOKEN)
-    rehearsal = _Rehearsal("x" * answer_chars)
+    header = len(_prompt(instruction, [], leaf=True))
+    rehearsal = _Rehearsal(header, room.max_tokens * CHARS_PER_TOKEN)
     _fold(rehearsal, [_start(vs, room) for vs in values], instruction, room, schema)
     return priced(
         "llm_aggregate",
@@ -579,7 +590,7 @@ def _plan(
         calls=rehearsal.calls,
         waves=rehearsal.waves,
         prompt_chars=rehearsal.prompt_chars / max(1, rehearsal.calls),
-        output_tokens=approx_tokens(answer_chars),
+        output_tokens=rehearsal.answer_chars / CHARS_PER_TOKEN / max(1, rehearsal.calls),
         model=model,
         options=options,
     )
