@@ -201,3 +201,28 @@ def test_the_estimate_is_within_a_quarter_of_the_run(aggregate, endpoint):
     assert abs(estimate.calls - report.requests_sent) <= 0.25 * report.requests_sent
     assert abs(estimate.waves - report.waves) <= 0.25 * report.waves
     assert abs(estimate.input_tokens - report.prompt_tokens) <= 0.25 * report.prompt_tokens
+
+
+def test_the_expression_answers_once_per_group_in_agg(endpoint, cache):
+    folded = (
+        reviews(2, 10)
+        .group_by("shop", maintain_order=True)
+        .agg(
+            pl.col("text").llm.aggregate(
+                "Summarize the reviews", model="sim", endpoint=endpoint.base_url, cache=cache
+            )
+        )
+    )
+    facts = {f"[entity={k}]" for k in range(5)}
+    assert folded.height == 2 and all(set(distinct_facts(a)) == facts for a in folded["text"])
+
+
+def test_the_expression_with_status_says_why_a_group_failed(endpoint, cache):
+    df = pl.DataFrame({"text": ["x [[sim:status=400]]"]})
+    with pytest.warns(RowsFailedWarning):
+        out = df.select(
+            pl.col("text").llm.aggregate(
+                "Summarize", model="sim", with_status=True, endpoint=endpoint.base_url, cache=cache
+            )
+        ).unnest("text")
+    assert out["status"].to_list() == ["rejected"] and out["answer"][0] is None

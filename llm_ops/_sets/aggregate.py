@@ -17,7 +17,7 @@ as ``max_tokens`` when it was cut there.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Unpack, overload
 
@@ -476,6 +476,41 @@ def llm_aggregate(
     >>> summary["aggregate"].to_list()  # the simulator names the facts it was given
     ['sim #0a789136: [entity=1] [entity=3]', 'sim #75d1a01b: [entity=2]']
     """
+    return _aggregate(
+        df,
+        column,
+        instruction,
+        model=model,
+        by=by,
+        order_by=order_by,
+        schema=schema,
+        context_tokens=context_tokens,
+        max_tokens=max_tokens,
+        output=output,
+        return_report=return_report,
+        client=client,
+        options=options,
+    )
+
+
+def _aggregate(
+    df: Any,
+    column: str,
+    instruction: str,
+    *,
+    model: ModelOption,
+    by: str | Sequence[str] | None,
+    order_by: str | Sequence[str] | None,
+    schema: SchemaOption,
+    context_tokens: int | None,
+    max_tokens: int | None,
+    output: str,
+    return_report: bool,
+    client: Client | None,
+    options: Mapping[str, Any],
+    run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None,
+) -> Any:
+    """:func:`llm_aggregate`, its waves run by ``run`` (see :class:`~._waves.Waves`)."""
     keys, order = _names(by), _names(order_by)
     _check(df, column, instruction, keys, order, context_tokens, max_tokens)
     columns = Columns(output)
@@ -487,7 +522,7 @@ def llm_aggregate(
         )
     frame = to_polars(df)
     grouped, values = _grouped(frame, column, keys, order)
-    with Waves("llm_aggregate", model=model, client=client, options=options) as waves:
+    with Waves("llm_aggregate", model=model, client=client, options=options, run=run) as waves:
         context, source = _context(waves, context_tokens)
         room = _room(
             instruction,
