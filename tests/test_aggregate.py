@@ -226,3 +226,39 @@ def test_the_expression_with_status_says_why_a_group_failed(endpoint, cache):
             )
         ).unnest("text")
     assert out["status"].to_list() == ["rejected"] and out["answer"][0] is None
+
+
+@pytest.fixture
+def con(endpoint, cache):
+    import duckdb
+
+    from llm_ops.sql import register
+
+    connection = duckdb.connect()
+    register(connection, endpoint=endpoint.base_url, cache=cache, model="sim")
+    frame = reviews(3, 12)  # noqa: F841 (DuckDB reads the frame by its name)
+    connection.execute("CREATE TABLE reviews AS SELECT * FROM frame")
+    return connection
+
+
+def test_llm_agg_is_a_sql_aggregate_one_answer_per_group(con):
+    rows = con.sql(
+        "SELECT shop, llm_agg('Summarize the reviews', text) FROM reviews "
+        "GROUP BY shop ORDER BY shop"
+    ).fetchall()
+    facts = {f"[entity={k}]" for k in range(5)}
+    assert [shop for shop, _ in rows] == ["s0", "s1", "s2"]
+    assert all(set(distinct_facts(answer)) == facts for _, answer in rows)
+
+
+def test_llm_agg_sends_a_rerun_nothing(con, endpoint):
+    query = "SELECT shop, llm_agg('Summarize', text) FROM reviews GROUP BY shop"
+    con.sql(query).fetchall()
+    endpoint.reset()
+    con.sql(query).fetchall()
+    assert endpoint.stats()["requests"] == 0
+
+
+def test_llm_agg_result_says_why_a_group_has_no_answer(con):
+    ((result,),) = con.sql("SELECT llm_agg_result('Summarize', NULL::VARCHAR)").fetchall()
+    assert (result["answer"], result["status"]) == (None, "skipped")
