@@ -131,6 +131,11 @@ def test_the_schema_is_asked_of_the_root_only(aggregate):
     }
 
 
+def test_the_context_is_read_from_the_endpoints_props(aggregate):
+    _, report = aggregate(reviews(1, 5), context_tokens=9999)
+    assert "300-token requests (the endpoint's /props)" in (report.plan_why or "")
+
+
 def test_the_context_falls_back_to_context_tokens_without_props(endpoint, cache):
     _, report = llm_aggregate(
         reviews(1, 5),
