@@ -169,6 +169,19 @@ def test_a_spent_budget_skips_the_groups_it_could_not_finish(aggregate):
     assert "budget" in out["aggregate_error"][0]
 
 
+def test_in_batch_mode_each_level_is_one_provider_batch(endpoint, cache):
+    from llm_ops import BatchMode
+
+    endpoint.configure(context_tokens=300, batch_seconds=0.1, batch_validation_seconds=0.05)
+    out, report = llm_aggregate(
+        reviews(3, 40), "text", "Summarize the reviews", by="shop", model="sim",
+        endpoint=endpoint.base_url, cache=cache, batch=BatchMode(poll_seconds=0.05),
+        return_report=True,
+    )  # fmt: skip
+    assert endpoint.stats()["batches"] == report.waves == 2
+    assert set(out["aggregate_status"]) == {"ok"}
+
+
 def test_a_missing_column_is_refused_before_any_request(aggregate, endpoint):
     with pytest.raises(ConfigError, match="no column 'shop'"):
         aggregate(pl.DataFrame({"text": ["a"]}), by="shop")
