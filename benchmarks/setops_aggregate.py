@@ -35,7 +35,7 @@ import polars as pl
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from llm_ops import Client, llm_aggregate  # noqa: E402
+from llm_ops import Client, estimate_set, llm_aggregate  # noqa: E402
 from llm_ops.testing import LocalEndpoint, distinct_facts  # noqa: E402
 
 TITLE = "Aggregate: tree fold per group, each level one wave for all groups"
@@ -90,6 +90,10 @@ def measure(*, quick: bool) -> tuple[list[str], list[list[object]]]:
             if latency:
                 rows.append(_one_at_a_time(sim.base_url, df, naive_groups, cache))
             with Client(endpoint=sim.base_url, cache=cache, concurrency=4096) as client:
+                estimate = estimate_set(
+                    llm_aggregate, df, column="text", instruction=INSTRUCTION, by="group",
+                    model="sim", client=client,
+                )  # fmt: skip
                 started = time.perf_counter()
                 out, report = llm_aggregate(
                     df, "text", INSTRUCTION, by="group", model="sim", client=client,
@@ -106,7 +110,9 @@ def measure(*, quick: bool) -> tuple[list[str], list[list[object]]]:
         target = (
             f"calls {report.requests_sent:,} {'<=' if holds else '>'} {bound:,} (the sum of "
             f"ceil(n/(b-1)) + depth); wall {wall:.2f} "
-            f"{'<=' if wall <= 1.5 * depth * latency else '>'} 1.5 x {depth} x {latency}s"
+            f"{'<=' if wall <= 1.5 * depth * latency else '>'} 1.5 x {depth} x {latency}s; "
+            f"estimated {estimate.calls:,} calls in {estimate.waves} waves "
+            f"({estimate.calls / report.requests_sent - 1:+.0%} calls)"
         )
         rows.append(
             [f"all groups in waves, latency {latency}s", groups, df.height, report.requests_sent,

@@ -556,7 +556,7 @@ def _aggregate(
 
 @dataclass
 class _Rehearsal:
-    """The fold's waves without a request, counted. A part's answer is taken a third as long
+    """The fold's waves without a request, counted. A part's answer is taken a quarter as long
     as its values, and an answer of answers as long as one of them (a summary of summaries
     is about as long as a summary), at most ``max_tokens``."""
 
@@ -584,7 +584,7 @@ class _Rehearsal:
         chars = len(prompt) - self.header_chars
         if _UPPER in prompt:
             return max(1, chars // max(1, prompt.count("\n[")))
-        return max(1, chars // 3)
+        return max(1, chars // 4)
 
 
 @plans(llm_aggregate)
