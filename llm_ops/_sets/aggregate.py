@@ -44,6 +44,10 @@ TEMPLATE_TOKENS = 32
 """Tokens kept for the chat template around the messages (LLaMA-2's takes about 20)."""
 MAX_ANSWER_TOKENS = 512
 """The largest default ``max_tokens``: a quarter of the context, up to this."""
+ESTIMATED_ANSWER_CHARS = 100
+"""How long the planner takes each answer to be (at most ``max_tokens``): a summary is about
+as long whatever it summarises. Longer answers fold in more levels, and cost a few more calls,
+than estimated; the values' requests, most of the calls, do not depend on it."""
 MIN_ROOM_TOKENS = 64
 """The fewest tokens of values a request must have room for, or the arguments are refused."""
 
@@ -556,16 +560,13 @@ def _aggregate(
 
 @dataclass
 class _Rehearsal:
-    """The fold's waves without a request, counted. A part's answer is taken a quarter as long
-    as its values, and an answer of answers as long as one of them (a summary of summaries
-    is about as long as a summary), at most ``max_tokens``."""
+    """The fold's waves without a request, counted, each answer taken
+    :data:`ESTIMATED_ANSWER_CHARS` long (at most ``max_tokens``)."""
 
-    header_chars: int
-    most_chars: int
+    answer: str
     calls: int = 0
     waves: int = 0
     prompt_chars: int = 0
-    answer_chars: int = 0
 
     def __call__(
         self, prompts: Sequence[str], *, schema: SchemaOption, max_tokens: int | None
@@ -575,16 +576,8 @@ class _Rehearsal:
         self.waves += 1
         self.calls += len(prompts)
         self.prompt_chars += sum(map(len, prompts))
-        answers = ["x" * min(self.most_chars, self._answer_chars(p)) for p in prompts]
-        self.answer_chars += sum(map(len, answers))
         n = len(prompts)
-        return Answers(list(answers), ["ok"] * n, [None] * n)
-
-    def _answer_chars(self, prompt: str) -> int:
-        chars = len(prompt) - self.header_chars
-        if _UPPER in prompt:
-            return max(1, chars // max(1, prompt.count("\n[")))
-        return max(1, chars // 4)
+        return Answers([self.answer] * n, ["ok"] * n, [None] * n)
 
 
 @plans(llm_aggregate)
@@ -605,8 +598,8 @@ def _plan(
     client: Client | None = None,
     **options: Any,
 ) -> SetEstimate:
-    """The fold rehearsed on the values, each answer taken as long as an average value (at
-    most ``max_tokens``); the context read as :func:`llm_aggregate` reads it (``/props``)."""
+    """The fold rehearsed on the values, each answer taken :data:`ESTIMATED_ANSWER_CHARS`
+    long; the context read as :func:`llm_aggregate` reads it (``/props``)."""
     keys, order = _names(by), _names(order_by)
     _check(df, column, instruction, keys, order, context_tokens, max_tokens)
     _, values = _grouped(to_polars(df), column, keys, order)
@@ -615,8 +608,8 @@ def _plan(
     room = _room(
         instruction, options.get("system"), context=context, source=source, max_tokens=max_tokens
     )
-    header = len(_prompt(instruction, [], leaf=True))
-    rehearsal = _Rehearsal(header, room.max_tokens * CHARS_PER_TOKEN)
+    answer_chars = min(ESTIMATED_ANSWER_CHARS, room.max_tokens * CHARS_PER_TOKEN)
+    rehearsal = _Rehearsal("x" * answer_chars)
     _fold(rehearsal, [_start(vs, room) for vs in values], instruction, room, schema)
     return priced(
         "llm_aggregate",
@@ -625,7 +618,7 @@ def _plan(
         calls=rehearsal.calls,
         waves=rehearsal.waves,
         prompt_chars=rehearsal.prompt_chars / max(1, rehearsal.calls),
-        output_tokens=rehearsal.answer_chars / CHARS_PER_TOKEN / max(1, rehearsal.calls),
+        output_tokens=answer_chars / CHARS_PER_TOKEN,
         model=model,
         options=options,
     )
