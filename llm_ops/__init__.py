@@ -47,6 +47,7 @@ from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._sets import SetEstimate, SetOptions, estimate_set
 from ._sets.aggregate import llm_aggregate
+from ._sets.join import llm_join
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from ._wire import AsyncTransport, HttpAnswer, HttpRequest
@@ -133,6 +134,7 @@ __all__ = [
     "llm_embed",
     "llm_extract",
     "llm_filter",
+    "llm_join",
     "open_cache",
     "options_from_settings",
     "parse_duration",
