@@ -46,6 +46,7 @@ from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._sets import SetEstimate, SetOptions, estimate_set
+from ._sets.aggregate import llm_aggregate
 from ._sets.join import llm_join
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
@@ -126,6 +127,7 @@ __all__ = [
     "estimate",
     "estimate_set",
     "last_report",
+    "llm_aggregate",
     "llm_classify",
     "llm_complete",
     "llm_complete_async",

@@ -17,6 +17,17 @@ requests are deduplicated, served from the cache and sent concurrently by the sa
     (:data:`llm_ops.STATUSES`) and error message, for finding out why a row is NULL
 ``llm_request_key(...)``, same arguments
     the cache key of the request, to ``JOIN llm_cache USING (key)`` yourself
+``llm_agg(instruction, value, order_by := NULL, model := ..., max_tokens := NULL,
+context_tokens := NULL)``
+    an aggregate: each group's values folded into one answer by
+    :func:`~llm_ops.llm_aggregate`'s tree fold (``SELECT shop, llm_agg('Summarize the
+    reviews', text) FROM reviews GROUP BY shop``); NULL when the group's fold failed. The
+    values are folded in ``order_by``'s order, then their own (sorted: a parallel scan's
+    order never changes the requests, so a rerun is answered by the cache). DuckDB hands the
+    function the groups a vector at a time, so each level of the fold is one wave for up to
+    2,048 groups.
+``llm_agg_result(...)``, same arguments
+    ``STRUCT(answer VARCHAR, status VARCHAR, error VARCHAR)``, as ``llm_complete_result``
 
 Failed rows never abort the query unless ``on_error="raise"``; each call of the function (a vector
 of rows) with failed rows gives a :class:`~llm_ops.RowsFailedWarning` naming the most common
@@ -44,6 +55,7 @@ from ._pipeline.backend import Backend
 from ._pipeline.plan import key_rows
 from ._pipeline.run import run_frame
 from ._report import RunReport
+from ._sets.aggregate import llm_aggregate
 from ._status import FAILED
 from .exceptions import ConfigError, RowsFailedError
 
@@ -52,6 +64,8 @@ __all__ = ["register"]
 # prompt, model, system, max_tokens, temperature
 _ARGUMENTS: list[Any] = [VARCHAR, VARCHAR, VARCHAR, INTEGER, DOUBLE]
 _RESULT = duckdb.struct_type({"answer": VARCHAR, "status": VARCHAR, "error": VARCHAR})
+# instruction, values (a group's, in order), model, max_tokens, context_tokens
+_AGG_ARGUMENTS: list[Any] = [VARCHAR, duckdb.list_type(VARCHAR), VARCHAR, INTEGER, INTEGER]
 _TEXTS = pl.Schema({"prompt": pl.String, "system": pl.String})
 
 
@@ -63,7 +77,8 @@ def register(
     on_error: Literal["null", "raise"] = "null",
     **options: Unpack[ClientOptions],
 ) -> None:
-    """Add ``llm_complete``, ``llm_complete_result`` and ``llm_request_key`` to ``con``.
+    """Add ``llm_complete``, ``llm_complete_result``, ``llm_request_key``, ``llm_agg`` and
+    ``llm_agg_result`` to ``con``.
 
     Parameters
     ----------
@@ -96,7 +111,8 @@ def register(
     weakref.finalize(con, client.close)
     suffix = f"{id(con):x}"
     complete, key = f"__llm_ops_complete_{suffix}", f"__llm_ops_key_{suffix}"
-    for name in (complete, key):
+    aggregate = f"__llm_ops_agg_{suffix}"
+    for name in (complete, key, aggregate):
         with contextlib.suppress(duckdb.InvalidInputException):
             con.remove_function(name)
     con.create_function(
@@ -129,6 +145,25 @@ def register(
         f"({complete}({arguments})).answer"
     )
     con.execute(f"CREATE OR REPLACE TEMP MACRO llm_request_key({signature}) AS {key}({arguments})")
+    con.create_function(
+        aggregate,
+        _aggregator(client, on_error=on_error),
+        _AGG_ARGUMENTS,
+        _RESULT,
+        type=PythonUDFType.ARROW,
+        null_handling=FunctionNullHandling.SPECIAL,
+        side_effects=True,
+    )
+    folded = (
+        f"{aggregate}(instruction, list(value::VARCHAR ORDER BY order_by, value::VARCHAR), "
+        "model, max_tokens, context_tokens)"
+    )
+    agg_signature = (
+        f"instruction, value, order_by := NULL::INTEGER, model := {default_model}, "
+        "max_tokens := NULL, context_tokens := NULL"
+    )
+    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_agg_result({agg_signature}) AS {folded}")
+    con.execute(f"CREATE OR REPLACE TEMP MACRO llm_agg({agg_signature}) AS ({folded}).answer")
 
 
 def _job(
@@ -246,6 +281,69 @@ def _keyer(client: Client) -> Callable[..., pa.Array]:
         return pa.array(keys, pa.string())
 
     return key
+
+
+def _aggregator(
+    client: Client, *, on_error: Literal["null", "raise"]
+) -> Callable[..., pa.StructArray]:
+    def aggregate(
+        instruction: pa.Array,
+        values: pa.Array,
+        model: pa.Array,
+        max_tokens: pa.Array,
+        context_tokens: pa.Array,
+    ) -> pa.StructArray:
+        groups = pl.DataFrame(
+            {
+                "instruction": pl.Series(instruction, dtype=pl.String),
+                "values": pl.Series(values, dtype=pl.List(pl.String)),
+                "model": pl.Series(model, dtype=pl.String),
+                "max_tokens": pl.Series(max_tokens, dtype=pl.Int64),
+                "context_tokens": pl.Series(context_tokens, dtype=pl.Int64),
+            }
+        ).with_row_index("group")
+        answers: list[str | None] = [None] * groups.height
+        statuses: list[str | None] = [None] * groups.height
+        errors: list[str | None] = [None] * groups.height
+        settings = ["instruction", "model", "max_tokens", "context_tokens"]
+        asked = groups.filter(pl.col("instruction").is_not_null())
+        for (text, name, most, context), part in asked.group_by(settings, maintain_order=True):
+            if name is None:
+                raise ConfigError(
+                    "llm_agg needs a model: write llm_agg(instruction, value, "
+                    "model := 'gpt-4o-mini'), or pass model= to register()"
+                )
+            folded = llm_aggregate(
+                part.select("group", "values").explode("values"),
+                "values",
+                str(text),
+                model=str(name),
+                by="group",
+                max_tokens=None if most is None else int(most),
+                context_tokens=None if context is None else int(context),
+                output="answer",
+                client=client,
+                on_error=on_error,
+                progress=False,
+            )
+            for row, answer, status, error in zip(
+                folded["group"],
+                folded["answer"],
+                folded["answer_status"].cast(pl.String),
+                folded["answer_error"],
+                strict=True,
+            ):
+                answers[row], statuses[row], errors[row] = answer, status, error
+        return pa.StructArray.from_arrays(
+            [
+                pa.array(answers, pa.string()),
+                pa.array(statuses, pa.string()),
+                pa.array(errors, pa.string()),
+            ],
+            names=["answer", "status", "error"],
+        )
+
+    return aggregate
 
 
 async def _answer(client: Client, texts: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 import openai
+import orjson
 from yarl import URL
 
 from .._concurrency import Concurrency
@@ -43,6 +44,7 @@ T = TypeVar("T")
 CONNECT_FAILURES_TO_ABORT = 16  # attempts in a row that could not connect, once connected
 LONG_WAITS_TO_ABORT = 8  # answers in a row asking for a wait over max_retry_after
 ANNOUNCED_PAUSE = 5.0  # seconds of Retry-After from which a pause is logged
+PROBE_SECONDS = 5.0  # at most, for a question about the endpoint that has a fallback
 
 _log = logging.getLogger("llm_ops")
 
@@ -194,6 +196,29 @@ class Engine:
         except (TransportError, MalformedAnswer):
             # A failure here is the first request's to report, with its own message.
             return None, frozenset()
+
+    async def slot_context(self) -> int | None:
+        """The tokens one request may hold (its prompt and its answer), where the endpoint
+        says so: llama.cpp's ``GET /props`` (at the server's root, beside ``/v1``), whose
+        ``default_generation_settings.n_ctx`` is one slot's context. ``None`` where it does not
+        say (a 404, as on OpenAI, an error or another shape): the caller falls back. Asked
+        within :data:`PROBE_SECONDS`, as the other requests are (the endpoint's headers)."""
+        root = URL(self.base_url)
+        path = root.path.rstrip("/")
+        path = path.removesuffix("/v1")
+        url = join_url(str(root.with_path(path or "/", encoded=True)), "props", self._query)
+        try:
+            answer = await self.http.request(
+                "GET", url, None, min(self.limits.timeout, PROBE_SECONDS), 1 << 20
+            )
+            if answer.status != 200:
+                return None
+            n_ctx = orjson.loads(answer.body)["default_generation_settings"]["n_ctx"]
+        except (TransportError, OSError, TimeoutError, ValueError, KeyError, TypeError):
+            return None
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx <= 0:
+            return None
+        return n_ctx
 
     def could_not_connect(self, exc: Exception) -> tuple[str, bool]:
         """Count a connection that could not be made: its message, and whether the run of

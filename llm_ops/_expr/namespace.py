@@ -4,7 +4,7 @@ expression made of a batch function (see :mod:`llm_ops._expr.batches`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Unpack
+from typing import Any, Unpack
 
 import polars as pl
 
@@ -16,10 +16,15 @@ from .._options import (
     ModelOption,
     RequestOptions,
     SchemaOption,
+    split_options,
 )
+from .._sets import SetOptions
+from .._sets.aggregate import _aggregate
+from .._status import STATUS_DTYPE
 from ..exceptions import ConfigError, TemplateError
 from .asks import Output, classification, extraction, text, verdict
 from .batches import completion, embedding
+from .runtime import client_for, runtime_of
 
 
 class ExprOptions(ClientOptions, RequestOptions, total=False):
@@ -319,6 +324,99 @@ class LlmNamespace:
             self._expr, ask, prompt, "filter", model, _shape(with_status), client, options
         )
         return expr
+
+    def aggregate(
+        self,
+        instruction: str,
+        *,
+        model: ModelOption,
+        schema: SchemaOption = None,
+        context_tokens: int | None = None,
+        max_tokens: int | None = None,
+        with_status: bool = False,
+        client: Client | None = None,
+        **options: Unpack[SetOptions],
+    ) -> pl.Expr:
+        """Fold the values into one answer: an aggregation, for ``group_by().agg()``,
+        ``.over()`` or ``select``, by :func:`~llm_ops.llm_aggregate`'s tree fold.
+
+        Polars calls the expression once per group, so groups are folded one after another,
+        each level of each a wave of its own: for many groups, ``llm_aggregate(df, ...,
+        by=...)`` sends each level of every group in one wave. The values are folded in the
+        order they come in (``pl.col("text").sort_by("date").llm.aggregate(...)`` sets one);
+        nulls are left out.
+
+        Parameters
+        ----------
+        instruction
+            What to make of the values, e.g. ``"Summarize the reviews"``.
+        model, schema, context_tokens, max_tokens
+            As for :func:`~llm_ops.llm_aggregate`.
+        with_status, client
+            As for :meth:`complete`.
+        **options
+            As for :func:`~llm_ops.llm_aggregate`, the keys of :class:`~llm_ops.SetOptions`.
+
+        Returns
+        -------
+        Expr
+            One ``String`` per group (a struct with ``schema=``), null where its fold failed;
+            or, ``with_status=True``, a struct of ``answer``, ``status`` and ``error``.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"shop": ["a", "b", "a"],
+        ...                    "text": ["Slow [entity=1]", "Great [entity=2]", "Late [entity=3]"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.group_by("shop", maintain_order=True).agg(
+        ...         pl.col("text").llm.aggregate("Summarize the reviews", model="sim",
+        ...                                      endpoint=endpoint.base_url, cache=False))
+        >>> out["text"].to_list()
+        ['sim #0a789136: [entity=1] [entity=3]', 'sim #75d1a01b: [entity=2]']
+        """
+        shape = _shape(with_status)
+        made, call = split_options(options)
+        shared = client_for(client, made, user=self)
+        answer_type: Any = pl.String if schema is None else None
+        dtype = (
+            pl.Struct({"answer": pl.String, "status": STATUS_DTYPE, "error": pl.String})
+            if shape == "struct" and schema is None
+            else answer_type
+        )
+
+        def fold(values: pl.Series) -> Any:
+            # The fold's Polars work runs on the thread Polars called, as every expression's
+            # does (see llm_ops._expr.runtime): one group at a time per client.
+            runtime = runtime_of(shared)
+            with runtime.lock:
+                folded = _aggregate(
+                    pl.DataFrame({"value": values}),
+                    "value",
+                    instruction,
+                    model=model,
+                    by=None,
+                    order_by=None,
+                    schema=schema,
+                    context_tokens=context_tokens,
+                    max_tokens=max_tokens,
+                    output="answer",
+                    return_report=False,
+                    client=shared,
+                    options=call,
+                    run=runtime.run,
+                ).row(0, named=True)
+            if shape == "answer":
+                return folded["answer"]
+            return {
+                "answer": folded["answer"],
+                "status": folded["answer_status"],
+                "error": folded["answer_error"],
+            }
+
+        return self._expr.map_batches(fold, return_dtype=dtype, returns_scalar=True)
 
     def embed(
         self,

@@ -11,7 +11,7 @@ with a status and an error, never as answers. The operator's report adds up its 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import TracebackType
@@ -77,6 +77,11 @@ class Waves:
         The client to run on; ``None``: one made from ``options`` and closed by :meth:`close`.
     options
         The operator's keyword options (:class:`SetOptions`).
+    run
+        What runs each wave's job: the client's :meth:`~llm_ops.Client.run` by default; an
+        ``llm`` expression's runtime (the thread Polars called drives it, see
+        :mod:`llm_ops._expr.runtime`), where the engine is made and the model checked on the
+        client's loop first.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class Waves:
         model: ModelOption,
         client: Client | None,
         options: Mapping[str, Any],
+        run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None,
     ) -> None:
         for name in ("output", "schema"):
             if name in options:
@@ -103,6 +109,11 @@ class Waves:
         self.waves = 0
         self.plan: str | None = None
         self.plan_why: str | None = None
+        self._run = self.client.run if run is None else run
+        if run is not None:
+            schema = pl.Schema({PROMPT: pl.String})
+            models = self.client._job("{" + PROMPT + "}", model, call, columns=schema)
+            self.client.run(self.client.prepare(models=models.endpoint_models))
 
     def ask(
         self,
@@ -131,7 +142,7 @@ class Waves:
             sampling: Sampling = call.get("sampling") or Sampling()
             call["sampling"] = replace(sampling, max_tokens=max_tokens)
         frame = pl.DataFrame({PROMPT: list(prompts)}, schema={PROMPT: pl.String})
-        answered, report = self.client.run(
+        answered, report = self._run(
             self.client._complete(frame, "{" + PROMPT + "}", self.model, cast(CallOptions, call))
         )
         self._reports.append(report)
