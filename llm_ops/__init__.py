@@ -46,6 +46,7 @@ from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._sets import SetEstimate, SetOptions, estimate_set
+from ._sets.top_k import llm_top_k
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from ._wire import AsyncTransport, HttpAnswer, HttpRequest
@@ -131,6 +132,7 @@ __all__ = [
     "llm_embed",
     "llm_extract",
     "llm_filter",
+    "llm_top_k",
     "open_cache",
     "options_from_settings",
     "parse_duration",
