@@ -7,10 +7,10 @@ a failed judgment never drops an item (see each plan).
 
 - :func:`all_pairs`: every pair of a group compared once, ranked by wins (Copeland): the
   naive baseline, ``n(n-1)/2`` comparisons in one wave.
-- :func:`quickselect`: a partial quicksort, batched: each wave holds the comparisons of every
-  open partition of every group; only the partitions that hold ranks ``1..k`` are split again,
-  and small ones are finished by all pairs. An item is dropped (below the k-th) only after
-  losing to the pivot twice, shown once in each order.
+- :func:`quickselect`: a batched quickselect: each wave holds every group's comparisons with
+  its pivot (and the confirmations of the previous split), the candidates around rank ``k``
+  narrow until all pairs rank the last few. An item crosses the line (dropped below the
+  k-th, or accepted above it) only on two agreeing answers, shown once in each order.
 - :func:`listwise`: a listwise tournament (ListK's LTTopK, arXiv 2603.17223): windows of
   ``window`` items ranked in one call each, the best ``k`` of each window go on, until one
   window is left.
@@ -138,6 +138,26 @@ class _Group:
     final: bool = False
     done: bool = False
     best: list[int] = field(default_factory=list)
+    sample: list[int] = field(default_factory=list)
+    sampled: bool = False
+
+
+SAMPLE = 20
+"""The items of a large group a random-pivot quickselect ranks by all pairs in its first
+wave (190 comparisons), to take its next pivots near the boundary."""
+
+
+def _sampled_pivot(state: _Group, need: int) -> int:
+    """The ranked sample's item whose place among the candidates is likeliest to be about
+    ``2·need + 2`` (a sample item ``j``-th of ``s`` left ranks about ``(j + 1)·n / (s + 1)``
+    of ``n``); ``-1`` when fewer than 3 sample items are left."""
+    left = set(state.candidates)
+    ranked = [item for item in state.sample if item in left]
+    if len(ranked) < 3:
+        return -1
+    wanted = 2 * need + 2 + len(state.candidates) // 10
+    place = wanted * (len(ranked) + 1) / len(state.candidates) - 1
+    return ranked[min(len(ranked) - 1, max(0, round(place)))]
 
 
 def pivot_index(size: int, need: int, by_embedding: bool, rng: random.Random) -> int:
@@ -165,7 +185,10 @@ def quickselect(
     """The best ``k`` items of each group, best first, by a batched, pipelined quickselect.
 
     ``groups`` hold each group's items in the order pivots are taken from: best first by
-    embedding when ``by_embedding``, else any order (pivots are then drawn at random).
+    embedding when ``by_embedding``, else any order (pivots are then drawn at random; in a
+    group of at least ``8·SAMPLE`` items the first wave also ranks a seeded sample of
+    :data:`SAMPLE` items by all pairs, and later pivots are taken from it where it places
+    them near the boundary).
 
     Each group keeps ``accepted`` items (above the split target, :func:`target`: ``k`` plus a
     slack) and ``candidates``, split around a pivot until at most :func:`final_size` items
@@ -199,10 +222,17 @@ def quickselect(
             clean = sorted(
                 state.candidates, key=lambda item: (-_share(wins.get(item)), place[item])
             )
-            index = pivot_index(len(clean), need, by_embedding, rng)
-            state.pivot = clean[index]
+            state.pivot = _sampled_pivot(state, need) if state.sample else -1
+            if state.pivot < 0:
+                state.pivot = clean[pivot_index(len(clean), need, by_embedding, rng)]
             state.split = [item for item in state.candidates if item != state.pivot]
             asked += [orient(item, state.pivot) for item in state.split]
+            if not by_embedding and not state.sampled and len(state.candidates) >= 8 * SAMPLE:
+                # A first wave with random pivots also ranks a sample, whose order picks
+                # the next pivots near the boundary rather than at random.
+                state.sampled = True
+                state.sample = rng.sample(state.candidates, SAMPLE)
+                asked += _every_pair(state.sample, orient)
         elif not state.moving:
             state.final = True
             asked = _every_pair(state.accepted + state.candidates, orient)
@@ -233,9 +263,14 @@ def quickselect(
         back = [item for item in state.moving if item not in set(agreed)]
         state.moving, state.moved_by = [], -1
         if state.pivot >= 0:
+            split_told = told[len(confirmed) : len(confirmed) + len(state.split)]
+            sample_told = told[len(confirmed) + len(state.split) :]
+            if sample_told:
+                sample_asked = asked[len(confirmed) + len(state.split) :]
+                state.sample = copeland(state.sample, sample_asked, sample_told)
             above: list[int] = []
             below: list[int] = []
-            for item, winner in zip(state.split, told[len(confirmed) :], strict=True):
+            for item, winner in zip(state.split, split_told, strict=True):
                 if winner is not None:
                     (below if winner == state.pivot else above).append(item)
             # Of the items below the pivot, a share as large as the judge's error rate (10%
