@@ -48,6 +48,7 @@ from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._sets import SetEstimate, SetOptions, estimate_set
 from ._sets.aggregate import llm_aggregate
 from ._sets.join import llm_join
+from ._sets.top_k import llm_top_k
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from ._wire import AsyncTransport, HttpAnswer, HttpRequest
@@ -135,6 +136,7 @@ __all__ = [
     "llm_extract",
     "llm_filter",
     "llm_join",
+    "llm_top_k",
     "open_cache",
     "options_from_settings",
     "parse_duration",

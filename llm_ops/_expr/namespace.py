@@ -3,7 +3,7 @@ expression made of a batch function (see :mod:`llm_ops._expr.batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 import polars as pl
@@ -20,6 +20,7 @@ from .._options import (
 )
 from .._sets import SetOptions
 from .._sets.aggregate import _aggregate
+from .._sets.top_k import Method, ranks_of
 from .._status import STATUS_DTYPE
 from ..exceptions import ConfigError, TemplateError
 from .asks import Output, classification, extraction, text, verdict
@@ -406,7 +407,7 @@ class LlmNamespace:
                     return_report=False,
                     client=shared,
                     options=call,
-                    run=runtime.run,
+                    in_place=runtime,
                 ).row(0, named=True)
             if shape == "answer":
                 return folded["answer"]
@@ -473,6 +474,159 @@ class LlmNamespace:
         return embedding(
             self._expr, model, dimensions, inputs_per_request, _shape(with_status), client, options
         )
+
+    def top_k(
+        self,
+        criterion: str,
+        *,
+        k: int,
+        model: ModelOption,
+        method: Method = "auto",
+        window: int = 20,
+        seed: int = 0,
+        client: Client | None = None,
+        **options: Unpack[SetOptions],
+    ) -> pl.Expr:
+        """The ``k`` best values by ``criterion``, best first, as one list: an aggregation,
+        for ``select`` or ``group_by().agg()``.
+
+        The values are judged as text (and returned as text) by
+        :func:`~llm_ops.llm_top_k`, whose plans, guarantees and statuses apply (a value
+        whose rank rests on failed judgments is still listed; ``on_error="raise"`` raises
+        instead). Null values are never listed.
+
+        Inside ``group_by().agg()`` Polars calls the expression once per group, so the groups
+        are judged one after another; ``llm_top_k(df, ..., by=...)`` judges every group in
+        the same waves, which is faster on many groups.
+
+        Parameters
+        ----------
+        criterion, k, model, method, window, seed, client
+            As for :func:`~llm_ops.llm_top_k` (pivots from embeddings need
+            ``llm_top_k(embedding_model=...)``).
+        **options
+            As for :func:`~llm_ops.llm_top_k`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"shop": ["a", "a", "a", "b", "b"],
+        ...                    "text": ["ok [score=0.5]", "top [score=0.9]", "bad [score=0.1]",
+        ...                             "fine [score=0.6]", "best [score=0.8]"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.group_by("shop", maintain_order=True).agg(
+        ...         pl.col("text").llm.top_k("the most helpful", k=2, model="sim",
+        ...                                  endpoint=endpoint.base_url, cache=False))
+        >>> for shop, best in out.rows():
+        ...     print(shop, best)
+        a ['top [score=0.9]', 'ok [score=0.5]']
+        b ['best [score=0.8]', 'fine [score=0.6]']
+        """
+
+        ranks = _ranker(criterion, k, model, method, window, seed, client, options)
+
+        def best(values: pl.Series) -> pl.Series:
+            ranks_of_values = ranks(values)
+            text = values.cast(pl.String).to_list()
+            ranked = sorted((r, i) for i, r in enumerate(ranks_of_values) if r is not None)
+            return pl.Series([[text[i] for _, i in ranked]], dtype=pl.List(pl.String))
+
+        return self._expr.map_batches(best, return_dtype=pl.List(pl.String), returns_scalar=True)
+
+    def rank(
+        self,
+        criterion: str,
+        *,
+        model: ModelOption,
+        method: Method = "auto",
+        seed: int = 0,
+        client: Client | None = None,
+        **options: Unpack[SetOptions],
+    ) -> pl.Expr:
+        """Each value's rank by ``criterion`` (1 is best; null for a null value): a
+        ``UInt32`` column, for ``with_columns`` and ``.over(...)``.
+
+        Every value is ranked, by :func:`~llm_ops.llm_top_k` with ``k`` the column's length:
+        that compares every pair once (``n(n-1)/2`` comparisons, one wave); for the few best
+        of a long column, use :meth:`top_k` or ``llm_top_k``. With ``.over(...)`` Polars
+        calls the expression once per group, so the groups are judged one after another.
+
+        Parameters
+        ----------
+        criterion, model, method, seed, client
+            As for :func:`~llm_ops.llm_top_k`.
+        **options
+            As for :func:`~llm_ops.llm_top_k`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"shop": ["a", "a", "b", "b"],
+        ...                    "text": ["ok [score=0.5]", "top [score=0.9]",
+        ...                             "best [score=0.8]", "bad [score=0.2]"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(
+        ...         pl.col("text").llm.rank("the most helpful", model="sim",
+        ...                                 endpoint=endpoint.base_url, cache=False)
+        ...         .over("shop").alias("rank"))
+        >>> out
+        shape: (4, 3)
+        ┌──────┬──────────────────┬──────┐
+        │ shop ┆ text             ┆ rank │
+        │ ---  ┆ ---              ┆ ---  │
+        │ str  ┆ str              ┆ u32  │
+        ╞══════╪══════════════════╪══════╡
+        │ a    ┆ ok [score=0.5]   ┆ 2    │
+        │ a    ┆ top [score=0.9]  ┆ 1    │
+        │ b    ┆ best [score=0.8] ┆ 1    │
+        │ b    ┆ bad [score=0.2]  ┆ 2    │
+        └──────┴──────────────────┴──────┘
+        """
+
+        ranks = _ranker(criterion, None, model, method, 20, seed, client, options)
+
+        def ranked(values: pl.Series) -> pl.Series:
+            return pl.Series(values.name, ranks(values), dtype=pl.UInt32)
+
+        return self._expr.map_batches(ranked, return_dtype=pl.UInt32)
+
+
+def _ranker(
+    criterion: str,
+    k: int | None,
+    model: ModelOption,
+    method: str,
+    window: int,
+    seed: int,
+    client: Client | None,
+    options: Mapping[str, Any],
+) -> Callable[[pl.Series], list[int | None]]:
+    """The ranks of a batch's values, as ``llm_top_k`` ranks them, on the shared client for
+    ``options`` (or ``client``), its waves driven by the thread Polars calls it on."""
+    made, call = split_options(options)
+    shared = client_for(client, made)
+
+    def ranks(values: pl.Series) -> list[int | None]:
+        runtime = runtime_of(shared)
+        with runtime.lock:
+            return ranks_of(
+                values,
+                criterion,
+                k=k,
+                model=model,
+                method=method,
+                window=window,
+                seed=seed,
+                client=shared,
+                options=call,
+                in_place=runtime,
+            )
+
+    return ranks
 
 
 def _shape(with_status: bool) -> Output:

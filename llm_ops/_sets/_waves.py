@@ -11,11 +11,11 @@ with a status and an error, never as answers. The operator's report adds up its 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import polars as pl
 
@@ -31,11 +31,26 @@ from .._options import (
     SchemaOption,
     split_options,
 )
+from .._pipeline.backend import Backend
 from .._pipeline.join import raise_failed_rows
+from .._pipeline.run import run_frame
 from .._pricing import approx_tokens, cost_or_none, price_for
 from .._report import RunReport, dollars, remember_latest, sum_reports
 from .._status import FAILED
 from ..exceptions import ConfigError
+
+T = TypeVar("T")
+
+
+class InPlace(Protocol):
+    """Where an ``llm`` expression's jobs run (``llm_ops._expr.runtime.Runtime``): on a loop
+    driven by the thread Polars called, the pipeline's Polars work in place, since a Polars
+    pool worker waiting for the client's loop could wait for itself."""
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T: ...
+
+    async def backend(self) -> Backend: ...
+
 
 PROMPT = "prompt"
 """The column of a wave's frame holding each judgment's rendered prompt."""
@@ -77,11 +92,9 @@ class Waves:
         The client to run on; ``None``: one made from ``options`` and closed by :meth:`close`.
     options
         The operator's keyword options (:class:`SetOptions`).
-    run
-        What runs each wave's job: the client's :meth:`~llm_ops.Client.run` by default; an
-        ``llm`` expression's runtime (the thread Polars called drives it, see
-        :mod:`llm_ops._expr.runtime`), where the engine is made and the model checked on the
-        client's loop first.
+    in_place
+        Run each wave there (an ``llm`` expression's runtime) rather than on the client's
+        loop.
     """
 
     def __init__(
@@ -91,7 +104,7 @@ class Waves:
         model: ModelOption,
         client: Client | None,
         options: Mapping[str, Any],
-        run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None,
+        in_place: InPlace | None = None,
     ) -> None:
         for name in ("output", "schema"):
             if name in options:
@@ -101,6 +114,7 @@ class Waves:
         self.model = model
         self.client = Client(**made) if client is None else given_client(client, made)
         self._own = client is None
+        self._in_place = in_place
         self._call = call
         self._budget: Budget | None = call.get("budget")
         self._reports: list[RunReport] = []
@@ -109,11 +123,6 @@ class Waves:
         self.waves = 0
         self.plan: str | None = None
         self.plan_why: str | None = None
-        self._run = self.client.run if run is None else run
-        if run is not None:
-            schema = pl.Schema({PROMPT: pl.String})
-            models = self.client._job("{" + PROMPT + "}", model, call, columns=schema)
-            self.client.run(self.client.prepare(models=models.endpoint_models))
 
     def ask(
         self,
@@ -142,9 +151,7 @@ class Waves:
             sampling: Sampling = call.get("sampling") or Sampling()
             call["sampling"] = replace(sampling, max_tokens=max_tokens)
         frame = pl.DataFrame({PROMPT: list(prompts)}, schema={PROMPT: pl.String})
-        answered, report = self._run(
-            self.client._complete(frame, "{" + PROMPT + "}", self.model, cast(CallOptions, call))
-        )
+        answered, report = self._run(frame, cast(CallOptions, call))
         self._reports.append(report)
         self.waves += 1
         values = answered["answer"].to_list()
@@ -155,6 +162,20 @@ class Waves:
             statuses,
             errors,
         )
+
+    def _run(self, frame: pl.DataFrame, call: CallOptions) -> tuple[pl.DataFrame, RunReport]:
+        """One wave's job over ``frame``: on the client's loop, or in place."""
+        template = "{" + PROMPT + "}"
+        if self._in_place is None:
+            return self.client.run(self.client._complete(frame, template, self.model, call))
+        job = self.client._job(template, self.model, call, columns=frame.schema)
+        runtime = self._in_place
+
+        async def on_loop() -> tuple[pl.DataFrame, RunReport]:
+            return await run_frame(frame, job, await runtime.backend())
+
+        columns, report = runtime.run(on_loop())
+        return frame.hstack(columns.get_columns()), report
 
     def _spent(self) -> dict[str, float]:
         """What the waves so far spent, in each of a budget's measures."""

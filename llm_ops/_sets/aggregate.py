@@ -17,7 +17,7 @@ as ``max_tokens`` when it was cut there.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Unpack, overload
 
@@ -32,7 +32,7 @@ from .._report import RunReport
 from .._status import STATUS_DTYPE
 from ..exceptions import ConfigError
 from . import plans
-from ._waves import Answers, SetEstimate, SetOptions, Waves, priced
+from ._waves import Answers, InPlace, SetEstimate, SetOptions, Waves, priced
 
 DEFAULT_CONTEXT_TOKENS = 8192
 """The context assumed when the endpoint does not say (``/props``) and ``context_tokens=`` is
@@ -512,9 +512,10 @@ def _aggregate(
     return_report: bool,
     client: Client | None,
     options: Mapping[str, Any],
-    run: Callable[[Coroutine[Any, Any, Any]], Any] | None = None,
+    in_place: InPlace | None = None,
 ) -> Any:
-    """:func:`llm_aggregate`, its waves run by ``run`` (see :class:`~._waves.Waves`)."""
+    """:func:`llm_aggregate`, its waves run ``in_place`` when given (see
+    :class:`~._waves.Waves`)."""
     keys, order = _names(by), _names(order_by)
     _check(df, column, instruction, keys, order, context_tokens, max_tokens)
     columns = Columns(output)
@@ -526,7 +527,9 @@ def _aggregate(
         )
     frame = to_polars(df)
     grouped, values = _grouped(frame, column, keys, order)
-    with Waves("llm_aggregate", model=model, client=client, options=options, run=run) as waves:
+    with Waves(
+        "llm_aggregate", model=model, client=client, options=options, in_place=in_place
+    ) as waves:
         context, source = _context(waves, context_tokens)
         room = _room(
             instruction,
