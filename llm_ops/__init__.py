@@ -45,6 +45,7 @@ from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
+from ._sets.resolve import llm_resolve
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
 from ._wire import AsyncTransport, HttpAnswer, HttpRequest
@@ -127,6 +128,7 @@ __all__ = [
     "llm_embed",
     "llm_extract",
     "llm_filter",
+    "llm_resolve",
     "open_cache",
     "options_from_settings",
     "parse_duration",
