@@ -45,6 +45,7 @@ from ._pipeline.estimate import Estimate
 from ._pricing import PRICES, Price, parse_pricing
 from ._progress import Progress
 from ._report import LEVERS, ModelUsage, RunReport, Saving
+from ._sets import SetEstimate, SetOptions, estimate_set
 from ._sets.resolve import llm_resolve
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
@@ -114,6 +115,8 @@ __all__ = [
     "Sampling",
     "Saving",
     "SemanticCache",
+    "SetEstimate",
+    "SetOptions",
     "SettingsModel",
     "Status",
     "TemplateError",
@@ -121,6 +124,7 @@ __all__ = [
     "confidence_below",
     "default_cache_path",
     "estimate",
+    "estimate_set",
     "last_report",
     "llm_classify",
     "llm_complete",

@@ -32,12 +32,17 @@ from typing import Any
 
 from ._server import (
     FAULT_KINDS,
+    JUDGMENTS,
     PRESETS,
     Simulator,
     SimulatorConfig,
+    distinct_facts,
     embed,
     expected_reasoning,
     expected_reply,
+    facts_in,
+    latent_entity,
+    latent_score,
     media_tag,
     reply_for,
     serve,
@@ -47,13 +52,18 @@ from ._server import (
 __all__ = [
     "DEFAULT_PORT",
     "FAULT_KINDS",
+    "JUDGMENTS",
     "PRESETS",
     "LocalEndpoint",
     "Simulator",
     "SimulatorConfig",
+    "distinct_facts",
     "embed",
     "expected_reasoning",
     "expected_reply",
+    "facts_in",
+    "latent_entity",
+    "latent_score",
     "media_tag",
     "reply_for",
     "serve",
@@ -72,7 +82,8 @@ class LocalEndpoint:
     port
         Port to bind; 0 picks a free one.
     **config
-        Fields of :class:`SimulatorConfig`: ``latency``, ``rpm``, ``fault_rate``, ``api_key``, ...
+        Fields of :class:`SimulatorConfig`: ``latency``, ``rpm``, ``fault_rate``, ``api_key``,
+        ``judge_error``, ``context_tokens``, ...
     """
 
     name = "llm-ops-simulator"

@@ -65,6 +65,17 @@ rule of :func:`~llm_ops._media_tokens.image_tokens`, a PDF by its pages). Invali
 that are not an image, an image over ``SimulatorConfig.max_image_bytes``, a file that is not a
 PDF and an unknown part type are refused with HTTP 400, as OpenAI does.
 
+Texts may carry latent facts, ``[score=<number>]`` and ``[entity=<int>]`` (see
+:func:`facts_in`): a world with known truth for operators over sets of rows. A chat request
+whose last user message holds them is answered by a judge from the facts: a ``json_schema``
+with an ``answer`` boolean (a verdict), a ``better`` enum of two labels (a comparison), a
+``ranking`` array of integers or a ``choice`` enum is judged (see :func:`structured_reply`),
+and any other answer names the message's :func:`distinct_facts` (an aggregation, see
+:func:`reply_for`). ``SimulatorConfig.judge_error`` and ``position_bias`` make the judge err,
+deterministically per request; ``sim-embed`` places texts by their facts (:func:`embed`);
+``SimulatorConfig.context_tokens`` refuses what a llama.cpp slot cannot hold, and ``GET /props``
+reports it as llama.cpp does.
+
 With ``SimulatorConfig.step_base`` set, the simulator models a server with continuous batching
 (vLLM, TGI, llama.cpp, ``transformers serve``): at most ``slots`` requests decode together, a
 token each per step, and the rest queue, so its throughput rises with the requests in flight
@@ -245,6 +256,21 @@ class SimulatorConfig:
     max_image_bytes
         The largest image one ``image_url`` part may carry, decoded (OpenAI: 20 MB); a larger
         one is refused with HTTP 400 naming the limit.
+    judge_error
+        Probability that one judgment of the judge is wrong (a verdict flipped, a comparison or
+        choice answering another label, adjacent ranks swapped, an aggregation leaving a fact
+        out); see :func:`facts_in` and the module's documentation. Drawn from
+        sha256(``seed``, the request), so the same request always gets the same answer.
+    position_bias
+        Probability that a comparison answers its first label whatever the facts.
+    embed_noise
+        Weight of the word-bag part in the embedding of a text with latent facts.
+    context_tokens
+        Tokens one request may use: its prompt (the simulator's estimate) and its
+        ``max_tokens`` (16 when unset). Beyond it, HTTP 400 with llama.cpp's
+        ``exceed_context_size_error`` body; ``GET /props`` reports it as llama.cpp's per-slot
+        context (``default_generation_settings.n_ctx``). ``None`` (the default): no limit,
+        and ``/props`` is a 404, as on OpenAI.
     """
 
     latency: float = 0.0
@@ -292,6 +318,10 @@ class SimulatorConfig:
     reasoning_models: tuple[str, ...] = ("sim-think",)
     max_request_bytes: int = 64 * 2**20
     max_image_bytes: int = 20 * 2**20
+    judge_error: float = 0.0
+    position_bias: float = 0.0
+    embed_noise: float = 0.3
+    context_tokens: int | None = None
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
@@ -699,8 +729,95 @@ def _digest(messages: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(normalised, sort_keys=True).encode()).hexdigest()
 
 
+_FACT = re.compile(r"\[(?:score=([-+]?\d+(?:\.\d+)?)|entity=([-+]?\d+))\]")
+"""A latent fact: ``[score=<number>]`` (how good an item is) or ``[entity=<int>]`` (which
+real-world thing a text is about)."""
+JUDGMENTS = ("verdict", "comparison", "ranking", "choice", "aggregation")
+"""The judge's kinds of judgment, as ``stats()["judged"]`` counts them."""
+
+
+def facts_in(text: str) -> dict[str, list[Any]]:
+    """The latent facts of a text, by kind and in order of appearance: what the simulator's
+    judge answers from. The k-th fact of a kind is item k of a comparison, ranking or choice.
+
+    Examples
+    --------
+    >>> facts_in("a coat [entity=3] rated [score=0.9], a hat [score=0.25]")
+    {'score': [0.9, 0.25], 'entity': [3]}
+    >>> facts_in("no facts here")
+    {'score': [], 'entity': []}
+    """
+    found: dict[str, list[Any]] = {"score": [], "entity": []}
+    for score, entity in _FACT.findall(text):
+        if score:
+            found["score"].append(float(score))
+        else:
+            found["entity"].append(int(entity))
+    return found
+
+
+def latent_score(text: str) -> float | None:
+    """The text's first ``[score=...]`` fact, ``None`` without one.
+
+    Examples
+    --------
+    >>> latent_score("a fine coat [score=0.8]"), latent_score("a coat")
+    (0.8, None)
+    """
+    scores = facts_in(text)["score"]
+    return scores[0] if scores else None
+
+
+def latent_entity(text: str) -> int | None:
+    """The text's first ``[entity=...]`` fact, ``None`` without one.
+
+    Examples
+    --------
+    >>> latent_entity("Acme Inc. [entity=7]"), latent_entity("Acme Inc.")
+    (7, None)
+    """
+    entities = facts_in(text)["entity"]
+    return entities[0] if entities else None
+
+
+def distinct_facts(text: str) -> list[str]:
+    """The text's distinct facts as written, in order of first appearance: what the judge's
+    aggregation of the text names (so a fold is right when its answer names each of these).
+
+    Examples
+    --------
+    >>> distinct_facts("[entity=3] red [score=0.5] and [entity=3] blue")
+    ['[entity=3]', '[score=0.5]']
+    """
+    return list(dict.fromkeys(match.group(0) for match in _FACT.finditer(text)))
+
+
+def _without_facts(text: str) -> str:
+    return _FACT.sub(" ", text)
+
+
+def _draws(seed: int, digest: str, model: str, schema: Any = None) -> random.Random:
+    """The judge's randomness for one request: the same request (messages, model, schema)
+    always draws the same, distinct ones independently."""
+    key = json.dumps([seed, digest, model, schema], sort_keys=True)
+    return random.Random(hashlib.sha256(key.encode()).digest())
+
+
+def _aggregation(facts: list[str], draws: random.Random, judge_error: float) -> list[str]:
+    """The facts an aggregation names: all, or all but one with probability ``judge_error``."""
+    if facts and draws.random() < judge_error:
+        facts = facts[:]
+        facts.pop(draws.randrange(len(facts)))
+    return facts
+
+
 def reply_for(
-    messages: list[dict[str, Any]], *, model: str, max_tokens: int | None = None
+    messages: list[dict[str, Any]],
+    *,
+    model: str,
+    max_tokens: int | None = None,
+    judge_error: float = 0.0,
+    seed: int = 0,
 ) -> tuple[str, str, int]:
     """The simulator's answer: ``(text, finish_reason, completion_tokens)``.
 
@@ -711,19 +828,44 @@ def reply_for(
     every tag, even those the cut to :data:`REPLY_WORDS` words would drop, so it always names
     the media it was asked about.
 
+    A last user message with latent facts is aggregated instead: the answer names its
+    :func:`distinct_facts`, all of them (not cut to :data:`REPLY_WORDS`), leaving one out
+    with probability ``judge_error`` (drawn from ``seed`` and the request).
+
     Raises
     ------
     ValueError
         For content parts the simulator refuses (an unknown type, an invalid image or PDF).
+
+    Examples
+    --------
+    >>> message = {"role": "user", "content": "Sum up: [score=0.9] ok, [entity=2]"}
+    >>> reply_for([message], model="sim")
+    ('sim #0662b1f1: [score=0.9] [entity=2]', 'stop', 4)
     """
-    return _reply_for(_normalise(messages), model=model, max_tokens=max_tokens)
+    return _reply_for(
+        _normalise(messages), model=model, max_tokens=max_tokens, judge_error=judge_error, seed=seed
+    )
 
 
-def _reply_for(prompt: _Prompt, *, model: str, max_tokens: int | None) -> tuple[str, str, int]:
-    said = _user_text(prompt.messages).split()
-    # the tags end the text: those the cut drops come after it, so none goes unanswered
-    echoed = said[:REPLY_WORDS] + said[max(REPLY_WORDS, len(said) - prompt.echoed_tags) :]
-    words = [f"{model}", f"#{_digest(prompt.messages)[:8]}:", *echoed]
+def _reply_for(
+    prompt: _Prompt,
+    *,
+    model: str,
+    max_tokens: int | None,
+    judge_error: float = 0.0,
+    seed: int = 0,
+) -> tuple[str, str, int]:
+    text = _user_text(prompt.messages)
+    digest = _digest(prompt.messages)
+    facts = distinct_facts(text)
+    if facts:
+        echoed = _aggregation(facts, _draws(seed, digest, model), judge_error)
+    else:
+        said = text.split()
+        # the tags end the text: those the cut drops come after it, so none goes unanswered
+        echoed = said[:REPLY_WORDS] + said[max(REPLY_WORDS, len(said) - prompt.echoed_tags) :]
+    words = [f"{model}", f"#{digest[:8]}:", *echoed]
     if max_tokens is not None and len(words) > max_tokens:
         return " ".join(words[:max_tokens]), "length", max_tokens
     return " ".join(words), "stop", len(words)
@@ -735,6 +877,10 @@ def structured_reply(
     *,
     broken: str | None = None,
     unsure: bool = False,
+    model: str = "",
+    judge_error: float = 0.0,
+    position_bias: float = 0.0,
+    seed: int = 0,
 ) -> str:
     """The simulator's JSON answer for a ``json_schema`` response format.
 
@@ -742,20 +888,155 @@ def structured_reply(
     a digest of the messages, arrays hold two items; a number field named ``confidence`` is
     0.9, or 0.2 when ``unsure``. ``broken="json"`` answers prose instead of JSON,
     ``broken="schema"`` an empty object, ``broken="enum"`` a choice no ``enum`` lists.
+
+    When the last user message holds latent facts (:func:`facts_in`), the judge answers: a
+    property ``answer`` (boolean), ``better`` (an enum of two labels), ``ranking`` (an array
+    of integers) or ``choice`` (an enum) is judged from the facts, and string fields hold the
+    message's :func:`distinct_facts`. ``judge_error`` and ``position_bias`` are the
+    probabilities of a wrong judgment and of a comparison answering its first label, drawn
+    from ``seed``, the messages, ``model`` and ``schema``.
+
+    Examples
+    --------
+    >>> better = {"type": "object", "properties": {"better": {"enum": ["A", "B"]}}}
+    >>> pair = [{"role": "user", "content": "A: [score=0.2] B: [score=0.7]"}]
+    >>> structured_reply(pair, better)
+    '{"better": "B"}'
     """
+    return _structured_reply(
+        messages,
+        schema,
+        broken=broken,
+        unsure=unsure,
+        model=model,
+        judge_error=judge_error,
+        position_bias=position_bias,
+        seed=seed,
+    )[0]
+
+
+def _structured_reply(
+    messages: list[dict[str, Any]],
+    schema: dict[str, Any],
+    *,
+    broken: str | None = None,
+    unsure: bool = False,
+    model: str = "",
+    judge_error: float = 0.0,
+    position_bias: float = 0.0,
+    seed: int = 0,
+) -> tuple[str, str | None]:
+    """The JSON answer and the kind of judgment it is (``None``: not judged)."""
     if broken == "json":
-        return "Sure! Here is the JSON you asked for."
+        return "Sure! Here is the JSON you asked for.", None
     if broken == "schema":
-        return "{}"
-    words = _user_text(messages).split()[:3]
-    number = int(_digest(messages)[:8], 16)
-    answer = _instance(schema, schema, " ".join(words) or "text", number, broken == "enum")
+        return "{}", None
+    said = _user_text(messages)
+    digest = _digest(messages)
+    number = int(digest[:8], 16)
+    facts = distinct_facts(said) if broken is None else []
+    asked = _judgment_asked(schema)
+    draws = _draws(seed, digest, model, schema)
+    kind: str | None = None
+    judged: tuple[Any] | None = None
+    text = " ".join(said.split()[:3]) or "text"
+    if facts and asked is None:  # any other schema: its strings aggregate the facts
+        kind, text = "aggregation", " ".join(_aggregation(facts, draws, judge_error))
+    elif facts and asked is not None:
+        judged = _judge(*asked, facts_in(said), draws, judge_error, position_bias)
+        if judged is not None:  # else the facts it needs are missing: answered as before
+            kind, text = asked[0], " ".join(facts)
+    answer = _instance(schema, schema, text, number, broken == "enum")
+    if asked is not None and judged is not None and isinstance(answer, dict):
+        answer[_JUDGED_PROPERTY[asked[0]]] = judged[0]
     if (
         isinstance(answer, dict)
         and schema.get("properties", {}).get("confidence", {}).get("type") == "number"
     ):
         answer["confidence"] = 0.2 if unsure else 0.9
-    return json.dumps(answer)
+    return json.dumps(answer), kind
+
+
+def _resolved(node: Any, root: dict[str, Any]) -> dict[str, Any]:
+    """A schema node with its ``$ref`` followed and a nullable ``anyOf`` unwrapped."""
+    while isinstance(node, dict) and "$ref" in node:
+        target: Any = root
+        for part in node["$ref"][2:].split("/"):
+            target = target[part]
+        node = target
+    if not isinstance(node, dict):
+        return {}
+    options = node.get("anyOf") or node.get("oneOf")
+    if options:
+        usable = [o for o in options if o.get("type") != "null"] or options
+        return _resolved(usable[0], root)
+    return node
+
+
+_JUDGED_PROPERTY = {
+    "verdict": "answer",
+    "comparison": "better",
+    "ranking": "ranking",
+    "choice": "choice",
+}
+"""The property of a ``json_schema`` whose presence asks the judge for each judgment."""
+
+
+def _judgment_asked(schema: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The judgment a schema asks for, with its property's node; ``None``: no judgment."""
+    root = _resolved(schema, schema)
+    properties = root.get("properties") or {}
+    for kind, name in _JUDGED_PROPERTY.items():
+        node = _resolved(properties.get(name), schema)
+        labels = node.get("enum")
+        integers = _resolved(node.get("items"), schema).get("type") == "integer"
+        if (
+            (kind == "verdict" and node.get("type") == "boolean")
+            or (kind == "comparison" and isinstance(labels, list) and len(labels) >= 2)
+            or (kind == "choice" and isinstance(labels, list) and labels)
+            or (kind == "ranking" and node.get("type") == "array" and integers)
+        ):
+            return kind, node
+    return None
+
+
+def _judge(
+    kind: str,
+    node: dict[str, Any],
+    facts: dict[str, list[Any]],
+    draws: random.Random,
+    judge_error: float,
+    position_bias: float,
+) -> tuple[Any] | None:
+    """The judged property's value (in a 1-tuple), from the facts; ``None`` when the
+    facts this judgment needs are missing."""
+    scores, entities = facts["score"], facts["entity"]
+    if kind == "verdict" and (len(entities) >= 2 or scores):
+        verdict = entities[0] == entities[1] if len(entities) >= 2 else scores[0] >= 0.5
+        return (verdict != (draws.random() < judge_error),)
+    if kind == "comparison" and len(scores) >= 2:
+        first, second = node["enum"][0], node["enum"][1]
+        if draws.random() < position_bias:
+            return (first,)
+        right, wrong = (first, second) if scores[0] >= scores[1] else (second, first)
+        return (wrong if draws.random() < judge_error else right,)
+    if kind == "ranking" and scores:
+        order = sorted(range(1, len(scores) + 1), key=lambda item: -scores[item - 1])
+        for i in range(len(order) - 1):  # one pass of noisy adjacent swaps
+            if draws.random() < judge_error:
+                order[i], order[i + 1] = order[i + 1], order[i]
+        return (order,)
+    if kind == "choice" and len(entities) >= 2:
+        labels = node["enum"]
+        options = [label for label in labels if label != "none"]
+        query, candidates = entities[0], entities[1 : 1 + len(options)]
+        matching = [label for label, e in zip(options, candidates, strict=False) if e == query]
+        right = matching[0] if matching else ("none" if "none" in labels else labels[0])
+        others = [label for label in labels if label != right]
+        if others and draws.random() < judge_error:
+            right = others[draws.randrange(len(others))]
+        return (right,)
+    return None
 
 
 def _instance(
@@ -795,20 +1076,55 @@ def _instance(
     return text
 
 
-def embed(text: str, dimensions: int = 256) -> list[float]:
-    """The simulator's embedding: a normalised hashed bag of words, so texts sharing words
-    have similar vectors (cosine similarity is about the share of words in common) and texts
-    that share none are near orthogonal. Each word adds a sign at eight hashed positions, so two
-    different words rarely look alike even in few dimensions."""
+def embed(text: str, dimensions: int = 256, *, noise: float = 0.3) -> list[float]:
+    """The simulator's embedding (``sim-embed``): a normalised hashed bag of words, so texts
+    sharing words have similar vectors (cosine similarity is about the share of words in
+    common) and texts that share none are near orthogonal. Each word adds a sign at eight
+    hashed positions, so two different words rarely look alike even in few dimensions.
+
+    A text with latent facts (:func:`facts_in`) is embedded by its first one, plus ``noise``
+    times the bag of its other words (``SimulatorConfig.embed_noise``): with
+    ``[entity=k]``, the hashed vector of the single token ``entity-k``, so texts about one
+    entity lie near each other; else with ``[score=s]``, ``s`` times the embedding of
+    ``best``, so the cosine to ``embed("best")`` follows the scores (more exactly the
+    smaller ``noise``).
+
+    Examples
+    --------
+    >>> def cosine(a, b):
+    ...     return round(sum(x * y for x, y in zip(a, b)), 2)
+    >>> cosine(embed("Acme [entity=1]"), embed("ACME Inc. [entity=1]")) > 0.9
+    True
+    >>> cosine(embed("Acme [entity=1]"), embed("Acme [entity=2]")) < 0.3
+    True
+    """
+    facts = facts_in(text)
+    if not facts["entity"] and not facts["score"]:
+        return _normalised(_bag(re.findall(r"\w+", text.lower()), dimensions))
+    if facts["entity"]:
+        anchor = _normalised(_bag([f"entity-{facts['entity'][0]}"], dimensions))
+    else:
+        anchor = [facts["score"][0] * v for v in embed("best", dimensions)]
+    words = re.findall(r"\w+", _without_facts(text).lower())
+    rest = _normalised(_bag(words, dimensions)) if words else [0.0] * dimensions
+    return _normalised([a + noise * r for a, r in zip(anchor, rest, strict=True)])
+
+
+def _bag(words: list[str], dimensions: int) -> list[float]:
     vector = [0.0] * dimensions
-    for word in re.findall(r"\w+", text.lower()):
+    for word in words:
         digest = hashlib.sha256(word.encode()).digest()
         for i in range(0, 32, 4):
             position = int.from_bytes(digest[i : i + 4], "big")
             vector[position % dimensions] += 1.0 if position & 1 << 31 else -1.0
+    return vector
+
+
+def _normalised(vector: list[float]) -> list[float]:
     norm = math.sqrt(sum(v * v for v in vector))
     if norm == 0:
-        vector[0], norm = 1.0, 1.0
+        vector, norm = [0.0] * len(vector), 1.0
+        vector[0] = 1.0
     return [v / norm for v in vector]
 
 
@@ -941,6 +1257,7 @@ class Simulator:
         self.embedding_requests = 0
         self.embedding_inputs = 0
         self.media_parts = 0
+        self.judged: Counter[str] = Counter({kind: 0 for kind in JUDGMENTS})
         self.cancelled = 0
         # the TCP connections requests came on (by the client's address and port): a client
         # with one keep-alive pool opens no more than it has requests in flight at once
@@ -971,6 +1288,7 @@ class Simulator:
             "embedding_requests": self.embedding_requests,
             "embedding_inputs": self.embedding_inputs,
             "media_parts": self.media_parts,
+            "judged": dict(self.judged),
             **self.batch_api.stats(),
             "config": asdict(self.config),
         }
@@ -985,6 +1303,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/props", self.props)
         app.router.add_get("/_sim/stats", self.get_stats)
         app.router.add_post("/_sim/reset", self.post_reset)
         app.router.add_post("/_sim/config", self.post_config)
@@ -1076,10 +1395,36 @@ class Simulator:
                 "object": "list",
                 "model": body.get("model"),
                 "data": [
-                    {"object": "embedding", "index": i, "embedding": embed(str(t), dimensions)}
+                    {
+                        "object": "embedding",
+                        "index": i,
+                        "embedding": embed(str(t), dimensions, noise=self.config.embed_noise),
+                    }
                     for i, t in enumerate(inputs)
                 ],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def props(self, request: web.Request) -> web.Response:
+        """llama.cpp's ``GET /props`` (the fields a client reads), when the config sets a
+        context; a 404 otherwise, as on servers without it (OpenAI's)."""
+        if not self._authorised(request):
+            return _error(401, "Invalid API Key", "authentication_error")
+        context = self.config.context_tokens
+        if context is None:
+            return _error(404, "File Not Found", "not_found_error")
+        return web.json_response(
+            {
+                "default_generation_settings": {
+                    "params": {"n_predict": -1, "max_tokens": -1},
+                    "n_ctx": context,
+                },
+                "total_slots": self.config.slots or 1,
+                "model_alias": self.config.models[0] if self.config.models else "sim",
+                "model_path": "llm-ops-simulator",
+                "modalities": {"vision": False, "video": False, "audio": False},
+                "build_info": "llm-ops-simulator",
             }
         )
 
@@ -1123,7 +1468,12 @@ class Simulator:
         answers = [
             {
                 "id": str(n),
-                "answer": reply_for([*system, {"role": "user", "content": item}], model=model)[0],
+                "answer": reply_for(
+                    [*system, {"role": "user", "content": item}],
+                    model=model,
+                    judge_error=self.config.judge_error,
+                    seed=self.config.seed,
+                )[0],
             }
             for n, item in enumerate(items, 1)
         ]
@@ -1308,7 +1658,10 @@ class Simulator:
             prompt,
             model=model,
             max_tokens=body.get("max_completion_tokens" if reasoning else "max_tokens"),
+            judge_error=self.config.judge_error,
+            seed=self.config.seed,
         )
+        judged = ["aggregation"] if _FACT.search(text) else []
         if unsure:
             reply, completion_tokens = f"unsure: {reply}", completion_tokens + 1
         response_format = body.get("response_format") or {}
@@ -1316,19 +1669,28 @@ class Simulator:
         if packed is not None:
             reply = self._pack_reply(messages, packed, model)
             completion_tokens = len(reply.split())
+            judged = ["aggregation" for item in packed if _FACT.search(item)]
         elif response_format.get("type") == "json_schema":
-            reply = structured_reply(
+            reply, kind = _structured_reply(
                 messages,
                 response_format["json_schema"]["schema"],
                 broken=directives.get("invalid"),
                 unsure=unsure,
+                model=model,
+                judge_error=self.config.judge_error,
+                position_bias=self.config.position_bias,
+                seed=self.config.seed,
             )
             completion_tokens = len(reply.split())
+            judged = [kind] if kind is not None else []
         if self.config.step_base is not None:
             completion_tokens = self._answer_tokens(body, directives)
         reasoning_tokens = REASONING_TOKENS_PER_TOKEN * completion_tokens if reasoning else 0
         completion_tokens += reasoning_tokens  # billed as output, as OpenAI counts them
         prompt_tokens = _estimate_tokens(messages) + sum(m.tokens(model) for m in prompt.media)
+        over = self._over_context(prompt_tokens, body)
+        if over is not None:
+            return over
         blocks = PrefixCache.blocks(messages, model) if self.prefix_cache.capacity else []
         cached_tokens = min(prompt_tokens, self.prefix_cache.cached_tokens(blocks))
         latency = float(directives.get("latency", self.config.latency))
@@ -1344,6 +1706,7 @@ class Simulator:
             blocks=blocks,
             budget_tokens=body.get("max_tokens") or completion_tokens,
             latency=latency,
+            judged=judged,
         )
         if "status" in directives:
             status = int(directives["status"])
@@ -1416,6 +1779,27 @@ class Simulator:
         answer.digest, answer.completion_tokens = digest, completion_tokens
         return answer
 
+    def _over_context(self, prompt_tokens: int, body: dict[str, Any]) -> _Reply | None:
+        """llama.cpp's 400 for a request its context cannot hold: here its prompt and its
+        ``max_tokens`` (16 when unset) over ``context_tokens``."""
+        context = self.config.context_tokens
+        cap = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        wanted = prompt_tokens + (cap if isinstance(cap, int) and cap > 0 else 16)
+        if context is None or wanted <= context:
+            return None
+        message = (
+            f"request ({wanted} tokens) exceeds the available context size "
+            f"({context} tokens), try increasing it"
+        )
+        error = {
+            "code": 400,
+            "message": message,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt_tokens,
+            "n_ctx": context,
+        }
+        return _Reply(400, {"error": error}, bad_body=True)
+
     def _answer_tokens(self, body: dict[str, Any], directives: dict[str, str]) -> int:
         """The tokens of an answer under the batching model: the decode steps it needs."""
         cap = body.get("max_tokens") or body.get("max_completion_tokens")
@@ -1451,6 +1835,7 @@ class Simulator:
         self.prompt_tokens += reply.prompt_tokens
         self.cached_tokens += reply.cached_tokens
         self.completion_tokens += reply.completion_tokens
+        self.judged.update(reply.judged)
         self.prefix_cache.insert(reply.blocks)
 
 
@@ -1471,6 +1856,7 @@ class _Reply:
     headers: dict[str, str] = field(default_factory=dict)
     raw: bytes | None = None  # a body to send as it is, instead of ``body`` as JSON
     chunked: bool = False  # send ``body`` without a Content-Length
+    judged: list[str] = field(default_factory=list)  # the judgments it makes (JUDGMENTS)
 
     def failing(self, status: int, message: str, kind: str) -> _Reply:
         self.status, self.body = status, _error_body(message, kind)
