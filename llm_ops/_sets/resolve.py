@@ -68,6 +68,11 @@ VERDICT_TOKENS = 6
 CHECK_ROUNDS = 3
 """At most this many waves of extra checks: each round's merges may call for new checks, and
 noisy verdicts must not keep the operator asking."""
+FLOOR = 2
+"""Each value's nearest pairs checked whatever the threshold: two, so a value whose every
+other pair falls below it still has the two links a merge needs."""
+CONFIDENCE = 0.05
+"""The chance the learned threshold may leave the recall below its target."""
 CHUNK = 1024
 """Rows of the similarity matrix computed at a time (a 5,000-row frame needs no 100 MB)."""
 
@@ -107,6 +112,7 @@ class Clusters:
     similarity: Mapping[Pair, float] = field(default_factory=dict)
     parent: list[int] = field(init=False)
     members: dict[int, list[int]] = field(init=False)
+    rechecked: set[Pair] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.parent = list(range(self.size))
@@ -139,10 +145,17 @@ class Clusters:
             if not asked:
                 break
             pairs = [pair for pair, _ in asked]
-            for pair, verdict in zip(pairs, check(pairs), strict=True):
-                if verdict is not None:
+            for (i, j), verdict in zip(pairs, check(pairs), strict=True):
+                pair = (min(i, j), max(i, j))
+                if (j, i) == pair:
+                    self.rechecked.add(pair)
+                    if verdict:  # two matches and a match asked again outvote one non-match
+                        self.verdicts[pair] = verdict
+                        self._merge_triangles()
+                elif verdict is not None:
                     self.verdicts[pair] = verdict
-            for pair, link in asked:
+            for (i, j), link in asked:
+                pair = (min(i, j), max(i, j))
                 if self.verdicts.get(pair) is True and self.find(link[0]) != self.find(link[1]):
                     self.union(*link)
             self._merge_supported()
@@ -150,14 +163,41 @@ class Clusters:
         self._merge_supported()
 
     def _merge_triangles(self) -> None:
+        """Join the two items of each match a third item confirms (it matches both), the
+        best confirmed first (more third items confirm it than contradict it: match one and
+        not the other); once either item is in a cluster of two or more, only if the
+        clusters have more matches than non-matches between them, so an item with wrong
+        matches to another entity does not carry its own cluster over."""
         matched: dict[int, set[int]] = defaultdict(set)
+        unmatched: dict[int, set[int]] = defaultdict(set)
         for (i, j), verdict in self.verdicts.items():
-            if verdict:
-                matched[i].add(j)
-                matched[j].add(i)
-        for (i, j), verdict in sorted(self.verdicts.items()):
-            if verdict and matched[i] & matched[j]:
-                self.union(i, j)
+            (matched if verdict else unmatched)[i].add(j)
+            (matched if verdict else unmatched)[j].add(i)
+        confirmed: list[tuple[int, Pair]] = []
+        for (i, j), verdict in self.verdicts.items():
+            confirm = len(matched[i] & matched[j]) if verdict else 0
+            if confirm:
+                contradict = len(matched[i] & unmatched[j]) + len(matched[j] & unmatched[i])
+                confirmed.append((contradict - confirm, (i, j)))
+        for _, (i, j) in sorted(confirmed):
+            a, b = self.find(i), self.find(j)
+            if a == b:
+                continue
+            if len(self.members[a]) > 1 or len(self.members[b]) > 1:
+                yes, no = self._count(a, b)
+                if yes <= no:
+                    continue
+            self.union(a, b)
+
+    def _count(self, a: int, b: int) -> tuple[int, int]:
+        """Matches and non-matches between the clusters of roots ``a`` and ``b``."""
+        yes = no = 0
+        for i in self.members[a]:
+            for j in self.members[b]:
+                verdict = self.verdicts.get((min(i, j), max(i, j)))
+                if verdict is not None:
+                    yes, no = (yes + 1, no) if verdict else (yes, no + 1)
+        return yes, no
 
     def _between(self) -> dict[Pair, list[int]]:
         """Between each two checked clusters (by roots): their matches, non-matches, and
@@ -198,7 +238,28 @@ class Clusters:
             pair = (min(left, right), max(left, right))
             if pair not in self.verdicts and pair != link:
                 wanted.setdefault(pair, link)
+        for pair, link in self._wedges():
+            wanted.setdefault(pair, link)
         return list(wanted.items())
+
+    def _wedges(self) -> list[tuple[Pair, Pair]]:
+        """Lone items a, c both matching a lone item b while a and c were checked not to
+        match: one of the three verdicts is wrong. Each such pair is asked again the other
+        way round (record 2 first: a request of its own, so an answer of its own), with the
+        link a-b it would confirm."""
+        lone_matches: dict[int, list[int]] = defaultdict(list)
+        for (i, j), verdict in self.verdicts.items():
+            if verdict and len(self.members[self.find(i)]) == 1 == len(self.members[self.find(j)]):
+                lone_matches[i].append(j)
+                lone_matches[j].append(i)
+        found: list[tuple[Pair, Pair]] = []
+        for b, partners in sorted(lone_matches.items()):
+            if len(partners) != 2:
+                continue
+            a, c = sorted(partners)
+            if self.verdicts.get((a, c)) is False and (a, c) not in self.rechecked:
+                found.append(((c, a), (min(a, b), max(a, b))))
+        return found
 
     def _representative(self, root: int, *, avoid: Pair) -> int:
         """The cluster's smallest item not in the link it should confirm (when it has one)."""
@@ -266,13 +327,43 @@ def stratified_sample(pool: Mapping[Pair, float], size: int, seed: int) -> list[
 def recall_threshold(
     pool: Mapping[Pair, float], matches: Sequence[Pair], target_recall: float
 ) -> float:
-    """The similarity at or above which ``target_recall`` of ``matches`` lie (``-inf``: with
-    no match to learn from, every pair is kept)."""
+    """The similarity at or above which the pool's matches hold ``target_recall``, with 95%
+    confidence, as far as the sample's ``matches`` tell: the ``k``-th least similar of them,
+    ``k`` the most misses that would be unlikely (5% or less) were the recall no better than
+    the target; with too few matches for that, the least similar one. ``-inf`` (every pair
+    kept) with no match to learn from."""
     if not matches:
         return -math.inf
     similarities = sorted(pool[pair] for pair in matches)
-    missed = math.floor((1.0 - target_recall) * len(similarities))
+    n, miss = len(similarities), 1.0 - target_recall
+    missed, below = 0, (1.0 - miss) ** n  # P[Binomial(n, miss) <= k], k = 0
+    while missed + 1 < n and miss > 0:
+        below += math.comb(n, missed + 1) * miss ** (missed + 1) * (1 - miss) ** (n - missed - 1)
+        if below > CONFIDENCE:
+            break
+        missed += 1
     return similarities[missed]
+
+
+def nearest_pairs(pool: Mapping[Pair, float], r: int) -> set[Pair]:
+    """Each item's ``r`` most similar pairs of the pool."""
+    of_item: dict[int, list[Pair]] = defaultdict(list)
+    for pair in pool:
+        of_item[pair[0]].append(pair)
+        of_item[pair[1]].append(pair)
+    return {
+        pair
+        for pairs in of_item.values()
+        for pair in sorted(pairs, key=lambda p: (-pool[p], p))[:r]
+    }
+
+
+def _above(
+    pool: Mapping[Pair, float], threshold: float, floor: set[Pair], *, skip: set[Pair]
+) -> list[Pair]:
+    """The pool's pairs to judge after the sample: at or above the threshold, or among an
+    item's nearest (``floor``), so no item is left unchecked by the threshold alone."""
+    return [p for p in sorted(pool) if (pool[p] >= threshold or p in floor) and p not in skip]
 
 
 # -- the operator -------------------------------------------------------------------------
@@ -421,8 +512,7 @@ class _Resolver:
                     verdicts[pair] = verdict
             matches = [pair for pair in sampled if verdicts.get(pair)]
             threshold = recall_threshold(pool, matches, self.target_recall)
-            chosen = set(sampled)
-            pairs = [p for p in sorted(pool) if pool[p] >= threshold and p not in chosen]
+            pairs = _above(pool, threshold, nearest_pairs(pool, FLOOR), skip=set(sampled))
         for pair, verdict in zip(pairs, self.judge(pairs), strict=True):
             if verdict is not None:
                 verdicts[pair] = verdict
@@ -755,8 +845,7 @@ def _guessed_waves(
     sampled = stratified_sample(pool, sample, seed)
     matches = [pair for pair in sampled if pool[pair] >= guess]
     threshold = recall_threshold(pool, matches, target_recall)
-    kept = set(sampled)
-    rest = [p for p in sorted(pool) if pool[p] >= threshold and p not in kept]
+    rest = _above(pool, threshold, nearest_pairs(pool, FLOOR), skip=set(sampled))
     asked = [sampled, rest]
     verdicts = {pair: pool[pair] >= guess for pair in sampled + rest}
 
