@@ -7,11 +7,12 @@ Judging every pair of N rows costs N(N-1)/2 calls. The blocked plan asks about f
 2. **A threshold for the target recall** (as DocETL's resolve): ``sample`` pairs of the pool,
    one from each of ``sample`` strata of equal size in similarity order (so the sample is
    spread over the whole pool and is unweighted), are judged first; the threshold is the
-   similarity above which ``target_recall`` of the sample's matches lie. The pool's pairs at
-   or above it are judged, in one wave.
+   similarity above which ``target_recall`` of the pool's matches lie with 95% confidence,
+   as far as the sample's matches tell. The pool's pairs at or above it, and each value's two
+   nearest, are judged, in one wave.
 3. **Clustering that never trusts one link.** The verdicts are joined by a union-find whose
    merges each need corroboration (:class:`Clusters`): a link inside a triangle of matches, two
-   clusters with at least two matches between them (and more matches than non-matches), or,
+   clusters with at least two matches between them (more than twice their non-matches), or,
    with one match, a second check of two other rows of the two clusters (an extra call, in a
    wave of its own); a pair of lone rows is joined by its one link only when neither row has
    another unrefuted match. So a single wrong "yes" never joins two entities each of whose
@@ -85,6 +86,12 @@ def pair_prompt(left: str, right: str) -> str:
 # -- clustering ---------------------------------------------------------------------------
 
 
+def outvoted(yes: int, no: int) -> bool:
+    """Whether ``yes`` matches outvote ``no`` non-matches between two clusters: two for each
+    one, so two wrong matches against one right non-match do not merge them."""
+    return yes > 2 * no
+
+
 @dataclass
 class Clusters:
     """A union-find over ``size`` items whose merges each need corroboration.
@@ -99,7 +106,7 @@ class Clusters:
     both. Each merge needs a second piece of evidence that a single wrong link cannot supply:
 
     * a triangle: items i, j, k with all three pairs matching (two wrong links across X, Y);
-    * two clusters with at least two matches between them, more matches than non-matches;
+    * two clusters with at least two matches between them, more than twice their non-matches;
     * two clusters, one of them of two or more items, with one match and no non-match between
       them, and a second check of two other items of theirs that matches (that check is
       right, so across X and Y it says no);
@@ -166,7 +173,7 @@ class Clusters:
         """Join the two items of each match a third item confirms (it matches both), the
         best confirmed first (more third items confirm it than contradict it: match one and
         not the other); once either item is in a cluster of two or more, only if the
-        clusters have more matches than non-matches between them, so an item with wrong
+        clusters' matches outvote their non-matches (:func:`outvoted`), so an item with wrong
         matches to another entity does not carry its own cluster over."""
         matched: dict[int, set[int]] = defaultdict(set)
         unmatched: dict[int, set[int]] = defaultdict(set)
@@ -183,10 +190,9 @@ class Clusters:
             a, b = self.find(i), self.find(j)
             if a == b:
                 continue
-            if len(self.members[a]) > 1 or len(self.members[b]) > 1:
-                yes, no = self._count(a, b)
-                if yes <= no:
-                    continue
+            grown = len(self.members[a]) > 1 or len(self.members[b]) > 1
+            if grown and not outvoted(*self._count(a, b)):
+                continue
             self.union(a, b)
 
     def _count(self, a: int, b: int) -> tuple[int, int]:
@@ -219,7 +225,7 @@ class Clusters:
             merged = False
             for (a, b), (yes, no, _, _) in sorted(self._between().items()):
                 unchanged = self.find(a) == a and self.find(b) == b  # else its counts are stale
-                if yes >= 2 and yes > no and unchanged:
+                if yes >= 2 and outvoted(yes, no) and unchanged:
                     self.union(a, b)
                     merged = True
             if not merged:
@@ -683,7 +689,7 @@ def llm_resolve(
 
     Either way the verdicts are joined by a union-find that never merges two clusters on one
     unverified link: a merge needs a triangle of matches, two matches between the clusters
-    (more than their non-matches), or one match and a second check of two other rows of
+    (more than twice their non-matches), or one match and a second check of two other rows of
     theirs (an extra call); two lone rows are joined by their one match only when neither has
     another unrefuted match. So one wrong "yes" never joins two entities each of whose rows
     is matched to another row of its own (see :class:`llm_ops._sets.resolve.Clusters`).
