@@ -175,11 +175,7 @@ class Clusters:
         not the other); once either item is in a cluster of two or more, only if the
         clusters' matches outvote their non-matches (:func:`outvoted`), so an item with wrong
         matches to another entity does not carry its own cluster over."""
-        matched: dict[int, set[int]] = defaultdict(set)
-        unmatched: dict[int, set[int]] = defaultdict(set)
-        for (i, j), verdict in self.verdicts.items():
-            (matched if verdict else unmatched)[i].add(j)
-            (matched if verdict else unmatched)[j].add(i)
+        matched, unmatched = self._neighbourhoods()
         confirmed: list[tuple[int, Pair]] = []
         for (i, j), verdict in self.verdicts.items():
             confirm = len(matched[i] & matched[j]) if verdict else 0
@@ -273,13 +269,20 @@ class Clusters:
         return min(others) if others else min(self.members[root])
 
     def _merge_lone_pairs(self) -> None:
-        """Join two lone items by their one match when neither has another match that no
-        non-match between their clusters refutes."""
+        """Join two lone items by their one match when neither has another open match: one
+        that no non-match between their clusters refutes, and that third items do not
+        contradict (two or more, and more than confirm it; one wrong match contradicts a
+        right one through one item only)."""
         between = self._between()
+        matched, unmatched = self._neighbourhoods()
         open_links: dict[int, list[int]] = defaultdict(list)
         for (i, j), verdict in self.verdicts.items():
             a, b = self.find(i), self.find(j)
-            if verdict and a != b and between[(min(a, b), max(a, b))][1] == 0:
+            if not verdict or a == b or between[(min(a, b), max(a, b))][1]:
+                continue
+            confirm = len(matched[i] & matched[j])
+            contradict = len(matched[i] & unmatched[j]) + len(matched[j] & unmatched[i])
+            if contradict < 2 or contradict <= confirm:
                 open_links[i].append(j)
                 open_links[j].append(i)
         for i, partners in sorted(open_links.items()):
@@ -289,6 +292,15 @@ class Clusters:
             lone = len(self.members[self.find(i)]) == 1 and len(self.members[self.find(j)]) == 1
             if lone and open_links[j] == [i]:
                 self.union(i, j)
+
+    def _neighbourhoods(self) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+        """Each item's matches and checked non-matches."""
+        matched: dict[int, set[int]] = defaultdict(set)
+        unmatched: dict[int, set[int]] = defaultdict(set)
+        for (i, j), verdict in self.verdicts.items():
+            (matched if verdict else unmatched)[i].add(j)
+            (matched if verdict else unmatched)[j].add(i)
+        return matched, unmatched
 
     def labels(self) -> list[int]:
         """Each item's cluster, named by its smallest item."""
