@@ -6,7 +6,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from llm_ops import ConfigError, RowsFailedWarning, estimate_set, llm_resolve
+from llm_ops import Budget, ConfigError, RowsFailedWarning, estimate_set, llm_resolve
 from llm_ops._sets import Waves
 from llm_ops._sets.resolve import (
     VERDICT,
@@ -245,3 +245,10 @@ def test_one_wrong_match_merges_no_two_entities_end_to_end(endpoint):
     assert wrong_checks(endpoint, WRONG_ONCE, [1, 1, 2, 2]) == [(1, 2)]
     resolved = resolve(endpoint, pl.DataFrame({"name": WRONG_ONCE}), plan="all_pairs")
     assert resolved["entity"].to_list() == [0, 0, 2, 2]
+
+
+def test_a_spent_budget_stops_the_checks_and_leaves_unchecked_rows_skipped(endpoint, names):
+    budget = Budget(max_requests=3)
+    resolved = resolve(endpoint, names, plan="all_pairs", budget=budget)
+    assert endpoint.stats()["requests"] <= 3
+    assert "skipped" in set(resolved["entity_status"].cast(pl.String))
