@@ -252,3 +252,42 @@ def test_a_spent_budget_stops_the_checks_and_leaves_unchecked_rows_skipped(endpo
     resolved = resolve(endpoint, names, plan="all_pairs", budget=budget)
     assert endpoint.stats()["requests"] <= 3
     assert "skipped" in set(resolved["entity_status"].cast(pl.String))
+
+
+# -- the expression -------------------------------------------------------------------------
+
+
+def resolve_expression(endpoint, **options):
+    options.setdefault("cache", False)
+    return pl.col("name").llm.resolve(
+        model="sim", embedding_model="sim-embed", endpoint=endpoint.base_url, **options
+    )
+
+
+def test_the_expression_gives_each_value_its_entity(endpoint, names):
+    resolved = names.select(resolve_expression(endpoint).alias("entity"))
+    assert resolved["entity"].to_list() == [0, 0, 0, 3, 3, 3, 6, 6, 8, 9, 9, 9]
+
+
+def test_the_expression_resolves_each_group_on_its_own_under_over(endpoint):
+    frame = pl.DataFrame(
+        {
+            "group": ["a", "a", "b", "b", "b"],
+            "name": [
+                "A [entity=1]",
+                "A Inc [entity=1]",
+                "A [entity=1]",
+                "B [entity=2]",
+                "C [entity=3]",
+            ],
+        }
+    )
+    resolved = frame.select(resolve_expression(endpoint).over("group").alias("entity"))
+    assert resolved["entity"].to_list() == [0, 0, 0, 1, 2]
+
+
+def test_the_expression_is_answered_by_the_cache_on_a_rerun(endpoint, names, cache):
+    names.select(resolve_expression(endpoint, cache=cache, plan="blocking", sample=8))
+    endpoint.reset()
+    names.select(resolve_expression(endpoint, cache=cache, plan="blocking", sample=8))
+    assert endpoint.stats()["requests"] == 0

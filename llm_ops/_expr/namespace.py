@@ -3,23 +3,35 @@ expression made of a batch function (see :mod:`llm_ops._expr.batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Unpack
+from collections.abc import Mapping, Sequence
+from typing import Any, Unpack
 
 import polars as pl
 
 from .._client import Client
 from .._options import (
     AskOptions,
+    CallOptions,
     ClientOptions,
+    Columns,
     EmbedOptions,
     ModelOption,
     RequestOptions,
     SchemaOption,
+    check_embedding,
+    split_options,
 )
+from .._pipeline.embed import embed_frame
+from .._pipeline.run import run_frame
+from .._report import RunReport
+from .._sets import SetOptions, Waves
+from .._sets._waves import PROMPT
+from .._sets.resolve import Plan, check_arguments, resolve_values
+from .._spec import EmbeddingSpec
 from ..exceptions import ConfigError, TemplateError
 from .asks import Output, classification, extraction, text, verdict
 from .batches import completion, embedding
+from .runtime import client_for, runtime_of
 
 
 class ExprOptions(ClientOptions, RequestOptions, total=False):
@@ -375,6 +387,154 @@ class LlmNamespace:
         return embedding(
             self._expr, model, dimensions, inputs_per_request, _shape(with_status), client, options
         )
+
+    def resolve(
+        self,
+        *,
+        model: ModelOption,
+        embedding_model: str,
+        target_recall: float = 0.95,
+        neighbours: int = 10,
+        sample: int = 100,
+        plan: Plan = "auto",
+        seed: int = 0,
+        client: Client | None = None,
+        **options: Unpack[SetOptions],
+    ) -> pl.Expr:
+        """An entity id per value: values that mean the same real-world thing share it; an
+        ``Int64`` column, resolved as :func:`llm_ops.llm_resolve` resolves a column.
+
+        The id is the smallest position, counted from 0, of the entity's values among the
+        values the expression is given: the whole column, or one group's under
+        ``.over(...)`` (ids then count within each group) or in ``group_by().agg(...)``. A
+        null value stays null; a value that could not be resolved is its own entity (the
+        frame function's ``<output>_status`` column says why).
+
+        Polars calls the expression once per group under ``.over`` and ``group_by``, so
+        each group is resolved in waves of its own, one group at a time, and never matched
+        against another group's values.
+
+        Parameters
+        ----------
+        model, embedding_model, target_recall, neighbours, sample, plan, seed
+            As for :func:`~llm_ops.llm_resolve`.
+        client
+            A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
+        **options
+            As for :func:`~llm_ops.llm_resolve`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"country": ["fr", "fr", "fr", "de", "de"], "name": [
+        ...     "Total [entity=1]", "TotalEnergies [entity=1]", "Danone [entity=2]",
+        ...     "Siemens [entity=3]", "Siemens AG [entity=3]"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(pl.col("name").llm.resolve(
+        ...         model="sim", embedding_model="sim-embed", endpoint=endpoint.base_url,
+        ...         cache=False).over("country").alias("entity"))
+        >>> out
+        shape: (5, 3)
+        ┌─────────┬──────────────────────────┬────────┐
+        │ country ┆ name                     ┆ entity │
+        │ ---     ┆ ---                      ┆ ---    │
+        │ str     ┆ str                      ┆ i64    │
+        ╞═════════╪══════════════════════════╪════════╡
+        │ fr      ┆ Total [entity=1]         ┆ 0      │
+        │ fr      ┆ TotalEnergies [entity=1] ┆ 0      │
+        │ fr      ┆ Danone [entity=2]        ┆ 2      │
+        │ de      ┆ Siemens [entity=3]       ┆ 0      │
+        │ de      ┆ Siemens AG [entity=3]    ┆ 0      │
+        └─────────┴──────────────────────────┴────────┘
+        """
+        value = "value"
+        check_arguments(
+            value,
+            {value: pl.String},
+            target_recall=target_recall,
+            neighbours=neighbours,
+            sample=sample,
+            plan=plan,
+            seed=seed,
+        )
+        made, call = split_options(options)
+        shared = client_for(client, made)
+        columns = Columns("entity")
+
+        def resolved(values: pl.Series) -> pl.Series:
+            waves = WavesHere("resolve", model=model, client=shared, options=call)
+            added, _ = resolve_values(
+                values,
+                waves,
+                embedding_model=embedding_model,
+                target_recall=target_recall,
+                neighbours=neighbours,
+                sample=sample,
+                plan=plan,
+                seed=seed,
+                columns=columns,
+            )
+            return added.get_column(columns.output).alias(values.name)
+
+        return self._expr.map_batches(resolved, return_dtype=pl.Int64)
+
+
+class WavesHere(Waves):
+    """A set operator's waves sent from an ``llm`` expression: on the thread Polars called
+    it on (the client's runtime there), as the other expressions send. Sent from the
+    client's own loop instead, the pipeline's Polars work would wait for Polars' threads,
+    which the expression's groups hold: a deadlock under ``.over``."""
+
+    def __init__(
+        self, operator: str, *, model: ModelOption, client: Client, options: Mapping[str, Any]
+    ) -> None:
+        super().__init__(operator, model=model, client=client, options=options)
+        self.runtime = runtime_of(client)
+
+    def send(self, frame: pl.DataFrame, call: CallOptions) -> tuple[pl.DataFrame, RunReport]:
+        job = self.client._job("{" + PROMPT + "}", self.model, call, columns=frame.schema)
+
+        async def on_loop() -> tuple[pl.DataFrame, RunReport]:
+            return await run_frame(frame, job, await self.runtime.backend())
+
+        with self.runtime.lock:
+            columns, report = self.runtime.run(on_loop())
+        return frame.hstack(columns.get_columns()), report
+
+    def embed(self, frame: pl.DataFrame, column: str, *, model: str) -> pl.DataFrame:
+        columns = check_embedding(
+            frame.schema,
+            column=column,
+            model=model,
+            output="vector",
+            dimensions=None,
+            inputs_per_request=INPUTS_PER_REQUEST,
+            on_error="null",
+        )
+        spec = EmbeddingSpec(self.client.endpoint.identity, model, None)
+
+        async def on_loop() -> pl.DataFrame:
+            backend = await self.runtime.backend()
+            return await embed_frame(
+                frame,
+                column,
+                spec,
+                backend,
+                columns=columns,
+                inputs_per_request=INPUTS_PER_REQUEST,
+                on_error="null",
+                progress=None,
+            )
+
+        with self.runtime.lock:
+            added = self.runtime.run(on_loop())
+        return frame.hstack(added.get_columns())
+
+
+INPUTS_PER_REQUEST = 256
+"""Texts per embedding request, as :func:`llm_ops.llm_embed` sends them by default."""
 
 
 def _shape(with_status: bool) -> Output:

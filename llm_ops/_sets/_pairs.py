@@ -23,7 +23,7 @@ def unit_vectors(
     unit length, and each one's error (``None``: embedded). A text that failed is a row of
     zeros: near nothing, so it is never blocked with another by similarity alone."""
     frame = pl.DataFrame({"text": list(texts)}, schema={"text": pl.String})
-    embedded = waves.client.embed(frame, "text", model=model, output="vector", progress=False)
+    embedded = waves.embed(frame, "text", model=model)
     failed = embedded["vector_status"].cast(pl.String).is_in(list(FAILED)).to_list()
     errors = embedded["vector_error"].to_list()
     vectors = [

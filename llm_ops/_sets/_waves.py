@@ -131,9 +131,7 @@ class Waves:
             sampling: Sampling = call.get("sampling") or Sampling()
             call["sampling"] = replace(sampling, max_tokens=max_tokens)
         frame = pl.DataFrame({PROMPT: list(prompts)}, schema={PROMPT: pl.String})
-        answered, report = self.client.run(
-            self.client._complete(frame, "{" + PROMPT + "}", self.model, cast(CallOptions, call))
-        )
+        answered, report = self.send(frame, cast(CallOptions, call))
         self._reports.append(report)
         self.waves += 1
         values = answered["answer"].to_list()
@@ -144,6 +142,19 @@ class Waves:
             statuses,
             errors,
         )
+
+    def send(self, frame: pl.DataFrame, call: CallOptions) -> tuple[pl.DataFrame, RunReport]:
+        """One wave's frame of prompts answered on the client (its answer columns added),
+        and its report. (An ``llm`` expression's waves send on the thread Polars called.)"""
+        return self.client.run(self.client._complete(frame, "{" + PROMPT + "}", self.model, call))
+
+    def embed(self, frame: pl.DataFrame, column: str, *, model: str) -> pl.DataFrame:
+        """``frame`` with the embedding of ``column`` added (``vector``, ``vector_status``,
+        ``vector_error``), on the client: cached as any embedding."""
+        embedded: pl.DataFrame = self.client.embed(
+            frame, column, model=model, output="vector", progress=False
+        )
+        return embedded
 
     def _spent(self) -> dict[str, float]:
         """What the waves so far spent, in each of a budget's measures."""

@@ -413,7 +413,7 @@ def _distinct(column: pl.Series) -> _Distinct:
     return _Distinct(values, of_row, first_row)
 
 
-def _check_arguments(
+def check_arguments(
     column: object,
     schema: Mapping[str, Any],
     *,
@@ -774,7 +774,7 @@ def llm_resolve(
         )
     frame = _polars(df)
     columns = Columns(output)
-    _check_arguments(
+    check_arguments(
         column,
         frame.schema,
         target_recall=target_recall,
@@ -783,23 +783,18 @@ def llm_resolve(
         plan=plan,
         seed=seed,
     )
-    if not isinstance(embedding_model, str) or not embedding_model:
-        raise ConfigError(f"embedding_model must name an embedding model, got {embedding_model!r}")
-    distinct = _distinct(frame.get_column(column).cast(pl.String))
-    chosen, why = _chosen_plan(plan, len(distinct.values), sample)
     with Waves(OPERATOR, model=model, client=client, options=options) as waves:
-        waves.plan, waves.plan_why = chosen, why
-        resolver = _Resolver(
+        added, report = resolve_values(
+            frame.get_column(column),
             waves,
-            distinct.values,
             embedding_model=embedding_model,
-            target_recall=float(target_recall),
+            target_recall=target_recall,
             neighbours=neighbours,
             sample=sample,
+            plan=plan,
             seed=seed,
+            columns=columns,
         )
-        added = _row_columns(distinct, resolver.run(chosen), columns)
-        report = waves.finish(added, columns)
     result = frame.drop([c for c in added.columns if c in frame.columns]).hstack(added)
     if isinstance(df, pa.Table):
         table = result.to_arrow()
@@ -807,6 +802,38 @@ def llm_resolve(
     if lazy:
         return result.lazy()
     return (result, report) if return_report else result
+
+
+def resolve_values(
+    values: pl.Series,
+    waves: Waves,
+    *,
+    embedding_model: str,
+    target_recall: float,
+    neighbours: int,
+    sample: int,
+    plan: str,
+    seed: int,
+    columns: Columns,
+) -> tuple[pl.DataFrame, RunReport]:
+    """The columns :func:`llm_resolve` adds for ``values`` (checked arguments), asked on
+    ``waves``, and the report."""
+    if not isinstance(embedding_model, str) or not embedding_model:
+        raise ConfigError(f"embedding_model must name an embedding model, got {embedding_model!r}")
+    distinct = _distinct(values.cast(pl.String))
+    chosen, why = _chosen_plan(plan, len(distinct.values), sample)
+    waves.plan, waves.plan_why = chosen, why
+    resolver = _Resolver(
+        waves,
+        distinct.values,
+        embedding_model=embedding_model,
+        target_recall=float(target_recall),
+        neighbours=neighbours,
+        sample=sample,
+        seed=seed,
+    )
+    added = _row_columns(distinct, resolver.run(chosen), columns)
+    return added, waves.finish(added, columns)
 
 
 def _polars(df: object) -> pl.DataFrame:
@@ -900,7 +927,7 @@ def plan_resolve(
     the calls and waves the run would make in a world where that guess is right."""
     frame = _polars(df)
     Columns(output)
-    _check_arguments(
+    check_arguments(
         column,
         frame.schema,
         target_recall=target_recall,
