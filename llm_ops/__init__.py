@@ -48,6 +48,7 @@ from ._report import LEVERS, ModelUsage, RunReport, Saving
 from ._sets import SetEstimate, SetOptions, estimate_set
 from ._sets.aggregate import llm_aggregate
 from ._sets.join import llm_join
+from ._sets.resolve import llm_resolve
 from ._sets.top_k import llm_top_k
 from ._status import ESCALATE as ESCALATE_STATUSES
 from ._status import STATUS_DTYPE, STATUSES, Status
@@ -136,6 +137,7 @@ __all__ = [
     "llm_extract",
     "llm_filter",
     "llm_join",
+    "llm_resolve",
     "llm_top_k",
     "open_cache",
     "options_from_settings",

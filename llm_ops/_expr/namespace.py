@@ -12,14 +12,16 @@ from .._client import Client
 from .._options import (
     AskOptions,
     ClientOptions,
+    Columns,
     EmbedOptions,
     ModelOption,
     RequestOptions,
     SchemaOption,
     split_options,
 )
-from .._sets import SetOptions
+from .._sets import SetOptions, Waves
 from .._sets.aggregate import _aggregate
+from .._sets.resolve import Plan, check_arguments, resolve_values
 from .._sets.top_k import Method, ranks_of
 from .._status import STATUS_DTYPE
 from ..exceptions import ConfigError, TemplateError
@@ -593,6 +595,103 @@ class LlmNamespace:
             return pl.Series(values.name, ranks(values), dtype=pl.UInt32)
 
         return self._expr.map_batches(ranked, return_dtype=pl.UInt32)
+
+    def resolve(
+        self,
+        *,
+        model: ModelOption,
+        embedding_model: str,
+        target_recall: float = 0.95,
+        neighbours: int = 10,
+        sample: int = 100,
+        plan: Plan = "auto",
+        seed: int = 0,
+        client: Client | None = None,
+        **options: Unpack[SetOptions],
+    ) -> pl.Expr:
+        """An entity id per value: values that mean the same real-world thing share it; an
+        ``Int64`` column, resolved as :func:`llm_ops.llm_resolve` resolves a column.
+
+        The id is the smallest position, counted from 0, of the entity's values among the
+        values the expression is given: the whole column, or one group's under
+        ``.over(...)`` (ids then count within each group) or in ``group_by().agg(...)``. A
+        null value stays null; a value that could not be resolved is its own entity (the
+        frame function's ``<output>_status`` column says why).
+
+        Polars calls the expression once per group under ``.over`` and ``group_by``, so
+        each group is resolved in waves of its own, one group at a time, and never matched
+        against another group's values.
+
+        Parameters
+        ----------
+        model, embedding_model, target_recall, neighbours, sample, plan, seed
+            As for :func:`~llm_ops.llm_resolve`.
+        client
+            A :class:`~llm_ops.Client` to run on, instead of the shared one for these options.
+        **options
+            As for :func:`~llm_ops.llm_resolve`.
+
+        Examples
+        --------
+        >>> import polars as pl
+        >>> import llm_ops
+        >>> from llm_ops.testing import LocalEndpoint
+        >>> df = pl.DataFrame({"country": ["fr", "fr", "fr", "de", "de"], "name": [
+        ...     "Total [entity=1]", "TotalEnergies [entity=1]", "Danone [entity=2]",
+        ...     "Siemens [entity=3]", "Siemens AG [entity=3]"]})
+        >>> with LocalEndpoint() as endpoint:
+        ...     out = df.with_columns(pl.col("name").llm.resolve(
+        ...         model="sim", embedding_model="sim-embed", endpoint=endpoint.base_url,
+        ...         cache=False).over("country").alias("entity"))
+        >>> out
+        shape: (5, 3)
+        ┌─────────┬──────────────────────────┬────────┐
+        │ country ┆ name                     ┆ entity │
+        │ ---     ┆ ---                      ┆ ---    │
+        │ str     ┆ str                      ┆ i64    │
+        ╞═════════╪══════════════════════════╪════════╡
+        │ fr      ┆ Total [entity=1]         ┆ 0      │
+        │ fr      ┆ TotalEnergies [entity=1] ┆ 0      │
+        │ fr      ┆ Danone [entity=2]        ┆ 2      │
+        │ de      ┆ Siemens [entity=3]       ┆ 0      │
+        │ de      ┆ Siemens AG [entity=3]    ┆ 0      │
+        └─────────┴──────────────────────────┴────────┘
+        """
+        value = "value"
+        check_arguments(
+            value,
+            {value: pl.String},
+            target_recall=target_recall,
+            neighbours=neighbours,
+            sample=sample,
+            plan=plan,
+            seed=seed,
+        )
+        made, call = split_options(options)
+        shared = client_for(client, made)
+        columns = Columns("entity")
+
+        def resolved(values: pl.Series) -> pl.Series:
+            # on the thread Polars called, as the other expressions send: from the client's
+            # own loop, the pipeline's Polars work would wait for the Polars threads that this
+            # expression's groups hold under .over (a deadlock)
+            runtime = runtime_of(shared)
+            waves = Waves("resolve", model=model, client=shared, options=call, in_place=runtime)
+            with runtime.lock, waves:
+                added, _ = resolve_values(
+                    values,
+                    waves,
+                    embedding_model=embedding_model,
+                    target_recall=target_recall,
+                    neighbours=neighbours,
+                    sample=sample,
+                    plan=plan,
+                    seed=seed,
+                    columns=columns,
+                )
+            return added.get_column(columns.output).alias(values.name)
+
+        return self._expr.map_batches(resolved, return_dtype=pl.Int64)
 
 
 def _ranker(

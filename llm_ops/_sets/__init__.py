@@ -29,7 +29,9 @@ def plans(operator: Callable[..., Any]) -> Callable[[Planner], Planner]:
     return register
 
 
-def estimate_set(operator: Callable[..., Any], df: Any, /, **arguments: Any) -> SetEstimate:
+def estimate_set(
+    operator: Callable[..., Any], df: Any, /, *positional: Any, **arguments: Any
+) -> SetEstimate:
     """What a set operator would send and cost on ``df``, without sending anything.
 
     Parameters
@@ -38,9 +40,9 @@ def estimate_set(operator: Callable[..., Any], df: Any, /, **arguments: Any) -> 
         The operator: :func:`~llm_ops.llm_aggregate`, :func:`~llm_ops.llm_top_k`,
         :func:`~llm_ops.llm_join` or :func:`~llm_ops.llm_resolve`.
     df
-        Its input frame (``llm_join``'s left one; ``right=`` is among the arguments).
-    **arguments
-        The arguments the operator would be called with.
+        Its input frame (``llm_join``'s left one).
+    *positional, **arguments
+        The other arguments the operator would be called with, as it takes them.
     """
     planner = _planners.get(operator)
     if planner is None:
@@ -50,7 +52,7 @@ def estimate_set(operator: Callable[..., Any], df: Any, /, **arguments: Any) -> 
             f"got {getattr(operator, '__name__', operator)!r}: for a row-wise one, use "
             "llm_ops.estimate"
         )
-    return planner(df, **arguments)
+    return planner(df, *positional, **arguments)
 
 
 __all__ = ["Answers", "SetEstimate", "SetOptions", "Waves", "estimate_set", "plans", "priced"]

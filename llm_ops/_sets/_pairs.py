@@ -29,7 +29,7 @@ def unit_vectors(
         # the operator answers for these rows (asked, or given a status of their own): a
         # warning naming this frame's ``vector_error`` column would point at no column it adds
         warnings.simplefilter("ignore", RowsFailedWarning)
-        embedded = waves.client.embed(frame, "text", model=model, output="vector", progress=False)
+        embedded = waves.embed(frame, "text", model=model)
     failed = embedded["vector_status"].cast(pl.String).is_in(list(FAILED)).to_list()
     errors = embedded["vector_error"].to_list()
     vectors = [

@@ -29,13 +29,16 @@ from .._options import (
     Columns,
     ModelOption,
     SchemaOption,
+    check_embedding,
     split_options,
 )
 from .._pipeline.backend import Backend
+from .._pipeline.embed import embed_frame
 from .._pipeline.join import raise_failed_rows
 from .._pipeline.run import run_frame
 from .._pricing import approx_tokens, cost_or_none, price_for
 from .._report import RunReport, dollars, remember_latest, sum_reports
+from .._spec import EmbeddingSpec
 from .._status import FAILED
 from ..exceptions import ConfigError
 
@@ -54,6 +57,9 @@ class InPlace(Protocol):
 
 PROMPT = "prompt"
 """The column of a wave's frame holding each judgment's rendered prompt."""
+
+INPUTS_PER_REQUEST = 256
+"""Texts per embedding request, as :func:`llm_ops.llm_embed` sends them by default."""
 
 
 class SetOptions(ClientOptions, AskOptions, total=False):
@@ -176,6 +182,40 @@ class Waves:
 
         columns, report = runtime.run(on_loop())
         return frame.hstack(columns.get_columns()), report
+
+    def embed(self, frame: pl.DataFrame, column: str, *, model: str) -> pl.DataFrame:
+        """``frame`` with the embedding of ``column`` added (``vector``, ``vector_status``,
+        ``vector_error``), cached as any embedding: on the client's loop, or in place."""
+        if self._in_place is None:
+            embedded: pl.DataFrame = self.client.embed(
+                frame, column, model=model, output="vector", progress=False
+            )
+            return embedded
+        columns = check_embedding(
+            frame.schema,
+            column=column,
+            model=model,
+            output="vector",
+            dimensions=None,
+            inputs_per_request=INPUTS_PER_REQUEST,
+            on_error="null",
+        )
+        spec = EmbeddingSpec(self.client.endpoint.identity, model, None)
+        runtime = self._in_place
+
+        async def on_loop() -> pl.DataFrame:
+            return await embed_frame(
+                frame,
+                column,
+                spec,
+                await runtime.backend(),
+                columns=columns,
+                inputs_per_request=INPUTS_PER_REQUEST,
+                on_error="null",
+                progress=None,
+            )
+
+        return frame.hstack(runtime.run(on_loop()).get_columns())
 
     def _spent(self) -> dict[str, float]:
         """What the waves so far spent, in each of a budget's measures."""

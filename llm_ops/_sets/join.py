@@ -1142,9 +1142,9 @@ def _run(
 def plan_join(
     left: Any,
     /,
-    *,
     right: Any,
     predicate: str,
+    *,
     model: ModelOption,
     how: str = "inner",
     plan: str = "auto",
