@@ -201,3 +201,16 @@ def test_media_benchmark_sends_pdf_pages_and_rejects_the_hostile_pdf() -> None:
     pages, hostile = rows["pages"], rows["pages, hostile"]
     assert (pages[column["rows ok"]], pages[column["page images received"]]) == ("2", "16")
     assert (hostile[column["rows rejected"]], hostile[column["requests sent"]]) == ("1", "0")
+
+
+def test_set_operators_benchmark_prints_a_section_beside_its_naive_plan() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "setops.py"), "--quick", "--only", "resolve"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| all_pairs |" in done.stdout and "| blocking |" in done.stdout
