@@ -302,8 +302,13 @@ def test_it_resumes_where_the_last_job_settled():
 def test_the_report_says_where_the_concurrency_ended_and_why(complete):
     rows = pl.DataFrame({"text": [f"row {i}" for i in range(50)]})
     _, report = rows.pipe(complete, prompt="{text}", return_report=True)
-    assert report.concurrency == START and report.concurrency_why
-    assert f"concurrency        {START:>10,}  ({report.concurrency_why})" in str(report)
+    # where it ended depends on how many round trips the machine's load allowed: at START, or
+    # doubled once or more (one run on a busy machine ended at 16)
+    assert report.concurrency is not None and report.concurrency >= START
+    assert report.concurrency_why
+    assert f"concurrency        {report.concurrency:>10,}  ({report.concurrency_why})" in str(
+        report
+    )
 
 
 def _limit_of_a_new_client(endpoint, cache) -> int:
