@@ -252,14 +252,7 @@ def _completer(
             count_reasons((errors[i], 1) for i in failed),
             "the error field of llm_complete_result(...)",
         )
-        return pa.StructArray.from_arrays(
-            [
-                pa.array(answers, pa.string()),
-                pa.array(statuses, pa.string()),
-                pa.array(errors, pa.string()),
-            ],
-            names=["answer", "status", "error"],
-        )
+        return _results(answers, statuses, errors)
 
     return complete
 
@@ -334,16 +327,19 @@ def _aggregator(
                 strict=True,
             ):
                 answers[row], statuses[row], errors[row] = answer, status, error
-        return pa.StructArray.from_arrays(
-            [
-                pa.array(answers, pa.string()),
-                pa.array(statuses, pa.string()),
-                pa.array(errors, pa.string()),
-            ],
-            names=["answer", "status", "error"],
-        )
+        return _results(answers, statuses, errors)
 
     return aggregate
+
+
+def _results(
+    answers: list[str | None], statuses: list[str | None], errors: list[str | None]
+) -> pa.StructArray:
+    """The ``STRUCT(answer, status, error)`` of each row, as the ``*_result`` functions give."""
+    return pa.StructArray.from_arrays(
+        [pa.array(values, pa.string()) for values in (answers, statuses, errors)],
+        names=["answer", "status", "error"],
+    )
 
 
 async def _answer(client: Client, texts: pl.DataFrame, job: Job) -> tuple[pl.DataFrame, RunReport]:
