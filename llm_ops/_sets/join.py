@@ -436,7 +436,9 @@ class Thresholds:
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
+    """P(X >= k) for X ~ Binomial(n, p), summed exactly: n is one stratum's sample (hundreds at
+    most), and this is the one place llm-ops needs it, so ``scipy.stats.binom.sf`` would bring a
+    large dependency for one line."""
     if k <= 0:
         return 1.0
     return sum(math.comb(n, x) * p**x * (1 - p) ** (n - x) for x in range(k, n + 1))

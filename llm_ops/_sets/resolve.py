@@ -96,6 +96,10 @@ def outvoted(yes: int, no: int) -> bool:
 class Clusters:
     """A union-find over ``size`` items whose merges each need corroboration.
 
+    Written here rather than taken from a library (``scipy.cluster.hierarchy.DisjointSet``,
+    ``networkx``' components): those merge on any one link, and the rule of when a link may
+    merge is all this class is for.
+
     ``verdicts`` holds the checked pairs (``(i, j)`` with ``i < j``: ``True`` for a match);
     :meth:`settle` merges what they support, asking ``check`` (a function from pairs to their
     verdicts, ``None`` where a check failed) about pairs that would corroborate a merge.
