@@ -140,11 +140,12 @@ class _Group:
     best: list[int] = field(default_factory=list)
     sample: list[int] = field(default_factory=list)
     sampled: bool = False
+    sampling: bool = False
 
 
 SAMPLE = 20
 """The items of a large group a random-pivot quickselect ranks by all pairs in its first
-wave (190 comparisons), to take its next pivots near the boundary."""
+wave (190 comparisons, and nothing else), to take its pivots near the boundary."""
 
 
 def _sampled_pivot(state: _Group, need: int) -> int:
@@ -186,9 +187,9 @@ def quickselect(
 
     ``groups`` hold each group's items in the order pivots are taken from: best first by
     embedding when ``by_embedding``, else any order (pivots are then drawn at random; in a
-    group of at least ``8·SAMPLE`` items the first wave also ranks a seeded sample of
-    :data:`SAMPLE` items by all pairs, and later pivots are taken from it where it places
-    them near the boundary).
+    group of at least ``8·SAMPLE`` items the first wave ranks only a seeded sample of
+    :data:`SAMPLE` items by all pairs, and pivots are taken from it where it places them
+    near the boundary).
 
     Each group keeps ``accepted`` items (above the split target, :func:`target`: ``k`` plus a
     slack) and ``candidates``, split around a pivot until at most :func:`final_size` items
@@ -215,6 +216,13 @@ def quickselect(
         state.split, state.pivot = [], -1
         if state.moving and not state.dropping:
             return asked  # the pivot's winners are checked before anything else is split
+        if not by_embedding and not state.sampled and len(state.candidates) >= 8 * SAMPLE:
+            # A random first pivot would split near the middle and leave half the items
+            # for the next waves: the first wave ranks a sample only, whose order places
+            # the first pivot near the boundary, so most items drop in one split.
+            state.sampled = state.sampling = True
+            state.sample = rng.sample(state.candidates, SAMPLE)
+            return _every_pair(state.sample, orient)
         if len(state.accepted) + len(state.candidates) > final:
             need = max(1, wanted - len(state.accepted))
             # Candidates that lost a comparison before (taken back on a disagreement) are
@@ -227,12 +235,6 @@ def quickselect(
                 state.pivot = clean[pivot_index(len(clean), need, by_embedding, rng)]
             state.split = [item for item in state.candidates if item != state.pivot]
             asked += [orient(item, state.pivot) for item in state.split]
-            if not by_embedding and not state.sampled and len(state.candidates) >= 8 * SAMPLE:
-                # A first wave with random pivots also ranks a sample, whose order picks
-                # the next pivots near the boundary rather than at random.
-                state.sampled = True
-                state.sample = rng.sample(state.candidates, SAMPLE)
-                asked += _every_pair(state.sample, orient)
         elif not state.moving:
             state.final = True
             asked = _every_pair(state.accepted + state.candidates, orient)
@@ -242,6 +244,9 @@ def quickselect(
         if state.final:
             state.best = copeland(state.accepted + state.candidates, asked, told)[:k]
             state.done = True
+            return
+        if state.sampling:
+            state.sample, state.sampling = copeland(state.sample, asked, told), False
             return
         confirmed = told[: len(state.moving)]
         agreed = [
@@ -263,11 +268,7 @@ def quickselect(
         back = [item for item in state.moving if item not in set(agreed)]
         state.moving, state.moved_by = [], -1
         if state.pivot >= 0:
-            split_told = told[len(confirmed) : len(confirmed) + len(state.split)]
-            sample_told = told[len(confirmed) + len(state.split) :]
-            if sample_told:
-                sample_asked = asked[len(confirmed) + len(state.split) :]
-                state.sample = copeland(state.sample, sample_asked, sample_told)
+            split_told = told[len(confirmed) :]
             above: list[int] = []
             below: list[int] = []
             for item, winner in zip(state.split, split_told, strict=True):
