@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -186,3 +187,11 @@ def test_sim_embed_orders_score_texts_by_cosine_to_best_when_noise_is_small(endp
     best, *vectors = _embed(endpoint, ["best", *texts])
     by_cosine = sorted(texts, key=lambda text: -_cosine(best, vectors[texts.index(text)]))
     assert by_cosine == sorted(texts, key=lambda text: -(latent_score(text) or 0))
+
+
+@pytest.mark.parametrize(
+    ("dialect", "path"), [("openai", "/v1"), ("anthropic", ""), ("gemini", "/v1beta")]
+)
+def test_the_base_url_is_the_one_the_dialect_sdk_takes(dialect, path):
+    with LocalEndpoint(dialect=dialect) as endpoint:
+        assert urlsplit(endpoint.base_url).path == path

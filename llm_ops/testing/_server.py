@@ -131,6 +131,10 @@ MAX_TOKENS_REFUSED = (
 FAULT_KINDS = ("500", "503", "429", "drop", "truncated_json", "html")
 
 
+BASE_PATHS = {"openai": "/v1", "anthropic": "", "gemini": "/v1beta"}
+"""The path of each dialect's base URL under the simulator's root, as its SDK takes it."""
+
+
 @dataclass
 class SimulatorConfig:
     """How the simulated endpoint behaves; every field can be changed while it runs.
@@ -207,6 +211,11 @@ class SimulatorConfig:
         When ``api_key`` is set, requests without it get HTTP 401: in ``Authorization:
         Bearer <api_key>`` by default, or as the value of ``api_key_header`` (Azure OpenAI's
         ``api-key``, say).
+    dialect
+        The API the base URL printed on start (and :attr:`LocalEndpoint.base_url`) is for:
+        ``"openai"`` (``http://host:port/v1``), ``"anthropic"`` (``http://host:port``, as
+        Anthropic's SDK takes it) or ``"gemini"`` (``http://host:port/v1beta``). Every
+        dialect's paths are served whatever it is: a request's path says its dialect.
     models
         The names ``/v1/models`` lists (clients such as llm_ops refuse a model the list lacks
         before sending; the simulator itself answers any name). Empty: ``/v1/models`` is a
@@ -322,6 +331,11 @@ class SimulatorConfig:
     position_bias: float = 0.0
     embed_noise: float = 0.3
     context_tokens: int | None = None
+    dialect: str = "openai"
+
+    def __post_init__(self) -> None:
+        if self.dialect not in BASE_PATHS:
+            raise ValueError(f"dialect must be one of {sorted(BASE_PATHS)}, got {self.dialect!r}")
 
     @classmethod
     def from_json(cls, fields: dict[str, Any]) -> SimulatorConfig:
@@ -1890,7 +1904,7 @@ async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int =
     await site.start()
     server = cast(asyncio.Server, site._server)
     bound = server.sockets[0].getsockname()[1]
-    print(f"listening on http://{host}:{bound}/v1", flush=True)
+    print(f"listening on http://{host}:{bound}{BASE_PATHS[config.dialect]}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
