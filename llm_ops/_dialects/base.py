@@ -162,9 +162,9 @@ class Dialect(Protocol):
     stop_field: str
     """The field naming why an answer stopped, as messages quote it."""
     completions_path: str
-    """The path of completions, under the base URL. Where the path names the model (Gemini's
-    ``models/{model}:generateContent``), it holds ``{model}``, which :func:`path_of` fills
-    in; a path without it (OpenAI's ``chat/completions``) is used as it is."""
+    """The path of completions, under the base URL. Where the path names the model (as
+    Gemini's does), it holds ``{model}``, which :func:`path_of` fills in; a path without it
+    (OpenAI's) is used as it is."""
     embeddings_path: str
     """The path of embeddings, under the base URL (``{model}`` filled in as above)."""
     batch_path: str
