@@ -367,3 +367,8 @@ def test_provider_gemini_alone_goes_to_google_with_the_gemini_key_never_openais(
     resolved = ResolvedEndpoint.resolve(provider="gemini")
     assert resolved.base_url == "https://generativelanguage.googleapis.com/v1beta"
     assert resolved.api_key == "g-from-env"
+
+
+def test_a_stop_without_any_text_is_tried_again():
+    body = {"candidates": [{"content": {"role": "model"}, "finishReason": "STOP"}]}
+    assert GEMINI.read_completion(json.dumps(body).encode()).stop == "unfinished"

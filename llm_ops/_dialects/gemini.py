@@ -236,8 +236,10 @@ class GeminiDialect:
         except _READ_FAILURES as exc:
             raise MalformedAnswer(str(exc)) from exc
         stop = STOPS.get(finish, "unfinished") if isinstance(finish, str) else "unfinished"
+        if stop == "done" and not texts:  # a STOP without any text, as Gemini 2.5 can answer:
+            stop = "unfinished"  # another attempt answers
         # a cut answer may hold no text (its budget spent thinking): it is truncated, empty
-        text = "".join(texts) if texts or stop in ("done", "length") else None
+        text = "".join(texts) if texts or stop == "length" else None
         return Reply(
             text=text,
             stop=stop,
