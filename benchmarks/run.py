@@ -51,9 +51,7 @@ import polars as pl
 from baseline import baseline_complete
 
 from llm_ops import Endpoint, Price, Retries, llm_complete
-from llm_ops._endpoint import DIALECTS
-from llm_ops.testing import LocalEndpoint, expected_reply
-from llm_ops.testing._server import BASE_PATHS
+from llm_ops.testing import BASE_PATHS, LocalEndpoint, expected_reply
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -1367,7 +1365,7 @@ def scenario_dialects(bench: Bench, sizes: Sizes) -> Section:
                     fresh_cache=True,
                 ),
             )
-            for dialect in DIALECTS
+            for dialect in BASE_PATHS
         ]
     )
     headers = ["dialect", "rows", "wall s", "client CPU ms/request", "vs openai", "correct rows"]

@@ -52,6 +52,7 @@ from ._server import (
 )
 
 __all__ = [
+    "BASE_PATHS",
     "DEFAULT_PORT",
     "FAULT_KINDS",
     "JUDGMENTS",

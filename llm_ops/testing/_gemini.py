@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..exceptions import LlmOpsError
 from ._server import embed
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ RESPONSE_MIME_TYPES = frozenset(("text/plain", "application/json", "text/x.enum"
 _SNAKE = re.compile(r"_([a-z])")
 
 
-class Refusal(Exception):
+class Refusal(LlmOpsError):
     """A request Google would refuse: its answer, ready to send."""
 
     def __init__(self, response: web.Response):
