@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
-from ._dialects import OPENAI, Dialect
+from ._dialects import ANTHROPIC, OPENAI, Dialect
 from ._key import normalize_base_url
 from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
@@ -34,12 +34,11 @@ from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 DEFAULT = "openai"
-DIALECTS: dict[str, Dialect] = {"openai": OPENAI}
+DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "anthropic": ANTHROPIC}
 """The dialects llm-ops ships, by the name ``provider=`` gives them."""
-HOSTS: dict[str, str] = {"api.openai.com": "openai"}
+HOSTS: dict[str, str] = {"api.openai.com": "openai", "api.anthropic.com": "anthropic"}
 """Hosts whose provider is known: their API's dialect is picked without ``provider=``. (Room
-for ``api.anthropic.com`` and ``generativelanguage.googleapis.com`` once their dialects are
-written.)"""
+for ``generativelanguage.googleapis.com`` once its dialect is written.)"""
 
 
 def dialect_for(provider: object, base_url: str | None = None) -> Dialect:

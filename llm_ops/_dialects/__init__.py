@@ -22,9 +22,11 @@ from .base import (
     Vectors,
     parse_duration,
 )
+from .anthropic import ANTHROPIC
 from .openai import OPENAI
 
 __all__ = [
+    "ANTHROPIC",
     "CANONICAL",
     "OPENAI",
     "BatchResult",

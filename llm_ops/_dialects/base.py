@@ -156,6 +156,9 @@ class Dialect(Protocol):
     """The path each line of a provider batch names."""
     models_path: str
     """The path listing the models served, under the base URL."""
+    # Optional members, read with getattr and these defaults (a dialect may leave them out):
+    # ``embeddings: bool = True``, whether the API has embeddings at all (an embedding job
+    # against one without is a ConfigError before anything is sent).
 
     def headers(self, api_key: str) -> dict[str, str]:
         """The headers of every request: those the API asks for and those that carry

@@ -27,7 +27,7 @@ from .._pack import PACK_OUTPUT, PACK_SCHEMA
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
 from .._wire import HttpAnswer
-from ..exceptions import JobAbortedError, JobInterruptedError, setting
+from ..exceptions import ConfigError, JobAbortedError, JobInterruptedError, setting
 from .answers import (
     CompletionReader,
     EmbeddingReader,
@@ -560,7 +560,8 @@ class Dispatcher:
             hint = base_url_hint(status, message, self.engine.base_url)
             message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
-        return self._retry_later(status, retry_after(answer.headers), message)
+        limited = error.kind == "rate_limited"  # a 429, or an overload (Anthropic's 529)
+        return self._retry_later(status, retry_after(answer.headers), message, limited)
 
     def _watch(self, refused: str | None) -> None:
         """Follow the job's first answers: when the first :data:`REFUSED_ALIKE_TO_STOP` are
@@ -581,15 +582,19 @@ class Dispatcher:
                 f"{rejection_hint(refused)}"
             )
 
-    def _retry_later(self, status: int, wait: float | None, message: str) -> Retryable | Final:
-        """A status worth another attempt: a 429 slows every sender down, and pauses them
-        all when it says for how long; a wait over ``max_retry_after`` is not waited for."""
+    def _retry_later(
+        self, status: int, wait: float | None, message: str, limited: bool = False
+    ) -> Retryable | Final:
+        """A status worth another attempt: a 429 (or what the dialect reads as a rate limit,
+        ``limited``) slows every sender down, and pauses them all when it says for how long;
+        a wait over ``max_retry_after`` is not waited for."""
         engine = self.engine
-        if status == 429:
+        limited = limited or status == 429
+        if limited:
             self.counters.rate_limited += 1
         if wait is not None and wait > self.settings.max_retry_after:
             return self._too_long_a_wait(status, wait, message)
-        if status == 429:
+        if limited:
             if wait is not None:
                 engine.concurrency.on_overload("429s")
                 engine.pause(wait, status)
@@ -623,6 +628,15 @@ async def _nothing(request: Request, outcome: Outcome) -> None:
 class EmbeddingDispatcher(Dispatcher):
     """Sends :class:`EmbeddingsRequest` requests to the dialect's embeddings; an outcome
     carries one vector per input."""
+
+    def __init__(self, engine: Engine, **options: Any) -> None:
+        # a dialect whose API has none says so (Dialect.embeddings): before anything is sent
+        if not getattr(engine.dialect, "embeddings", True):
+            raise ConfigError(
+                f"the {engine.dialect.name} API has no embeddings; embed with an endpoint that "
+                "has (an OpenAI-compatible one)"
+            )
+        super().__init__(engine, **options)
 
     def path(self) -> str:
         return self.engine.dialect.embeddings_path
