@@ -32,6 +32,10 @@ from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+ENVIRONMENT = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
+"""The variables naming the base URL and the key when an endpoint names neither, unless its
+dialect names its own (an optional member ``environment`` of a dialect; ``default_base_url``
+is the URL when neither names one)."""
 
 DEFAULT = "openai"
 DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "anthropic": ANTHROPIC}
@@ -131,8 +135,11 @@ class ResolvedEndpoint:
         need_key: bool = True,
         keyed_by_headers: bool = False,
         provider: str | Dialect | None = None,
+        prompt_cache: bool = True,
     ) -> ResolvedEndpoint:
-        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
+        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI
+        (for a provider whose dialect names its own, as Anthropic's SDK reads them:
+        ``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``, else ``https://api.anthropic.com``).
         Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
         credentials go in headers of the caller's (``keyed_by_headers``: then, without a key,
         no ``Authorization`` header is sent)."""
@@ -141,7 +148,10 @@ class ResolvedEndpoint:
                 "an endpoint's name must be a name of letters, digits, '.', '_' and '-' "
                 f"(at most 100), like 'vllm-prod'; got {name!r}"
             )
-        url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        named = None if provider is None else dialect_for(provider)
+        url_variable, key_variable = getattr(named, "environment", ENVIRONMENT)
+        default = getattr(named, "default_base_url", DEFAULT_BASE_URL)
+        url = base_url or os.environ.get(url_variable) or default
         if not isinstance(url, str):
             raise ConfigError(
                 f"{setting('base_url')} must be a string URL, got {type(url).__name__}"
@@ -171,7 +181,9 @@ class ResolvedEndpoint:
             query=dict(parse_qsl(parts.query, keep_blank_values=True)),
             name=name,
         )
-        key = api_key or os.environ.get("OPENAI_API_KEY")
+        dialect = dialect_for(provider, endpoint.base_url)
+        key_variable = getattr(dialect, "environment", ENVIRONMENT)[1]
+        key = api_key or os.environ.get(key_variable)
         if key:
             _check_api_key(key)
         elif keyed_by_headers:
@@ -181,12 +193,13 @@ class ResolvedEndpoint:
         else:
             raise MissingApiKeyError(
                 f"no API key for {endpoint.shown}: pass {setting_to('api_key')} or set "
-                f"OPENAI_API_KEY, or send the credentials in {setting_to('headers')} (e.g. "
+                f"{key_variable}, or send the credentials in {setting_to('headers')} (e.g. "
                 "Azure's api-key header); a local endpoint on 127.0.0.1 needs none"
             )
-        return dataclasses.replace(
-            endpoint, api_key=key, dialect=dialect_for(provider, endpoint.base_url)
-        )
+        unmarked = getattr(dialect, "unmarked", None)  # see Dialect: an optional member
+        if not prompt_cache and unmarked is not None:
+            dialect = unmarked()
+        return dataclasses.replace(endpoint, api_key=key, dialect=dialect)
 
 
 def _check_api_key(key: object) -> None:

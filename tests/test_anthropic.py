@@ -8,12 +8,26 @@ import json
 import urllib.error
 import urllib.request
 
+import duckdb
 import polars as pl
 import pytest
 
-from llm_ops import ConfigError, Endpoint, JobAbortedError, Sampling, llm_complete, llm_embed
+from llm_ops import (
+    PRICES,
+    ConfigError,
+    Endpoint,
+    JobAbortedError,
+    Price,
+    Sampling,
+    estimate,
+    llm_complete,
+    llm_embed,
+    request_key,
+)
+from llm_ops._dialects import OPENAI
 from llm_ops._dialects.anthropic import ANTHROPIC, DEFAULT_MAX_TOKENS, AnthropicDialect
 from llm_ops._endpoint import dialect_for
+from llm_ops._options import make_job
 from llm_ops.testing import LocalEndpoint, expected_reasoning, expected_reply, media_tag
 from tests.media_files import image, pdf
 
@@ -47,11 +61,17 @@ def test_the_key_goes_as_x_api_key_with_the_version():
     assert "authorization" not in {name.lower() for name in headers}
 
 
-def test_system_goes_to_the_top_and_max_tokens_is_always_sent():
+def test_system_goes_to_the_top_marked_for_the_prompt_cache_and_max_tokens_is_always_sent():
     body = ANTHROPIC.completion_body(_canonical())
-    assert body["system"] == [{"type": "text", "text": "be brief"}]
+    mark = {"type": "ephemeral"}
+    assert body["system"] == [{"type": "text", "text": "be brief", "cache_control": mark}]
     assert body["messages"] == [{"role": "user", "content": "hi"}]
     assert body["max_tokens"] == DEFAULT_MAX_TOKENS
+
+
+def test_an_unmarked_dialect_marks_nothing():
+    body = ANTHROPIC.unmarked().completion_body(_canonical())
+    assert body["system"] == [{"type": "text", "text": "be brief"}]
 
 
 def test_sampling_is_translated_and_seed_is_not_sent():
@@ -325,3 +345,120 @@ def test_the_simulator_answers_in_anthropics_shape(sim):
     assert code == 200 and answer["type"] == "message"
     assert answer["content"][0]["type"] == "text" and answer["stop_reason"] == "end_turn"
     assert set(answer["usage"]) >= {"input_tokens", "output_tokens"}
+
+
+# -- prompt caching, priced -------------------------------------------------------------------
+
+LONG_SYSTEM = "x" * 4096  # 1,028 tokens as both count them: over the least cached prefix
+SHORT = pl.DataFrame({"text": ["abcd", "efgh", "ijkl"]})  # whole tokens: estimates agree
+CLAUDE_PRICE = Price(3.0, 0.0, 0.30, cache_write_per_million=3.75)  # output free: cost_min
+
+
+def _cached_job(sim, cache_file, **endpoint_options):
+    endpoint = Endpoint(sim.base_url, api_key=KEY, provider="anthropic", **endpoint_options)
+    return dict(
+        prompt="{text}",
+        system=LONG_SYSTEM,
+        model="sim",
+        endpoint=endpoint,
+        pricing=CLAUDE_PRICE,
+        sampling=Sampling(max_tokens=16),
+        cache=cache_file,
+    )
+
+
+def test_the_system_prompt_is_written_once_then_read(sim, tmp_path):
+    job = _cached_job(sim, tmp_path / "c.duckdb")
+    _, report = SHORT.pipe(llm_complete, return_report=True, **job)
+    assert (report.cache_write_tokens, report.cached_tokens) == (1028, 2 * 1028)
+
+
+def test_the_estimate_prices_cache_writes_and_reads_as_the_report_does(sim, tmp_path):
+    job = _cached_job(sim, tmp_path / "c.duckdb")
+    plan = estimate(SHORT, **job)
+    _, report = SHORT.pipe(llm_complete, return_report=True, **job)
+    assert (plan.cache_write_tokens, plan.cache_read_tokens) == (1028, 2 * 1028)
+    assert plan.input_tokens == report.prompt_tokens
+    assert plan.cost_min == report.cost == plan.cost_max
+
+
+def test_without_prompt_cache_nothing_is_written_or_projected(sim, tmp_path):
+    job = _cached_job(sim, tmp_path / "c.duckdb", prompt_cache=False)
+    plan = estimate(SHORT, **job)
+    _, report = SHORT.pipe(llm_complete, return_report=True, **job)
+    assert (report.cache_write_tokens, report.cached_tokens, plan.cache_write_tokens) == (0, 0, 0)
+    assert plan.cost_min == report.cost
+
+
+def test_cache_writes_are_kept_per_answer_and_per_run(sim, tmp_path):
+    cache_file = tmp_path / "c.duckdb"
+    SHORT.pipe(llm_complete, **_cached_job(sim, cache_file))
+    with duckdb.connect(str(cache_file), read_only=True) as con:
+        answers = con.sql("SELECT sum(cache_write_tokens) FROM llm_cache").fetchall()
+        runs = con.sql("SELECT cache_write_tokens FROM llm_runs").fetchall()
+    assert answers == [(1028,)] and runs == [(1028,)]
+
+
+def test_a_cache_write_costs_more_than_the_input_and_a_read_far_less():
+    price = PRICES["claude-sonnet-4-5"]
+    fresh = price.cost(requests=0, input_tokens=10**6, output_tokens=0)
+    written = price.cost(requests=0, input_tokens=10**6, output_tokens=0, cache_write_tokens=10**6)
+    read = price.cost(requests=0, input_tokens=10**6, output_tokens=0, cached_input_tokens=10**6)
+    assert (written / fresh, round(read / fresh, 9)) == (1.25, 0.1)
+
+
+# -- keys: another provider is another key ----------------------------------------------------
+
+
+def _job(dialect):
+    options = {"system": "be brief", "sampling": Sampling(max_tokens=8)}
+    return make_job(
+        prompt="{text}", model="m", endpoint="e", cached=True, options=options, dialect=dialect
+    )
+
+
+def test_openai_keys_never_change_with_the_dialect_named():
+    assert _job(OPENAI).spec.key("be brief", "hi") == _job(None).spec.key("be brief", "hi")
+
+
+def test_another_provider_is_another_key():
+    assert _job(ANTHROPIC).spec.key("be brief", "hi") != _job(OPENAI).spec.key("be brief", "hi")
+    assert _job(ANTHROPIC).spec.request("be brief", "hi")["provider"] == "anthropic"
+
+
+def test_vectorised_keys_hold_the_provider_as_the_reference_does(sim, tmp_path):
+    cache_file = tmp_path / "c.duckdb"
+    _ask(sim, system="S {text}", cache=cache_file)
+    with duckdb.connect(str(cache_file), read_only=True) as con:
+        stored = con.sql("SELECT key, request FROM llm_cache").fetchall()
+    assert len(stored) == 3
+    for key, request in stored:
+        assert key == request_key(json.loads(request))
+        assert json.loads(request)["provider"] == "anthropic"
+
+
+def test_an_openai_answer_is_never_served_to_an_anthropic_job(sim, tmp_path):
+    cache_file = tmp_path / "c.duckdb"
+    as_openai = Endpoint(sim.root + "/v1", api_key=KEY, name="llm-sim")
+    as_anthropic = Endpoint(sim.base_url, api_key=KEY, name="llm-sim", provider="anthropic")
+    sim.configure(dialect="anthropic")  # no key checked: the OpenAI route takes a bearer one
+    reports = [
+        PROMPTS.pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            endpoint=endpoint,
+            cache=cache_file,
+            return_report=True,
+        )[1]
+        for endpoint in (as_openai, as_anthropic, as_anthropic)
+    ]
+    assert [r.cache_hits for r in reports] == [0, 0, 3]
+    assert sim.stats()["anthropic_requests"] == 3
+
+
+def test_the_key_and_the_url_come_from_anthropics_variables(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    resolved = Endpoint(provider="anthropic").resolve()
+    assert (resolved.base_url, resolved.api_key) == ("https://api.anthropic.com", "sk-ant-env")

@@ -8,6 +8,7 @@ endpoint speaks (``Endpoint(provider=...)``, or its host) is :mod:`llm_ops._endp
 
 from __future__ import annotations
 
+from .anthropic import ANTHROPIC
 from .base import (
     BatchResult,
     Dialect,
@@ -22,7 +23,6 @@ from .base import (
     Vectors,
     parse_duration,
 )
-from .anthropic import ANTHROPIC
 from .openai import OPENAI
 
 __all__ = [

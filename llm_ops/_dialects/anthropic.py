@@ -27,8 +27,12 @@ The request it is given is the canonical request (OpenAI-shaped: what a cache ke
   ``max_tokens`` counts the thinking too, so it is the request's ``max_completion_tokens``
   (thinking included, as OpenAI means it), else the answer's ``max_tokens`` (or the default)
   plus the budget. Thinking blocks are kept apart from the answer (:attr:`Reply.reasoning`).
-- a prompt-cache mark (``cache_control: {"type": "ephemeral"}``) on the system prompt when the
-  request says ``prompt_cache`` (see :data:`PROMPT_CACHE`).
+- the system prompt, the prefix every row of a job shares, is marked for Anthropic's prompt
+  cache (``cache_control: {"type": "ephemeral"}``, five minutes): its first use is billed as a
+  cache write (1.25 times the input price), every later one as a cache read (a tenth of it).
+  A prefix shorter than the model's least cacheable one (1,024 tokens and more) is simply not
+  cached, at no charge. ``Endpoint(prompt_cache=False)`` marks nothing
+  (:meth:`AnthropicDialect.unmarked`).
 
 Anthropic's ``input_tokens`` leaves out the tokens read from and written to its prompt cache;
 the neutral prompt count holds all three (as OpenAI's ``prompt_tokens`` holds its cached
@@ -70,10 +74,10 @@ answer a table's cell is meant for, and every Claude model accepts it."""
 THINKING_BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576}
 """Extended thinking's ``budget_tokens`` for each ``reasoning_effort``: 1,024 is the least
 Anthropic takes; beyond 32,000 it advises batches."""
-PROMPT_CACHE = "prompt_cache"
-"""The canonical request's field asking to mark the shared prefix (the system prompt) for
-Anthropic's prompt cache: ``cache_control: {"type": "ephemeral"}`` (five minutes)."""
 CACHE_MARK = {"type": "ephemeral"}
+LEAST_CACHED_TOKENS = 1024
+"""The shortest prefix Anthropic's prompt cache takes (Claude's Sonnet and Opus models; some
+take more): a shorter one is not cached, at no charge."""
 CHARS_PER_TOKEN = 4
 """To estimate thinking tokens from the thinking's text, which Anthropic does not count."""
 STOPS: dict[object, Stop] = {
@@ -99,7 +103,8 @@ class NoEmbeddings(NotImplementedError):
 
 class AnthropicDialect:
     """The Anthropic Messages dialect (``provider="anthropic"``). ``clock`` is the wall clock
-    the rate-limit headers' reset times are read against (a test's own, else the real one)."""
+    the rate-limit headers' reset times are read against (a test's own, else the real one);
+    ``marks_prompt_cache``: whether the system prompt is marked for the prompt cache."""
 
     name = "anthropic"
     stop_field = "stop_reason"
@@ -108,10 +113,19 @@ class AnthropicDialect:
     batch_path = "/v1/messages"
     models_path = "v1/models"
     default_base_url = "https://api.anthropic.com"
+    environment = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")  # as Anthropic's SDK reads them
     embeddings = False
+    least_cached_tokens = LEAST_CACHED_TOKENS
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, *, marks_prompt_cache: bool = True
+    ) -> None:
         self.clock = clock
+        self.marks_prompt_cache = marks_prompt_cache
+
+    def unmarked(self) -> AnthropicDialect:
+        """This dialect marking nothing for the prompt cache."""
+        return AnthropicDialect(self.clock, marks_prompt_cache=False)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -132,7 +146,7 @@ class AnthropicDialect:
         system, messages = _split_system(request["messages"])
         if system:
             blocks: list[dict[str, Any]] = [{"type": "text", "text": text} for text in system]
-            if request.get(PROMPT_CACHE):
+            if self.marks_prompt_cache:
                 blocks[-1]["cache_control"] = dict(CACHE_MARK)
             body["system"] = blocks
         body["messages"] = [_message(message) for message in messages]
@@ -216,7 +230,10 @@ class AnthropicDialect:
             texts = [b["text"] for b in blocks if b.get("type") == "text"]
             thoughts = [b.get("thinking") for b in blocks if b.get("type") == "thinking"]
             stop_reason = body.get("stop_reason")
-            usage = read_usage(body.get("usage"))
+            said = body.get("usage")
+            usage = read_usage(said)
+            billed = isinstance(said, dict) and usage is not None
+            written = _token_count(said.get("cache_creation_input_tokens")) if billed else 0
         except _READ_FAILURES as exc:
             raise MalformedAnswer(str(exc)) from exc
         thinking = "\n\n".join(t for t in thoughts if isinstance(t, str) and t) or None
@@ -232,6 +249,7 @@ class AnthropicDialect:
             stop_reason=stop_reason,
             usage=usage,
             reasoning=thinking,
+            cache_writes=written or 0,
         )
 
     def read_embeddings(self, payload: bytes) -> Vectors:

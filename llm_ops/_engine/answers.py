@@ -237,6 +237,8 @@ class CompletionReader(Reader):
         except MalformedAnswer as exc:
             raise malformed(payload) from exc
         usage = self.count(reply.usage)
+        writes = min(reply.cache_writes, usage[0]) if usage is not None else 0
+        self.counters.cache_write_tokens += writes
         self.counters.images += images_in(request.messages)  # billed with the answer
         self._check(reply)
         text = reply.text
@@ -255,6 +257,7 @@ class CompletionReader(Reader):
             reasoning_tokens=reasoning_tokens,
             reasoning=reply.reasoning,
             usage_known=usage is not None,
+            cache_write_tokens=writes,
         )
         if truncated:
             return outcome
@@ -301,6 +304,7 @@ def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Ou
                 completion_tokens=outcome.completion_tokens // share,
                 cached_tokens=outcome.cached_tokens // share,
                 reasoning_tokens=outcome.reasoning_tokens // share,
+                cache_write_tokens=outcome.cache_write_tokens // share,
                 usage_known=outcome.usage_known,
             ),
         )

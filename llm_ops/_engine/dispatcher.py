@@ -362,6 +362,7 @@ class Dispatcher:
                 expected,
                 (outcome.prompt_tokens, outcome.completion_tokens),
                 cached_input_tokens=outcome.cached_tokens,
+                cache_write_tokens=outcome.cache_write_tokens,
             )
 
     @staticmethod

@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from ._server import (
+    BASE_PATHS,
     FAULT_KINDS,
     JUDGMENTS,
     PRESETS,
@@ -95,7 +96,7 @@ class LocalEndpoint:
         self.config = SimulatorConfig(**config)
         self.port = port
         self._process: subprocess.Popen[str] | None = None
-        self.base_url = ""
+        self.root = ""  # http://127.0.0.1:PORT, once started
 
     def start(self, timeout: float = 30.0) -> LocalEndpoint:
         """Start the server process and wait until it accepts connections (once)."""
@@ -120,8 +121,15 @@ class LocalEndpoint:
             raise RuntimeError(
                 f"the local endpoint did not start on port {self.port} (is it in use?)"
             )
-        self.base_url = line[0].split()[-1]
+        printed = line[0].split()[-1]
+        self.root = printed.removesuffix(BASE_PATHS[self.config.dialect])
         return self
+
+    @property
+    def base_url(self) -> str:
+        """The base URL of the configured dialect's API, as its SDK takes it (see
+        :attr:`SimulatorConfig.dialect`): every dialect's paths are served all the same."""
+        return self.root + BASE_PATHS[self.config.dialect] if self.root else ""
 
     def _stdout(self) -> Any:
         assert self._process is not None and self._process.stdout is not None
@@ -141,7 +149,7 @@ class LocalEndpoint:
         self._call("POST", "config", asdict(self.config))
 
     def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
-        root = self.base_url.removesuffix("/v1")
+        root = self.root
         data = json.dumps(payload).encode() if method == "POST" else None
         request = urllib.request.Request(f"{root}/_sim/{control}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:

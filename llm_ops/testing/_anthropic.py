@@ -17,12 +17,13 @@ in Anthropic's shape: content blocks, ``stop_reason`` (``end_turn``, ``max_token
 ``overloaded_error``.
 
 **Prompt caching.** A request whose system prompt or message blocks carry ``cache_control``
-caches its prefix up to the last mark: the first time it is written
-(``usage.cache_creation_input_tokens``), then read (``cache_read_input_tokens``) for as long as
-the simulator runs (:meth:`Simulator.reset` forgets it). Anthropic's least cacheable prefix
-(1,024 tokens and more) is not modelled: any marked prefix is cached. Without a mark, the
-automatic prefix cache of ``SimulatorConfig.prefix_cache_tokens`` reports its hits as reads.
-``input_tokens`` is the prompt less both, as Anthropic counts it.
+caches its prefix up to the last mark, if it holds at least :data:`LEAST_CACHED_TOKENS` tokens
+(counted as the simulator counts a prompt: four characters a token, four more a message): the
+first time it is written (``usage.cache_creation_input_tokens``), then read
+(``cache_read_input_tokens``) for as long as the simulator runs (:meth:`Simulator.reset`
+forgets it). Without a mark, the automatic prefix cache of
+``SimulatorConfig.prefix_cache_tokens`` reports its hits as reads. ``input_tokens`` is the
+prompt less both, as Anthropic counts it.
 
 **Extended thinking.** ``thinking: {"type": "enabled", "budget_tokens": n}`` answers a
 ``thinking`` block before the text (the text :func:`expected_reasoning` gives for the prompt),
@@ -80,6 +81,8 @@ ERROR_TYPES = {
 }
 """Anthropic's error type for each status; any other (a 5xx) is ``api_error``."""
 CACHE_ENTRIES = 4096
+LEAST_CACHED_TOKENS = 1024
+"""The shortest prefix the prompt cache takes, as Anthropic's does for Claude Sonnet and Opus."""
 
 
 def error(status: int, message: str, kind: str | None = None) -> web.Response:
@@ -267,8 +270,11 @@ class AnthropicApi:
         if marked is None:
             automatic = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             return int(automatic), 0
-        tokens = min(prompt_tokens, len(marked) // 4 + 4)
-        digest = hashlib.sha256(model.encode() + b"\0" + marked.encode()).digest()
+        text, tokens = marked
+        tokens = min(prompt_tokens, tokens)
+        if tokens < LEAST_CACHED_TOKENS:
+            return 0, 0
+        digest = hashlib.sha256(model.encode() + b"\0" + text.encode()).digest()
         if digest in self.cached:
             self.cached.move_to_end(digest)
             self.cache_read_tokens += tokens
@@ -382,23 +388,29 @@ def _part(block: Any) -> Any:
     return block  # refused by the simulator as a part of an unknown type
 
 
-def _marked_prefix(asked: dict[str, Any]) -> str | None:
-    """The request's text up to its last ``cache_control`` mark (system blocks, then the
-    messages' blocks, in order), or ``None`` when nothing is marked."""
+def _marked_prefix(asked: dict[str, Any]) -> tuple[str, int] | None:
+    """The request up to its last ``cache_control`` mark (system blocks, then the messages'
+    blocks, in order), and its tokens as the simulator counts a prompt's (the texts' characters
+    over four, and four a message); ``None`` when nothing is marked."""
     seen: list[str] = []
+    chars = 0
     prefix = None
     system = asked.get("system")
-    blocks = [("system", b) for b in system] if isinstance(system, list) else []
-    for message in asked["messages"]:
+    if isinstance(system, str):
+        system = [{"type": "text", "text": system}]
+    blocks = [(0, "system", b) for b in system] if isinstance(system, list) else []
+    for n, message in enumerate(asked["messages"], 1):
         content = message.get("content")
-        if isinstance(content, list):
-            blocks += [(message.get("role", ""), b) for b in content]
-        else:
-            blocks.append((message.get("role", ""), {"text": content}))
-    for role, block in blocks:
+        if not isinstance(content, list):
+            content = [{"type": "text", "text": content}]
+        blocks += [(n, message.get("role", ""), block) for block in content]
+    for n, role, block in blocks:
         seen.append(role + ":" + json.dumps(block, sort_keys=True))
+        text = block.get("text") if isinstance(block, dict) else None
+        chars += len(text) if isinstance(text, str) else 0
         if isinstance(block, dict) and block.get("cache_control"):
-            prefix = "\n".join(seen)
+            messages = n + (1 if system else 0)  # a system prompt is one message more
+            prefix = "\n".join(seen), chars // 4 + 4 * messages
     return prefix
 
 
