@@ -222,6 +222,17 @@ def _ask(sim, df=PROMPTS, key=KEY, **options):
 
 def test_a_job_gets_the_answers_the_openai_dialect_gets(sim):
     out = _ask(sim, system="be brief")
+    as_openai = Endpoint(sim.root + "/v1", api_key=KEY)
+    sim.configure(dialect="anthropic")  # the OpenAI route checks a bearer key: none here
+    openai = PROMPTS.pipe(
+        llm_complete,
+        prompt="{text}",
+        system="be brief",
+        model="sim",
+        endpoint=as_openai,
+        cache=False,
+    )
+    assert out["completion"].to_list() == openai["completion"].to_list()
     assert out["completion"].to_list() == [
         expected_reply(t, model="sim", system="be brief") for t in PROMPTS["text"]
     ]
@@ -254,10 +265,17 @@ def test_a_429_with_retry_after_is_retried(sim):
 
 
 def test_a_bad_key_stops_the_job_without_showing_it(sim):
-    with pytest.raises(JobAbortedError, match="refused the credentials") as raised:
+    with pytest.raises(JobAbortedError, match="ANTHROPIC_API_KEY") as raised:
         _ask(sim, key="sk-ant-wrong-key-123")
     assert "sk-ant-wrong-key-123" not in str(raised.value)
     assert sim.stats()["by_status"] == {"401": 1}
+
+
+def test_an_account_out_of_credit_stops_the_job(sim):
+    sim.configure(dialect="anthropic", api_key=KEY, insufficient_quota=True)
+    with pytest.raises(JobAbortedError, match="out of quota"):
+        _ask(sim)
+    assert sim.stats()["by_status"] == {"400": 1}
 
 
 def test_images_and_a_pdf_column_reach_the_model(sim, tmp_path):

@@ -93,6 +93,8 @@ CREDENTIALS = frozenset({"authentication_error", "permission_error"})
 RATE_LIMITED = frozenset({"rate_limit_error", "overloaded_error"})
 RETRYABLE = frozenset({"api_error", "timeout_error"})
 RATE_KINDS = ("requests", "tokens")
+NO_CREDIT = "credit balance is too low"
+"""What Anthropic's 400 says when the account has no credit left: every request would fail."""
 MAX_TOKENS_BELIEVED = 2**31 - 1
 _READ_FAILURES = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 
@@ -290,8 +292,9 @@ class AnthropicDialect:
         """Anthropic's ``{"type": "error", "error": {"type", "message"}}``: the credentials
         refused (``authentication_error``, ``permission_error``, 401, 403), a rate limit or
         an overload (``rate_limit_error`` 429, ``overloaded_error`` 529: both slow every
-        sender), a server error to try again (``api_error``, 5xx, 408, 409), else a
-        rejection (``invalid_request_error``, ``not_found_error``, ``request_too_large``)."""
+        sender), a server error to try again (``api_error``, 5xx, 408, 409), an account out
+        of credit (Anthropic says so in a 400: the quota), else a rejection
+        (``invalid_request_error``, ``not_found_error``, ``request_too_large``)."""
         error = _error_object(payload)
         kind, message = error.get("type"), error.get("message")
         shown = str(message) if message else None
@@ -301,6 +304,8 @@ class AnthropicDialect:
             return ErrorReading("rate_limited", shown)
         if kind in RETRYABLE or status >= 500 or status in (408, 409):
             return ErrorReading("retryable", shown)
+        if shown is not None and NO_CREDIT in shown.lower():
+            return ErrorReading("quota", shown)
         return ErrorReading("rejected", shown)
 
     # -- batch files --------------------------------------------------------------------------

@@ -105,16 +105,18 @@ def refusal(
     secrets: Sequence[str | None],
     *,
     kept: str = "answers so far are cached",
+    key_variable: str = "OPENAI_API_KEY",
 ) -> tuple[str, str | None]:
     """An error answer's one-line message, and, when it refuses the whole job (the
     credentials, an empty quota), why the job stops; else ``None``. ``kept`` says what
-    became of the answers so far (the cache is off: they are not kept)."""
+    became of the answers so far (the cache is off: they are not kept); ``key_variable``
+    names the variable a key is read from (the dialect's)."""
     message = one_line(redact(f"HTTP {status}: {error.message or preview(payload)}", *secrets))
     if error.kind == "credentials":
         return message, (
             f"the endpoint refused the credentials ({message}); the job was stopped and "
             f"nothing more was sent. Check the API key ({setting_to('api_key')} or "
-            "OPENAI_API_KEY) and "
+            f"{key_variable}) and "
             "its permissions for this model."
         )
     if error.kind == "quota":

@@ -553,7 +553,10 @@ class Dispatcher:
             message, stop = redirection(status, answer.headers, self.engine.base_url)
             self._abort(stop)
             return Final("aborted", message, http_status=status)
-        message, refused = refusal(status, error, answer.body, self.engine.secrets, kept=self.kept)
+        variable = getattr(self.engine.dialect, "environment", ("", "OPENAI_API_KEY"))[1]
+        message, refused = refusal(
+            status, error, answer.body, self.engine.secrets, kept=self.kept, key_variable=variable
+        )
         if refused is not None:
             self._abort(refused)
             return Final("aborted", message)
