@@ -26,23 +26,35 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
-from ._dialects import ANTHROPIC, OPENAI, Dialect
+from ._dialects import ANTHROPIC, GEMINI, OPENAI, Dialect
 from ._key import normalize_base_url
 from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-ENVIRONMENT = ("OPENAI_BASE_URL", "OPENAI_API_KEY")
-"""The variables naming the base URL and the key when an endpoint names neither, unless its
-dialect names its own (an optional member ``environment`` of a dialect; ``default_base_url``
-is the URL when neither names one)."""
 
 DEFAULT = "openai"
-DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "anthropic": ANTHROPIC}
+DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "gemini": GEMINI, "anthropic": ANTHROPIC}
 """The dialects llm-ops ships, by the name ``provider=`` gives them."""
-HOSTS: dict[str, str] = {"api.openai.com": "openai", "api.anthropic.com": "anthropic"}
-"""Hosts whose provider is known: their API's dialect is picked without ``provider=``. (Room
-for ``generativelanguage.googleapis.com`` once its dialect is written.)"""
+HOSTS: dict[str, str] = {
+    "api.openai.com": "openai",
+    "generativelanguage.googleapis.com": "gemini",
+    "api.anthropic.com": "anthropic",
+}
+"""Hosts whose provider is known: their API's dialect is picked without ``provider=``."""
+HOMES: dict[str, str] = {
+    "gemini": "https://generativelanguage.googleapis.com/v1beta",
+    "anthropic": "https://api.anthropic.com",
+}
+"""Where a provider's API is, as its SDK takes the base URL: an endpoint naming only
+``provider=`` goes there (not to ``OPENAI_BASE_URL``)."""
+KEY_VARIABLES: dict[str, tuple[str, ...]] = {
+    "gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+}
+"""The environment variables a dialect's key is read from without ``api_key=``, in the order
+the provider's SDK reads them; OpenAI's (and any other dialect's) is ``OPENAI_API_KEY``. An
+OpenAI key is never sent to another provider."""
 
 
 def dialect_for(provider: object, base_url: str | None = None) -> Dialect:
@@ -137,9 +149,8 @@ class ResolvedEndpoint:
         provider: str | Dialect | None = None,
         prompt_cache: bool = True,
     ) -> ResolvedEndpoint:
-        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI
-        (for a provider whose dialect names its own, as Anthropic's SDK reads them:
-        ``ANTHROPIC_BASE_URL``/``ANTHROPIC_API_KEY``, else ``https://api.anthropic.com``).
+        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI;
+        for a provider of :data:`HOMES`, its own URL and :data:`KEY_VARIABLES` instead.
         Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
         credentials go in headers of the caller's (``keyed_by_headers``: then, without a key,
         no ``Authorization`` header is sent)."""
@@ -148,10 +159,8 @@ class ResolvedEndpoint:
                 "an endpoint's name must be a name of letters, digits, '.', '_' and '-' "
                 f"(at most 100), like 'vllm-prod'; got {name!r}"
             )
-        named = None if provider is None else dialect_for(provider)
-        url_variable, key_variable = getattr(named, "environment", ENVIRONMENT)
-        default = getattr(named, "default_base_url", DEFAULT_BASE_URL)
-        url = base_url or os.environ.get(url_variable) or default
+        home = HOMES.get(provider) if isinstance(provider, str) else None
+        url = base_url or home or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         if not isinstance(url, str):
             raise ConfigError(
                 f"{setting('base_url')} must be a string URL, got {type(url).__name__}"
@@ -182,8 +191,8 @@ class ResolvedEndpoint:
             name=name,
         )
         dialect = dialect_for(provider, endpoint.base_url)
-        key_variable = getattr(dialect, "environment", ENVIRONMENT)[1]
-        key = api_key or os.environ.get(key_variable)
+        variables = KEY_VARIABLES.get(dialect.name, ("OPENAI_API_KEY",))
+        key = api_key or next(filter(None, map(os.environ.get, variables)), None)
         if key:
             _check_api_key(key)
         elif keyed_by_headers:
@@ -193,8 +202,9 @@ class ResolvedEndpoint:
         else:
             raise MissingApiKeyError(
                 f"no API key for {endpoint.shown}: pass {setting_to('api_key')} or set "
-                f"{key_variable}, or send the credentials in {setting_to('headers')} (e.g. "
-                "Azure's api-key header); a local endpoint on 127.0.0.1 needs none"
+                f"{' or '.join(variables)}, or send the credentials in "
+                f"{setting_to('headers')} (e.g. Azure's api-key header); a local endpoint on "
+                "127.0.0.1 needs none"
             )
         unmarked = getattr(dialect, "unmarked", None)  # see Dialect: an optional member
         if not prompt_cache and unmarked is not None:
@@ -225,7 +235,7 @@ _CREDENTIAL = re.compile(r"auth|key|token|secret|passw|cookie|signature|credenti
 """Header names whose values are credentials: redacted wherever a message could show them."""
 
 
-AUTHENTICATING = frozenset(("authorization", "api-key", "x-api-key"))
+AUTHENTICATING = frozenset(("authorization", "api-key", "x-api-key", "x-goog-api-key"))
 """Headers that carry the credentials themselves (Azure's ``api-key``, a gateway's bearer):
 with one of these, no API key is needed besides."""
 

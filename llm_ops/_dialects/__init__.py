@@ -22,12 +22,15 @@ from .base import (
     Usage,
     Vectors,
     parse_duration,
+    path_of,
 )
+from .gemini import GEMINI
 from .openai import OPENAI
 
 __all__ = [
     "ANTHROPIC",
     "CANONICAL",
+    "GEMINI",
     "OPENAI",
     "BatchResult",
     "Dialect",
@@ -41,6 +44,7 @@ __all__ = [
     "Usage",
     "Vectors",
     "parse_duration",
+    "path_of",
 ]
 
 CANONICAL = OPENAI

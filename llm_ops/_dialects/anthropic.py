@@ -114,8 +114,6 @@ class AnthropicDialect:
     embeddings_path = "v1/embeddings"  # none: embeddings_body refuses before it is used
     batch_path = "/v1/messages"
     models_path = "v1/models"
-    default_base_url = "https://api.anthropic.com"
-    environment = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY")  # as Anthropic's SDK reads them
     embeddings = False
     least_cached_tokens = LEAST_CACHED_TOKENS
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from .._dialects import CANONICAL, ErrorReading
+from .._dialects import CANONICAL, ErrorReading, path_of
+from .._endpoint import KEY_VARIABLES
 from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_OUTPUT, PACK_SCHEMA
@@ -125,8 +126,9 @@ class Dispatcher:
         self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
 
     def path(self) -> str:
-        """Where requests go, under the base URL: the dialect's completions."""
-        return self.engine.dialect.completions_path
+        """Where requests go, under the base URL: the dialect's completions (of the model,
+        where its path names it)."""
+        return path_of(self.engine.dialect.completions_path, self.model)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
         return CompletionReader(self.counters, self.engine.secrets, self.engine.dialect, validate)
@@ -553,7 +555,8 @@ class Dispatcher:
             message, stop = redirection(status, answer.headers, self.engine.base_url)
             self._abort(stop)
             return Final("aborted", message, http_status=status)
-        variable = getattr(self.engine.dialect, "environment", ("", "OPENAI_API_KEY"))[1]
+        variables = KEY_VARIABLES.get(self.engine.dialect.name, ("OPENAI_API_KEY",))
+        variable = " or ".join(variables)
         message, refused = refusal(
             status, error, answer.body, self.engine.secrets, kept=self.kept, key_variable=variable
         )
@@ -564,8 +567,10 @@ class Dispatcher:
             hint = base_url_hint(status, message, self.engine.base_url)
             message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
+        wait = retry_after(answer.headers)  # else the body's (Gemini's RetryInfo)
         limited = error.kind == "rate_limited"  # a 429, or an overload (Anthropic's 529)
-        return self._retry_later(status, retry_after(answer.headers), message, limited)
+        wait = error.retry_after if wait is None else wait
+        return self._retry_later(status, wait, message, limited)
 
     def _watch(self, refused: str | None) -> None:
         """Follow the job's first answers: when the first :data:`REFUSED_ALIKE_TO_STOP` are
@@ -643,7 +648,7 @@ class EmbeddingDispatcher(Dispatcher):
         super().__init__(engine, **options)
 
     def path(self) -> str:
-        return self.engine.dialect.embeddings_path
+        return path_of(self.engine.dialect.embeddings_path, self.model)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
         return EmbeddingReader(

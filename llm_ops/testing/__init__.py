@@ -25,6 +25,7 @@ import json
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from dataclasses import asdict
 from types import TracebackType
@@ -121,8 +122,8 @@ class LocalEndpoint:
             raise RuntimeError(
                 f"the local endpoint did not start on port {self.port} (is it in use?)"
             )
-        printed = line[0].split()[-1]
-        self.root = printed.removesuffix(BASE_PATHS[self.config.dialect])
+        parts = urllib.parse.urlsplit(line[0].split()[-1])
+        self.root = f"{parts.scheme}://{parts.netloc}"  # the /_sim/ calls' (any dialect's)
         return self
 
     @property
@@ -146,7 +147,7 @@ class LocalEndpoint:
     def configure(self, **config: Any) -> None:
         """Replace the running server's behaviour: unnamed fields take their defaults."""
         self.config = SimulatorConfig(**config)
-        self._call("POST", "config", asdict(self.config))
+        self._call("POST", "config", asdict(self.config))  # base_url: the dialect's now
 
     def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
         root = self.root

@@ -80,6 +80,10 @@ ERROR_TYPES = {
     529: "overloaded_error",
 }
 """Anthropic's error type for each status; any other (a 5xx) is ``api_error``."""
+NO_CREDIT = (
+    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing "
+    "to upgrade or purchase credits."
+)
 CACHE_ENTRIES = 4096
 LEAST_CACHED_TOKENS = 1024
 """The shortest prefix the prompt cache takes, as Anthropic's does for Claude Sonnet and Opus."""
@@ -145,52 +149,26 @@ class AnthropicApi:
         )
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        """``POST /v1/messages``: counted, gathered and held as every chat request is."""
+        """``POST /v1/messages``: counted, gathered, held and answered as every chat request
+        is, through a :class:`Messages` call (the simulator's ``Wire``)."""
         self.requests += 1
-        return await self.simulator.chat_completions(request, answer=self._answer)
-
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
-        simulator = self.simulator
-        refused = self._refuse(request)
-        if refused is None:
-            try:
-                asked = _checked(json.loads(await request.read()))
-            except ValueError:
-                refused = error(400, "There was an error parsing the body of your request.")
-            except _Refusal as refusal:
-                refused = error(refusal.status, str(refusal))
-        if refused is not None:
-            if simulator.config.latency > 0:  # a slow server is as slow to refuse
-                await _sleep(simulator.config.latency)
-            return refused
-        body = _as_openai(asked, simulator.config.reasoning_models)
-        response = await simulator._answer(request, translated=body)
-        return self._anthropic(response, asked, body)
+        return await self.simulator.chat_completions(request, Messages(self, request))
 
     def _refuse(self, request: web.Request) -> web.Response | None:
-        """The version header, the key and the quota, as Anthropic checks them."""
-        simulator = self.simulator
-        simulator.header_names.update(request.headers.keys())
+        """The version header and the key, as Anthropic checks them."""
+        self.simulator.header_names.update(request.headers.keys())
         version = request.headers.get("anthropic-version")
         if version is None:
             return error(400, "anthropic-version: header is required")
         if version not in VERSIONS:
             return error(400, f"anthropic-version: invalid version {version!r}")
-        key = simulator.config.api_key
+        key = self.simulator.config.api_key
         if key is not None:
             given = request.headers.get("x-api-key")
             if given is None:
                 return error(401, "x-api-key header is required")
             if given != key:
                 return error(401, "invalid x-api-key")
-        quota = simulator.config.quota_requests
-        spent = quota is not None and simulator.answered_total >= quota
-        if simulator.config.insufficient_quota or spent:
-            return error(
-                400,
-                "Your credit balance is too low to access the Anthropic API. Please go to "
-                "Plans & Billing to upgrade or purchase credits.",
-            )
         return None
 
     # -- the answer, in Anthropic's shape -----------------------------------------------------
@@ -206,10 +184,14 @@ class AnthropicApi:
             said = json.loads(response.body)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             return response
+        if isinstance(said, dict) and said.get("type") == "error":  # Anthropic's already
+            return response
         headers = _anthropic_headers(response.headers)
         if response.status >= 400:
             inner = said.get("error") if isinstance(said, dict) else None
             message = inner.get("message") if isinstance(inner, dict) else None
+            if isinstance(inner, dict) and inner.get("type") == "insufficient_quota":
+                return error(400, NO_CREDIT)  # how Anthropic says the account is spent
             answer = error(response.status, str(message or "simulated error"))
             answer.headers.update(headers)
             return answer
@@ -284,6 +266,34 @@ class AnthropicApi:
             self.cached.popitem(last=False)
         self.cache_creation_tokens += tokens
         return 0, tokens
+
+
+class Messages:
+    """One ``POST /v1/messages`` call, as the simulator's ``Wire``: Anthropic's checks of the
+    key and the body, the body as the OpenAI-shaped one the simulator answers, and the answer
+    written back in Anthropic's shape."""
+
+    def __init__(self, api: AnthropicApi, request: web.Request) -> None:
+        self.api = api
+        self.request = request
+        self.asked: dict[str, Any] = {}
+        self.body: dict[str, Any] = {}
+
+    def refuse_key(self) -> web.Response | None:
+        return self.api._refuse(self.request)
+
+    def read(self, raw: bytes) -> dict[str, Any] | web.Response:
+        try:
+            self.asked = _checked(json.loads(raw))
+        except ValueError:
+            return error(400, "There was an error parsing the body of your request.")
+        except _Refusal as refusal:
+            return error(refusal.status, str(refusal))
+        self.body = _as_openai(self.asked, self.api.simulator.config.reasoning_models)
+        return self.body
+
+    def written(self, response: web.StreamResponse) -> web.StreamResponse:
+        return self.api._anthropic(response, self.asked, self.body)
 
 
 def _checked(asked: Any) -> dict[str, Any]:
@@ -431,9 +441,3 @@ def _anthropic_headers(headers: Any) -> dict[str, str]:
         if name in headers:
             said["retry-after"] = headers[name]
     return said
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)

@@ -102,7 +102,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 
@@ -1225,6 +1225,9 @@ class Simulator:
         self._hold_changed = asyncio.Event()
         self.held = 0  # chat requests waiting for the hold to lift (a reset keeps them)
         self.anthropic = AnthropicApi(self)  # Anthropic's Messages API, over the same replies
+        from ._gemini import GeminiApi  # here: it builds on this module
+
+        self.gemini = GeminiApi(self)
         self.configure(config)
         self.reset()
 
@@ -1329,6 +1332,8 @@ class Simulator:
         app.router.add_post("/_sim/config", self.post_config)
         for method, path, name in BatchesApi.ROUTES:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
+        for method, path, handler in self.gemini.routes():
+            app.router.add_route(method, path, handler)
         app.on_cleanup.append(self._close)
         return app
 
@@ -1464,12 +1469,9 @@ class Simulator:
         )
 
     async def chat_completions(
-        self,
-        request: web.Request,
-        answer: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+        self, request: web.Request, wire: Wire | None = None
     ) -> web.StreamResponse:
-        """A chat request, answered by :meth:`_answer`, or by ``answer`` (another dialect's,
-        which calls it with the request translated)."""
+        """A chat request, in OpenAI's dialect, or in another's ``wire`` translates."""
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -1481,7 +1483,9 @@ class Simulator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._gathered.wait(), GATHER_SECONDS)
             await self._wait_while_held()
-            response = await (answer or self._answer)(request)
+            response = await self._answer(request, wire)
+            if wire is not None:
+                response = wire.written(response)
         except asyncio.CancelledError:  # the client gave up (a timeout, say) and hung up
             self.cancelled += 1
             raise
@@ -1579,19 +1583,17 @@ class Simulator:
             request.transport.close()
         return response
 
-    async def _answer(
-        self, request: web.Request, translated: dict[str, Any] | None = None
-    ) -> web.StreamResponse:
-        """The answer to a chat request; ``translated``: its body as another dialect read it
-        (that dialect checked its credentials)."""
+    async def _answer(self, request: web.Request, wire: Wire | None) -> web.StreamResponse:
         started = time.perf_counter()
-        refused = self._refuse(request) if translated is None else None
+        refused = self._refuse(request, wire)
         if refused is not None:
             if self.config.latency > 0:  # a slow server is as slow to refuse
                 await asyncio.sleep(self.config.latency)
             return refused
-        if translated is not None:
-            body: Any = translated
+        if wire is not None:
+            body = wire.read(await request.read())
+            if isinstance(body, web.Response):  # what that API refuses
+                return body
         else:
             try:
                 body = json.loads(await request.read())
@@ -1637,10 +1639,14 @@ class Simulator:
         expected = f"Bearer {key}" if header.lower() == "authorization" else key
         return request.headers.get(header) == expected
 
-    def _refuse(self, request: web.Request) -> web.Response | None:
-        """401 without the configured key; 429 ``insufficient_quota`` once it is spent."""
+    def _refuse(self, request: web.Request, wire: Wire | None = None) -> web.Response | None:
+        """401 without the configured key (or ``wire``'s refusal of it); 429
+        ``insufficient_quota`` once it is spent."""
         self.header_names.update(request.headers.keys())
-        if not self._authorised(request):
+        refused = wire.refuse_key() if wire is not None else None
+        if refused is not None:
+            return refused
+        if wire is None and not self._authorised(request):
             return _error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )
@@ -1872,6 +1878,19 @@ class Simulator:
         self.completion_tokens += reply.completion_tokens
         self.judged.update(reply.judged)
         self.prefix_cache.insert(reply.blocks)
+
+
+class Wire(Protocol):
+    """Another API's dialect over the simulator's chat answers (see
+    :mod:`llm_ops.testing._gemini`): it refuses a request's key its own way, reads its body
+    into the OpenAI-shaped one :meth:`Simulator._reply` answers, and writes the answer back
+    in its own shape."""
+
+    def refuse_key(self) -> web.Response | None: ...
+
+    def read(self, raw: bytes) -> dict[str, Any] | web.Response: ...
+
+    def written(self, response: web.StreamResponse) -> web.StreamResponse: ...
 
 
 @dataclass
