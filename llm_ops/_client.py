@@ -707,6 +707,7 @@ class Client:
             prompt=prompt,
             model=model,
             endpoint=self.endpoint.identity,
+            dialect=self.endpoint.dialect,
             cached=self.cache is not None,
             options=options,
         )

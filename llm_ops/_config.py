@@ -82,10 +82,12 @@ class Endpoint:
         embeddings answer may hold 128 KiB more per input); a larger one fails its request.
     provider
         The API's dialect: how requests are written and answers read. ``"openai"``, the
-        OpenAI-compatible API that most servers and gateways speak, or a dialect object
+        OpenAI-compatible API that most servers and gateways speak; ``"anthropic"``,
+        Anthropic's Messages API (base URL ``https://api.anthropic.com``); or a dialect object
         (``llm_ops._dialects.Dialect``: a test's, or an API llm-ops does not ship). ``None``:
-        the one the host is known for (``api.openai.com``), else ``"openai"``. The dialect
-        changes what is sent, never a cache key.
+        the one the host is known for (``api.openai.com``, ``api.anthropic.com``), else
+        ``"openai"``. A provider other than OpenAI is part of the cache key (see
+        ``docs/cache.md``): an answer from one provider is never served for another.
     transport
         Sends each HTTP request instead of llm-ops' own pool of connections, as httpx's
         ``transport=``: an object with ``async handle_async_request(request)``, taking an
@@ -94,6 +96,12 @@ class Endpoint:
         and ``async aclose()``: an :class:`~llm_ops.AsyncTransport`. For tests, or to
         trace each request; the engine still retries, paces and reads every answer.
         ``verify``, ``cert`` and ``proxy`` are then the transport's to apply.
+    prompt_cache
+        Mark the prefix every request shares (the system prompt) for the provider's prompt
+        cache, where its API asks for a mark (Anthropic's ``cache_control``): the first
+        request writes it (billed above the input price), later ones read it (far below).
+        ``True`` by default; OpenAI-compatible servers cache without a mark, so it changes
+        nothing there. Never part of a cache key.
 
     Examples
     --------
@@ -112,6 +120,7 @@ class Endpoint:
     max_response_bytes: int = field(default=8 * 2**20, repr=False)
     provider: str | Dialect | None = field(default=None, repr=False)
     transport: AsyncTransport | None = field(default=None, repr=False, compare=False)
+    prompt_cache: bool = field(default=True, repr=False)
     connection: Connection = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +136,8 @@ class Endpoint:
                 f"(at most 100), like 'vllm-prod'; got {self.name!r}"
             )
         positive_int("max_response_bytes", self.max_response_bytes, most=MAX_RESPONSE_BYTES)
+        if not isinstance(self.prompt_cache, bool):
+            raise ConfigError(f"prompt_cache must be True or False, got {self.prompt_cache!r}")
         if self.provider is not None:
             dialect_for(self.provider)  # a name no dialect has: ConfigError now, not later
         connection = Connection(self.headers, self.verify, self.cert, self.proxy, self.transport)
@@ -142,6 +153,7 @@ class Endpoint:
             name=self.name,
             keyed_by_headers=self.connection.authenticates,
             provider=self.provider,
+            prompt_cache=self.prompt_cache,
         )
 
 

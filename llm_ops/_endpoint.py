@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
-from ._dialects import GEMINI, OPENAI, Dialect
+from ._dialects import ANTHROPIC, GEMINI, OPENAI, Dialect
 from ._key import normalize_base_url
 from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
@@ -34,18 +34,24 @@ from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 DEFAULT = "openai"
-DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "gemini": GEMINI}
+DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "gemini": GEMINI, "anthropic": ANTHROPIC}
 """The dialects llm-ops ships, by the name ``provider=`` gives them."""
 HOSTS: dict[str, str] = {
     "api.openai.com": "openai",
     "generativelanguage.googleapis.com": "gemini",
+    "api.anthropic.com": "anthropic",
 }
-"""Hosts whose provider is known: their API's dialect is picked without ``provider=``. (Room
-for ``api.anthropic.com`` once its dialect is written.)"""
-HOMES: dict[str, str] = {"gemini": "https://generativelanguage.googleapis.com/v1beta"}
+"""Hosts whose provider is known: their API's dialect is picked without ``provider=``."""
+HOMES: dict[str, str] = {
+    "gemini": "https://generativelanguage.googleapis.com/v1beta",
+    "anthropic": "https://api.anthropic.com",
+}
 """Where a provider's API is, as its SDK takes the base URL: an endpoint naming only
 ``provider=`` goes there (not to ``OPENAI_BASE_URL``)."""
-KEY_VARIABLES: dict[str, tuple[str, ...]] = {"gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY")}
+KEY_VARIABLES: dict[str, tuple[str, ...]] = {
+    "gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+}
 """The environment variables a dialect's key is read from without ``api_key=``, in the order
 the provider's SDK reads them; OpenAI's (and any other dialect's) is ``OPENAI_API_KEY``. An
 OpenAI key is never sent to another provider."""
@@ -141,6 +147,7 @@ class ResolvedEndpoint:
         need_key: bool = True,
         keyed_by_headers: bool = False,
         provider: str | Dialect | None = None,
+        prompt_cache: bool = True,
     ) -> ResolvedEndpoint:
         """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI;
         for a provider of :data:`HOMES`, its own URL and :data:`KEY_VARIABLES` instead.
@@ -199,6 +206,9 @@ class ResolvedEndpoint:
                 f"{setting_to('headers')} (e.g. Azure's api-key header); a local endpoint on "
                 "127.0.0.1 needs none"
             )
+        unmarked = getattr(dialect, "unmarked", None)  # see Dialect: an optional member
+        if not prompt_cache and unmarked is not None:
+            dialect = unmarked()
         return dataclasses.replace(endpoint, api_key=key, dialect=dialect)
 
 

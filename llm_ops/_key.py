@@ -9,6 +9,7 @@ A request key is ``"v1:" + sha256(canonical_json(request)).hexdigest()``.
       "messages": [{"content": "...", "role": "system"}, {"content": "...", "role": "user"}],
       "model": "gpt-4o-mini",
       "max_tokens": 64, "temperature": 0.0, ...  # output-affecting parameters that were set
+      "provider": "anthropic",                   # only for a dialect other than OpenAI's
     }
 
 Canonical JSON: keys sorted at every level, separators ``,`` and ``:`` (no whitespace), UTF-8,

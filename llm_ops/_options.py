@@ -46,6 +46,7 @@ from ._config import (
     Sampling,
     SemanticCache,
 )
+from ._dialects import Dialect
 from ._media import Documents, DocumentsOption, Images, ImagesOption, Media
 from ._order import SEND_ORDERS, SendOrder
 from ._pricing import Price, PricingOption, SpendingCap, parse_pricing, price_for
@@ -450,6 +451,10 @@ class Job:
     on_error: Literal["null", "raise"] = "null"
     progress: ProgressCallback | None = field(default=None, repr=False)
     spent: tuple[float, int, int] = (0.0, 0, 0)  # by earlier parts: dollars, requests, tokens
+    # the fewest tokens of a prefix the provider's prompt cache takes, when the endpoint's
+    # dialect marks the shared prefix (the system prompt) for it: the estimate projects its
+    # writes and reads (llm_ops._pipeline.estimate); None: nothing is marked
+    prompt_cache: int | None = None
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -506,12 +511,19 @@ class Job:
 
 
 def make_job(
-    *, prompt: str, model: ModelOption, endpoint: str, cached: bool, options: CallOptions
+    *,
+    prompt: str,
+    model: ModelOption,
+    endpoint: str,
+    cached: bool,
+    options: CallOptions,
+    dialect: Dialect | None = None,
 ) -> Job:
     """Assemble a call's checked options into its :class:`Job` (see :func:`check_job` for
     its check against a table's columns).
 
-    ``endpoint`` is the endpoint's identity; ``cached`` whether the client has a cache.
+    ``endpoint`` is the endpoint's identity; ``cached`` whether the client has a cache;
+    ``dialect`` the endpoint's (``None``: OpenAI's).
     """
     unknown = set(options) - CallOptions.__optional_keys__
     if unknown:
@@ -562,7 +574,7 @@ def make_job(
             model=models[0],
             prompt=parse_template(prompt, argument="prompt"),
             system=None if system is None else parse_template(system, argument="system"),
-            params=sampling.params,
+            params={**sampling.params, **keyed_provider(dialect)},
             schema=structured,
             media=media,
         ),
@@ -582,7 +594,25 @@ def make_job(
         repair=repair,
         on_error=on_error,
         progress=resolve_progress(options.get("progress")),
+        prompt_cache=_prompt_cache(dialect),
     )
+
+
+def keyed_provider(dialect: Dialect | None) -> dict[str, str]:
+    """The provider as a request key holds it: ``{"provider": name}`` for a dialect other than
+    OpenAI's, so the same prompt to another provider is another key; nothing for OpenAI's,
+    whose keys were made before there were dialects and must never change."""
+    if dialect is None or dialect.name == "openai":
+        return {}
+    return {"provider": dialect.name}
+
+
+def _prompt_cache(dialect: Dialect | None) -> int | None:
+    """The fewest tokens the provider's prompt cache takes, when ``dialect`` marks the shared
+    prefix for it (its optional members, see :class:`~llm_ops._dialects.Dialect`)."""
+    if not getattr(dialect, "marks_prompt_cache", False):
+        return None
+    return int(getattr(dialect, "least_cached_tokens", 0))
 
 
 def _switch(options: CallOptions, name: Literal["repair", "keep_reasoning"]) -> bool:

@@ -234,6 +234,7 @@ class Outcome:
     cached_tokens: int = 0  # of prompt_tokens, read from the server's prefix cache
     reasoning_tokens: int = 0  # of completion_tokens, a reasoning model's unseen thinking
     reasoning: str | None = None  # that thinking's text, when the endpoint returned it
+    cache_write_tokens: int = 0  # of prompt_tokens, written to the provider's prompt cache
     latency_ms: float = 0.0
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
@@ -257,6 +258,7 @@ class Counters:
     completion_tokens: int = 0
     cached_tokens: int = 0  # of prompt_tokens, billed at the cached-input price
     reasoning_tokens: int = 0  # of completion_tokens, billed but never seen (thinking)
+    cache_write_tokens: int = 0  # of prompt_tokens, billed at the cache-write price
     images: int = 0  # image parts of the requests answered, for a price per image
     usage_unknown: int = 0  # answers whose usage could not be right: their tokens are not here
     # the embedding requests the semantic cache made for this job, and their tokens

@@ -23,10 +23,14 @@ class Price:
     ``per_image`` prices each image sent (a PDF sent as pages: each page), for providers
     that bill images per picture rather than as input tokens.
     ``cached_input_per_million`` prices the input tokens a server read from its prefix cache
-    (``usage.prompt_tokens_details.cached_tokens``, which OpenAI and vLLM report); without
-    it they cost the input price. ``batch`` is the price through the provider's Batch API
-    (``batch=True``); without one, every part of the live price is halved, as OpenAI and
-    most gateways bill batches.
+    (``usage.prompt_tokens_details.cached_tokens``, which OpenAI and vLLM report, and the
+    reads Anthropic reports); without it they cost the input price.
+    ``cache_write_per_million`` prices the input tokens written to a provider's prompt cache
+    (Anthropic bills a write 1.25 times the input price for its five-minute cache); without
+    it they cost the input price. ``batch`` is the price through
+    the provider's Batch API (``batch=True``); without one, every part of the live price is
+    halved, as OpenAI, Anthropic and most gateways bill batches (the cache's discounts stack
+    with the batch's).
 
     Examples
     --------
@@ -38,6 +42,10 @@ class Price:
     >>> Price(2.0, 8.0, cached_input_per_million=0.5).cost(
     ...     requests=1, input_tokens=1_000_000, output_tokens=0, cached_input_tokens=600_000)
     1.1
+    >>> Price(3.0, 15.0, 0.30, cache_write_per_million=3.75).cost(
+    ...     requests=1, input_tokens=3_000, output_tokens=0, cached_input_tokens=1_000,
+    ...     cache_write_tokens=1_000)
+    0.00705
     >>> batch = Price(0.15, 0.60).for_batch()
     >>> batch.input_per_million, batch.output_per_million
     (0.075, 0.3)
@@ -49,18 +57,20 @@ class Price:
     per_request: float = 0.0
     batch: Price | None = None
     per_image: float = 0.0
+    cache_write_per_million: float | None = None
 
     def for_batch(self) -> Price:
         """The price of the same work sent through the Batch API."""
         if self.batch is not None:
             return self.batch
-        cached = self.cached_input_per_million
+        cached, written = self.cached_input_per_million, self.cache_write_per_million
         return Price(
             self.input_per_million / 2,
             self.output_per_million / 2,
             None if cached is None else cached / 2,
             self.per_request / 2,
             per_image=self.per_image / 2,
+            cache_write_per_million=None if written is None else written / 2,
         )
 
     @classmethod
@@ -85,19 +95,28 @@ class Price:
         output_tokens: int,
         cached_input_tokens: int = 0,
         images: int = 0,
+        cache_write_tokens: int = 0,
     ) -> float:
-        """Dollars for this many requests, tokens and images; ``cached_input_tokens`` (part of
-        ``input_tokens``) at the cached-input price."""
+        """Dollars for this many requests, tokens and images; ``cached_input_tokens`` and
+        ``cache_write_tokens`` (both part of ``input_tokens``) at the cached-input and the
+        cache-write prices."""
         cached_rate = (
             self.input_per_million
             if self.cached_input_per_million is None
             else self.cached_input_per_million
         )
+        write_rate = (
+            self.input_per_million
+            if self.cache_write_per_million is None
+            else self.cache_write_per_million
+        )
+        fresh = input_tokens - cached_input_tokens - cache_write_tokens
         total = (
             self.per_request * requests
             + self.per_image * images
-            + self.input_per_million * (input_tokens - cached_input_tokens) / 1e6
+            + self.input_per_million * fresh / 1e6
             + cached_rate * cached_input_tokens / 1e6
+            + write_rate * cache_write_tokens / 1e6
             + self.output_per_million * output_tokens / 1e6
         )
         return round(total, 10)
@@ -113,6 +132,11 @@ PRICES: dict[str, Price] = {
     "gpt-4.1": Price(2.00, 8.00, 0.50),
     "gpt-4.1-mini": Price(0.40, 1.60, 0.10),
     "gpt-4.1-nano": Price(0.10, 0.40, 0.025),
+    # Anthropic (2025): a cache read is a tenth of the input price, a write (five-minute
+    # cache) 1.25 times it
+    "claude-opus-4-5": Price(5.00, 25.00, 0.50, cache_write_per_million=6.25),
+    "claude-sonnet-4-5": Price(3.00, 15.00, 0.30, cache_write_per_million=3.75),
+    "claude-haiku-4-5": Price(1.00, 5.00, 0.10, cache_write_per_million=1.25),
     "text-embedding-3-small": Price(0.02),
     "text-embedding-3-large": Price(0.13),
     "sim": Price(),
@@ -226,6 +250,7 @@ def cost_or_none(
     output_tokens: int,
     cached_input_tokens: int = 0,
     images: int = 0,
+    cache_write_tokens: int = 0,
 ) -> float | None:
     """:meth:`Price.cost`, or ``None`` when the price is unknown; nothing spent (no request,
     no token) costs $0 whatever the price, so a job the cache answered costs $0, not unknown."""
@@ -237,6 +262,7 @@ def cost_or_none(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
     )
 
 
@@ -305,10 +331,12 @@ class SpendingCap:
         actual: tuple[int, int],
         *,
         cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
     ) -> None:
         """Replace a reservation's estimate with what ``usage`` reported: ``actual`` input and
-        output tokens, ``cached_input_tokens`` of the input at the cached-input price (a
-        reservation counts every input token at the full price)."""
+        output tokens, ``cached_input_tokens`` and ``cache_write_tokens`` of the input at the
+        cached-input and cache-write prices (a reservation counts every input token at the
+        full price)."""
         self.spent_tokens += sum(actual) - sum(estimated)
         if self.price is not None:
             self.spent_cost += self.price.cost(
@@ -316,4 +344,5 @@ class SpendingCap:
                 input_tokens=actual[0],
                 output_tokens=actual[1],
                 cached_input_tokens=cached_input_tokens,
+                cache_write_tokens=cache_write_tokens,
             ) - self.price.cost(requests=0, input_tokens=estimated[0], output_tokens=estimated[1])

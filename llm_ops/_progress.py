@@ -188,6 +188,7 @@ class Tracker:
                 input_tokens=counters.prompt_tokens,
                 output_tokens=counters.completion_tokens,
                 cached_input_tokens=counters.cached_tokens,
+                cache_write_tokens=counters.cache_write_tokens,
             ),
             note=self.note,
         )

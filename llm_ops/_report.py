@@ -89,6 +89,9 @@ class RunReport:
         Of ``prompt_tokens``, those the server read from its own prefix cache (``usage.
         prompt_tokens_details.cached_tokens``, as OpenAI and vLLM report it), billed at the
         price's ``cached_input_per_million``; answers from llm-ops' cache add none.
+    cache_write_tokens
+        Of ``prompt_tokens``, those written to a provider's prompt cache (as Anthropic reports
+        them), billed at the price's ``cache_write_per_million``.
     reasoning_tokens
         Of ``completion_tokens``, those a reasoning model spent thinking (``usage.
         completion_tokens_details.reasoning_tokens``, as OpenAI's o-series and gpt-5 report
@@ -161,6 +164,7 @@ class RunReport:
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     usage_unknown: int = 0
     refreshed_for_age: int = 0
     wall_seconds: float = 0.0
@@ -238,6 +242,8 @@ class RunReport:
     def _token_notes(self) -> str:
         """What of the tokens in and out was cached or thinking, when some was."""
         notes = [f"{self.cached_tokens:,} in cached"] if self.cached_tokens else []
+        if self.cache_write_tokens:
+            notes.append(f"{self.cache_write_tokens:,} in written to the prompt cache")
         if self.reasoning_tokens:
             share = self.reasoning_tokens / max(1, self.completion_tokens)
             notes.append(f"{self.reasoning_tokens:,} out reasoning, {share:.0%} of out")
@@ -357,6 +363,7 @@ def sum_reports(
         completion_tokens=sum(r.completion_tokens for r in reports),
         cached_tokens=sum(r.cached_tokens for r in reports),
         reasoning_tokens=sum(r.reasoning_tokens for r in reports),
+        cache_write_tokens=sum(r.cache_write_tokens for r in reports),
         usage_unknown=sum(r.usage_unknown for r in reports),
         refreshed_for_age=sum(r.refreshed_for_age for r in reports),
         wall_seconds=wall_seconds,
@@ -434,6 +441,7 @@ def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
         completion_tokens=counters.completion_tokens,
         cached_tokens=counters.cached_tokens,
         reasoning_tokens=counters.reasoning_tokens,
+        cache_write_tokens=counters.cache_write_tokens,
         usage_unknown=counters.usage_unknown,
         refreshed_for_age=facts.refreshed,
         wall_seconds=facts.wall_seconds,

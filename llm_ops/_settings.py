@@ -241,6 +241,11 @@ _ENDPOINT = (
     Setting("max_response_bytes", "endpoint", "max_response_bytes", metavar="BYTES", at_least=1,
         help="largest answer body, compressed and decompressed; a larger one fails its request "
         "(embeddings may hold 128 KiB more per input)"),
+    Setting("prompt_cache", "endpoint", "prompt_cache", metavar="true|false", kind=bool | str,
+        help="mark the prefix every request shares (the system prompt) for the provider's prompt "
+        "cache where its API asks for a mark (Anthropic's): the first request writes it, later "
+        "ones read it at a tenth of the input price; never part of the cache key",
+        see="../endpoints.md#prompt-caching"),
 )
 
 _CACHE = (

@@ -173,6 +173,7 @@ def _job(
         prompt="{prompt}",
         model=model,
         endpoint=client.endpoint.identity,
+        dialect=client.endpoint.dialect,
         cached=client.cache is not None,
         options={
             "output": "answer",

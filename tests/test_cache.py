@@ -40,6 +40,7 @@ def test_migrations_are_numbered_and_recorded(complete, cache):
         (11, "add reasoning_tokens to llm_cache and llm_runs"),
         (12, "create llm_cache_history"),
         (13, "add reasoning_text to llm_cache and llm_cache_history"),
+        (14, "add cache_write_tokens to llm_cache, llm_cache_history and llm_runs"),
     ]
 
 
@@ -62,6 +63,7 @@ def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, ca
         con.execute("ALTER TABLE llm_cache RENAME TO answers")
         con.execute("ALTER TABLE answers DROP COLUMN reasoning_tokens")  # of version 11
         con.execute("ALTER TABLE answers DROP COLUMN reasoning_text")  # of version 13
+        con.execute("ALTER TABLE answers DROP COLUMN cache_write_tokens")  # of version 14
         con.execute(MIGRATIONS[0][2])
         con.execute("ALTER TABLE llm_cache ADD COLUMN cached_tokens INTEGER")
         con.execute("INSERT INTO llm_cache SELECT * FROM answers")
@@ -71,6 +73,7 @@ def test_a_cache_of_version_8_keeps_its_answers_without_a_key_index(complete, ca
         con.execute("ALTER TABLE llm_runs DROP COLUMN reasoning_tokens")  # and of version 11
         con.execute("DROP TABLE llm_cache_history")  # and of version 12
         con.execute("ALTER TABLE llm_runs DROP COLUMN refreshed_for_age")
+        con.execute("ALTER TABLE llm_runs DROP COLUMN cache_write_tokens")  # and of version 14
         con.execute("DELETE FROM llm_ops_migrations WHERE version >= 9")
     report = DF.pipe(complete, prompt="{text}", cache=old, return_report=True)[1]
     assert (report.cache_hits, report.requests_sent) == (2, 0)

@@ -111,7 +111,7 @@ def test_a_cache_made_before_cached_tokens_migrates(complete, prefix_cached, cac
         con.execute(f"ATTACH '{cache}' AS new (READ_ONLY)")
         con.execute(
             "INSERT INTO llm_cache SELECT * EXCLUDE (cached_tokens, reasoning_tokens, "
-            "reasoning_text) FROM new.llm_cache"
+            "reasoning_text, cache_write_tokens) FROM new.llm_cache"
         )
 
     more = pl.concat([ROWS, pl.DataFrame({"text": ["review 4"]})])

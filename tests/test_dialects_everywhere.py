@@ -15,7 +15,7 @@ from llm_ops.cli import main
 from llm_ops.sql import register
 from llm_ops.testing import LocalEndpoint, expected_reply
 
-DIALECTS = ["openai", "gemini"]
+DIALECTS = ["openai", "gemini", "anthropic"]
 TEXTS = ["great fit", "runs small", "great fit"]
 ANSWERS = [expected_reply(f"Rate: {text}", model="sim") for text in TEXTS]
 

@@ -208,7 +208,7 @@ def test_image_bytes_travel_to_the_workers_in_the_chunk_files(cluster, endpoint,
     assert endpoint.stats()["requests"] == 6
 
 
-@pytest.mark.parametrize("dialect", ["gemini"])
+@pytest.mark.parametrize("dialect", ["gemini", "anthropic"])
 def test_workers_speak_the_drivers_dialect(cluster, cache, source, tmp_path, dialect):
     from llm_ops import Endpoint
     from llm_ops.ray import run_on_ray

@@ -275,6 +275,18 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE llm_cache_history ADD COLUMN reasoning_text VARCHAR
         """,
     ),
+    (
+        14,
+        "add cache_write_tokens to llm_cache, llm_cache_history and llm_runs",
+        """
+        -- of prompt_tokens, those written to a provider's prompt cache (Anthropic reports
+        -- them), billed at the cache-write price; NULL for answers and runs recorded before
+        ALTER TABLE llm_cache ADD COLUMN cache_write_tokens INTEGER;
+        -- history holds every column llm_cache has (see migration 12)
+        ALTER TABLE llm_cache_history ADD COLUMN cache_write_tokens INTEGER;
+        ALTER TABLE llm_runs ADD COLUMN cache_write_tokens BIGINT
+        """,
+    ),
 )
 
 LATEST_VERSION = MIGRATIONS[-1][0]
@@ -328,6 +340,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "cached_tokens": "INTEGER",
         "reasoning_tokens": "INTEGER",
         "reasoning_text": "VARCHAR",
+        "cache_write_tokens": "INTEGER",
         "created_at": "TIMESTAMPTZ",  # when the answer came; lines written before: merge time
         "refresh": "BOOLEAN",  # sent by a job with a max_age: it replaces an older answer
     },
@@ -390,6 +403,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "concurrency_why": "VARCHAR",
         "reasoning_tokens": "BIGINT",
         "refreshed_for_age": "BIGINT",
+        "cache_write_tokens": "BIGINT",
     },
 }
 # The columns a journal line must hold (NOT NULL in its table): a line without them is one a

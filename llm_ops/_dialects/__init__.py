@@ -8,6 +8,7 @@ endpoint speaks (``Endpoint(provider=...)``, or its host) is :mod:`llm_ops._endp
 
 from __future__ import annotations
 
+from .anthropic import ANTHROPIC
 from .base import (
     BatchResult,
     Dialect,
@@ -27,6 +28,7 @@ from .gemini import GEMINI
 from .openai import OPENAI
 
 __all__ = [
+    "ANTHROPIC",
     "CANONICAL",
     "GEMINI",
     "OPENAI",

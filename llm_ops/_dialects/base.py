@@ -4,11 +4,14 @@ The engine, the limiter and the batch runner speak of requests, answers, stop re
 counts, rate limits and errors in these neutral terms; a :class:`Dialect` turns them into one
 family of APIs' paths, bodies, headers and fields, and back. The request a dialect is given is
 the canonical request, the one a cache key hashes (see :mod:`llm_ops._key`): a dialect changes
-what is sent, never what is keyed, so every cached answer stays valid whichever dialect asked.
+what is sent, never what is keyed, so every cached answer stays valid (only which provider was
+asked is keyed, below).
 
 The canonical request is spelled as the OpenAI-compatible dialect spells its bodies (its
 structured-output format, its media parts: :data:`llm_ops._dialects.CANONICAL`), as keys were
-before there were dialects; another dialect reads it in :meth:`Dialect.completion_body`.
+before there were dialects; another dialect reads it in :meth:`Dialect.completion_body`. For a
+dialect other than OpenAI's it holds ``"provider"`` too (the dialect's :attr:`Dialect.name`),
+so the same prompt to another provider is another key: a dialect's body leaves it out.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class Reply:
     reasoning: str | None = None
     failed: bool = False
     error: object = None
+    cache_writes: int = 0
+    """Of ``usage``'s prompt tokens, those written to the provider's prompt cache (Anthropic
+    bills them above the input price); 0 where an API caches without a charge (OpenAI)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +177,15 @@ class Dialect(Protocol):
     """The path each line of a provider batch names."""
     models_path: str
     """The path listing the models served, under the base URL."""
+    # Optional members, read with getattr and these defaults (a dialect may leave them out):
+    # ``embeddings: bool = True``, whether the API has embeddings at all (an embedding job
+    # against one without is a ConfigError before anything is sent);
+    # ``marks_prompt_cache: bool = False``, whether ``completion_body`` marks the shared prefix
+    # (the system prompt) for the provider's prompt cache, which then bills its first use as a
+    # cache write and later ones as cache reads (the estimate projects them so, for a prefix
+    # of at least ``least_cached_tokens: int = 0``), and
+    # ``unmarked() -> Dialect``, the same dialect marking nothing (``Endpoint(prompt_cache=
+    # False)``).
 
     def headers(self, api_key: str) -> dict[str, str]:
         """The headers of every request: those the API asks for and those that carry

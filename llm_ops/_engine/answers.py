@@ -105,16 +105,18 @@ def refusal(
     secrets: Sequence[str | None],
     *,
     kept: str = "answers so far are cached",
+    key_variable: str = "OPENAI_API_KEY",
 ) -> tuple[str, str | None]:
     """An error answer's one-line message, and, when it refuses the whole job (the
     credentials, an empty quota), why the job stops; else ``None``. ``kept`` says what
-    became of the answers so far (the cache is off: they are not kept)."""
+    became of the answers so far (the cache is off: they are not kept); ``key_variable``
+    names the variable a key is read from (the dialect's)."""
     message = one_line(redact(f"HTTP {status}: {error.message or preview(payload)}", *secrets))
     if error.kind == "credentials":
         return message, (
             f"the endpoint refused the credentials ({message}); the job was stopped and "
             f"nothing more was sent. Check the API key ({setting_to('api_key')} or "
-            "OPENAI_API_KEY) and "
+            f"{key_variable}) and "
             "its permissions for this model."
         )
     if error.kind == "quota":
@@ -237,6 +239,8 @@ class CompletionReader(Reader):
         except MalformedAnswer as exc:
             raise malformed(payload) from exc
         usage = self.count(reply.usage)
+        writes = min(reply.cache_writes, usage[0]) if usage is not None else 0
+        self.counters.cache_write_tokens += writes
         self.counters.images += images_in(request.messages)  # billed with the answer
         self._check(reply)
         text = reply.text
@@ -255,6 +259,7 @@ class CompletionReader(Reader):
             reasoning_tokens=reasoning_tokens,
             reasoning=reply.reasoning,
             usage_known=usage is not None,
+            cache_write_tokens=writes,
         )
         if truncated:
             return outcome
@@ -301,6 +306,7 @@ def _unpacked(pack: Pack, outcome: Outcome, text: str) -> list[tuple[Request, Ou
                 completion_tokens=outcome.completion_tokens // share,
                 cached_tokens=outcome.cached_tokens // share,
                 reasoning_tokens=outcome.reasoning_tokens // share,
+                cache_write_tokens=outcome.cache_write_tokens // share,
                 usage_known=outcome.usage_known,
             ),
         )

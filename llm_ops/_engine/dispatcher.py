@@ -21,13 +21,14 @@ from typing import Any
 import orjson
 
 from .._dialects import CANONICAL, ErrorReading, path_of
+from .._endpoint import KEY_VARIABLES
 from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_OUTPUT, PACK_SCHEMA
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
 from .._wire import HttpAnswer
-from ..exceptions import JobAbortedError, JobInterruptedError, setting
+from ..exceptions import ConfigError, JobAbortedError, JobInterruptedError, setting
 from .answers import (
     CompletionReader,
     EmbeddingReader,
@@ -363,6 +364,7 @@ class Dispatcher:
                 expected,
                 (outcome.prompt_tokens, outcome.completion_tokens),
                 cached_input_tokens=outcome.cached_tokens,
+                cache_write_tokens=outcome.cache_write_tokens,
             )
 
     @staticmethod
@@ -553,7 +555,11 @@ class Dispatcher:
             message, stop = redirection(status, answer.headers, self.engine.base_url)
             self._abort(stop)
             return Final("aborted", message, http_status=status)
-        message, refused = refusal(status, error, answer.body, self.engine.secrets, kept=self.kept)
+        variables = KEY_VARIABLES.get(self.engine.dialect.name, ("OPENAI_API_KEY",))
+        variable = " or ".join(variables)
+        message, refused = refusal(
+            status, error, answer.body, self.engine.secrets, kept=self.kept, key_variable=variable
+        )
         if refused is not None:
             self._abort(refused)
             return Final("aborted", message)
@@ -562,7 +568,9 @@ class Dispatcher:
             message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
         wait = retry_after(answer.headers)  # else the body's (Gemini's RetryInfo)
-        return self._retry_later(status, error.retry_after if wait is None else wait, message)
+        limited = error.kind == "rate_limited"  # a 429, or an overload (Anthropic's 529)
+        wait = error.retry_after if wait is None else wait
+        return self._retry_later(status, wait, message, limited)
 
     def _watch(self, refused: str | None) -> None:
         """Follow the job's first answers: when the first :data:`REFUSED_ALIKE_TO_STOP` are
@@ -583,15 +591,19 @@ class Dispatcher:
                 f"{rejection_hint(refused)}"
             )
 
-    def _retry_later(self, status: int, wait: float | None, message: str) -> Retryable | Final:
-        """A status worth another attempt: a 429 slows every sender down, and pauses them
-        all when it says for how long; a wait over ``max_retry_after`` is not waited for."""
+    def _retry_later(
+        self, status: int, wait: float | None, message: str, limited: bool = False
+    ) -> Retryable | Final:
+        """A status worth another attempt: a 429 (or what the dialect reads as a rate limit,
+        ``limited``) slows every sender down, and pauses them all when it says for how long;
+        a wait over ``max_retry_after`` is not waited for."""
         engine = self.engine
-        if status == 429:
+        limited = limited or status == 429
+        if limited:
             self.counters.rate_limited += 1
         if wait is not None and wait > self.settings.max_retry_after:
             return self._too_long_a_wait(status, wait, message)
-        if status == 429:
+        if limited:
             if wait is not None:
                 engine.concurrency.on_overload("429s")
                 engine.pause(wait, status)
@@ -625,6 +637,15 @@ async def _nothing(request: Request, outcome: Outcome) -> None:
 class EmbeddingDispatcher(Dispatcher):
     """Sends :class:`EmbeddingsRequest` requests to the dialect's embeddings; an outcome
     carries one vector per input."""
+
+    def __init__(self, engine: Engine, **options: Any) -> None:
+        # a dialect whose API has none says so (Dialect.embeddings): before anything is sent
+        if not getattr(engine.dialect, "embeddings", True):
+            raise ConfigError(
+                f"the {engine.dialect.name} API has no embeddings; embed with an endpoint that "
+                "has (an OpenAI-compatible one)"
+            )
+        super().__init__(engine, **options)
 
     def path(self) -> str:
         return path_of(self.engine.dialect.embeddings_path, self.model)

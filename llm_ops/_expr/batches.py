@@ -326,6 +326,7 @@ class Completions(ExprBatchFunction):
             prompt=prompt,
             model=self.model,
             endpoint=self.client.endpoint.identity,
+            dialect=self.client.endpoint.dialect,
             cached=self.client.cache is not None,
             options={**self.options, "system": system},
         )
@@ -362,6 +363,7 @@ class Completions(ExprBatchFunction):
             prompt=escaped(self.prompt),
             model=self.model,
             endpoint=self.client.endpoint.identity,
+            dialect=self.client.endpoint.dialect,
             cached=self.client.cache is not None,
             options=rest,
         )
@@ -442,6 +444,7 @@ class Embeddings(ExprBatchFunction):
             prompt="{value}",  # an embedding's "job" only names its columns
             model=model,
             endpoint=self.client.endpoint.identity,
+            dialect=self.client.endpoint.dialect,
             cached=self.client.cache is not None,
             options={"output": "answer", "progress": False},
         )

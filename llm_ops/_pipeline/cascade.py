@@ -108,7 +108,8 @@ def _combined_report(
     earlier_cost: float | None = 0.0
     spent: float | None = total.cost
     for tier_job, tier, kept in tiers:
-        discount = prefix_discount(tier_job.price, tier.report.cached_tokens)
+        report = tier.report
+        discount = prefix_discount(tier_job.price, report.cached_tokens, report.cache_write_tokens)
         spent = add_costs(spent, discount)
         keys = tier.row_keys.filter(kept)
         every_row += tally(keys.drop_nulls("key").group_by("key").len("rows"), tier.results)[

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import polars as pl
 
@@ -48,6 +49,13 @@ class Estimate:
     answers with the most thinking: ``max_completion_tokens`` a request when it is set (it caps
     both), else :data:`REASONING_OUTPUT_MULTIPLE` times the answers' bound. For any other
     model the high figures equal the max ones.
+
+    Where the endpoint's dialect marks the shared prefix for a provider's prompt cache
+    (Anthropic's, see :attr:`~llm_ops._options.Job.prompt_cache`), the system prompt is
+    projected written once (``cache_write_tokens``) and read by every later request sending
+    it (``cache_read_tokens``), each at its own price: both are part of ``input_tokens``. A
+    system prompt under the provider's least cacheable prefix is projected uncached, and one
+    still cached from an earlier job (five minutes at Anthropic) is projected written again.
     """
 
     rows: int
@@ -76,6 +84,8 @@ class Estimate:
     images: int = 0  # image parts to send (a PDF sent as pages: one per page)
     documents: int = 0  # PDFs to send as files
     media_tokens: int = 0  # of input_tokens, the images' and PDFs' (OpenAI's tile rule)
+    cache_write_tokens: int = 0  # of input_tokens, written to the provider's prompt cache
+    cache_read_tokens: int = 0  # of input_tokens, read from it
 
     def __str__(self) -> str:
         output = (
@@ -115,6 +125,14 @@ class Estimate:
                     else []
                 ),
                 f"input tokens (est.)  {self.input_tokens:>12,}   (about 4 characters a token)",
+                *(
+                    [
+                        f"  prompt cache       {self.cache_read_tokens:>12,}   read, "
+                        f"{self.cache_write_tokens:,} written (the system prompt)"
+                    ]
+                    if self.cache_write_tokens
+                    else []
+                ),
                 f"output tokens (max)  {output:>12}",
                 *self._thinking_tokens(),
                 f"cost                 {dollars(self.cost_min)} to {dollars(self.cost_max)}",
@@ -179,6 +197,7 @@ def price_plan(
     table's chunks), packed as the job packs them."""
     requests = chars = messages = singles = 0
     media = MediaCount()
+    cache = PromptCache(job.prompt_cache)
     for part in misses:
         singles += part.height
         media.add(part, job)
@@ -186,14 +205,18 @@ def price_plan(
             requests += 1
             chars += sum(len(text_of(m["content"])) for m in request.messages)
             messages += len(request.messages)
+            cache.add(request.messages)
     input_tokens = approx_tokens(chars, messages) + media.tokens
+    cached = (cache.read, cache.written)
     # a reasoning model's thinking counts against max_completion_tokens, not max_tokens
     max_tokens = job.spec.params.get("max_completion_tokens") or job.spec.params.get("max_tokens")
     output_max = None if max_tokens is None else max_tokens * singles
     live = [job.spending.price(model) for model in job.models]
     batch = [None if price is None else price.for_batch() for price in live]
-    cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max, media.images)
-    batch_min, batch_max = _cost_range(batch, requests, input_tokens, output_max, media.images)
+    cost_min, cost_max = _cost_range(live, requests, input_tokens, output_max, media.images, cached)
+    batch_min, batch_max = _cost_range(
+        batch, requests, input_tokens, output_max, media.images, cached
+    )
     estimated = Estimate(
         rows=rows,
         skipped_rows=rows - keyed_rows - rejected_rows,
@@ -213,13 +236,17 @@ def price_plan(
         images=media.images,
         documents=media.documents,
         media_tokens=media.tokens,
+        cache_write_tokens=cache.written,
+        cache_read_tokens=cache.read,
         unpriced=tuple(
             model
             for model, price in zip(job.models, live, strict=True)
             if price is None and requests  # nothing to send costs $0, priced or not
         ),
     )
-    return with_thinking(estimated, job, live, batch, requests, input_tokens, singles, media.images)
+    return with_thinking(
+        estimated, job, live, batch, requests, input_tokens, singles, media.images, cached
+    )
 
 
 def is_reasoning(job: Job) -> bool:
@@ -251,6 +278,7 @@ def with_thinking(
     input_tokens: int,
     singles: int,
     images: int,
+    cached: tuple[int, int] = (0, 0),
 ) -> Estimate:
     """``estimated`` with its output and costs at the most thinking can make them: the same
     as without for a model that does not reason."""
@@ -266,9 +294,34 @@ def with_thinking(
         estimated,
         reasoning=True,
         output_tokens_high=high,
-        cost_high=_cost_range(live, requests, input_tokens, high, images)[1],
-        batch_cost_high=_cost_range(batch, requests, input_tokens, high, images)[1],
+        cost_high=_cost_range(live, requests, input_tokens, high, images, cached)[1],
+        batch_cost_high=_cost_range(batch, requests, input_tokens, high, images, cached)[1],
     )
+
+
+@dataclass
+class PromptCache:
+    """The system prompts of the requests to send as a provider's prompt cache bills them,
+    when the endpoint marks them for it (``least``: the fewest tokens it caches; ``None``: no
+    mark): each distinct one written by its first request, read by every later one."""
+
+    least: int | None
+    written: int = 0
+    read: int = 0
+    seen: set[str] = field(default_factory=set)
+
+    def add(self, messages: list[dict[str, Any]]) -> None:
+        if self.least is None or not messages or messages[0].get("role") != "system":
+            return
+        system = text_of(messages[0]["content"])
+        tokens = approx_tokens(len(system), 1)
+        if tokens < self.least:
+            return
+        if system in self.seen:
+            self.read += tokens
+        else:
+            self.seen.add(system)
+            self.written += tokens
 
 
 @dataclass
@@ -304,14 +357,22 @@ def _cost_range(
     input_tokens: int,
     output_max: int | None,
     images: int = 0,
+    cached: tuple[int, int] = (0, 0),
 ) -> tuple[float | None, float | None]:
     """From every request answered by the first model with no output, to every request sent
-    to every model with ``output_max`` tokens (unknown without a bound); nothing to send
-    costs $0."""
+    to every model with ``output_max`` tokens (unknown without a bound); ``cached``: the input
+    tokens (read, written) of the provider's prompt cache. Nothing to send costs $0."""
     if not requests:
         return 0.0, 0.0
+    read, written = cached
     low = cost_or_none(
-        prices[0], requests=requests, input_tokens=input_tokens, output_tokens=0, images=images
+        prices[0],
+        requests=requests,
+        input_tokens=input_tokens,
+        output_tokens=0,
+        images=images,
+        cached_input_tokens=read,
+        cache_write_tokens=written,
     )
     high: float | None = 0.0
     for price in prices:
@@ -324,6 +385,8 @@ def _cost_range(
                 input_tokens=input_tokens,
                 output_tokens=output_max,
                 images=images,
+                cached_input_tokens=read,
+                cache_write_tokens=written,
             )
         )
         high = add_costs(high, most)

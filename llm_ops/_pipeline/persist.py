@@ -143,6 +143,7 @@ class AnswerSink:
                 "completion_tokens": outcome.completion_tokens if outcome.usage_known else None,
                 "cached_tokens": outcome.cached_tokens if outcome.usage_known else None,
                 "reasoning_tokens": outcome.reasoning_tokens if outcome.usage_known else None,
+                "cache_write_tokens": outcome.cache_write_tokens if outcome.usage_known else None,
                 "latency_ms": outcome.latency_ms,
                 "attempts": outcome.attempts,
                 "created_at": datetime.now(UTC),

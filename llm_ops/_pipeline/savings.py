@@ -48,7 +48,8 @@ def usage_report(job: Job, facts: RunFacts, tallies: dict[str, Tally]) -> RunRep
     completions = completion_cost(job, counters)
     embeddings = embedding_cost(job, counters)
     cost = add_costs(completions, embeddings)
-    at_full_input_price = add_costs(cost, prefix_discount(job.price, counters.cached_tokens))
+    discount = prefix_discount(job.price, counters.cached_tokens, counters.cache_write_tokens)
+    at_full_input_price = add_costs(cost, discount)
     answered_rows = sum(n for status, n in facts.statuses.items() if status in ANSWERED)
     costs = RunCosts(
         cost=cost,
@@ -76,6 +77,7 @@ def completion_cost(job: Job, counters: Counters) -> float | None:
         input_tokens=counters.prompt_tokens,
         output_tokens=counters.completion_tokens,
         cached_input_tokens=counters.cached_tokens,
+        cache_write_tokens=counters.cache_write_tokens,
         images=counters.images,
     )
 
@@ -89,16 +91,22 @@ def reasoning_cost(job: Job, counters: Counters) -> float | None:
     )
 
 
-def prefix_discount(price: Price | None, cached_tokens: int) -> float:
-    """What ``cached_tokens`` input tokens saved by being read from the server's prefix cache
-    (full input price minus the cached-input price); 0 when the price is unknown."""
-    if price is None or not cached_tokens:
+def prefix_discount(price: Price | None, cached: int, written: int = 0) -> float:
+    """What the ``cached`` input tokens read from the server's prefix cache saved (full input
+    price minus the cached-input price), less what the ``written`` ones, written to a
+    provider's prompt cache, cost above the input price; 0 when the price is unknown."""
+    if price is None or not (cached or written):
         return 0.0
-    full = price.cost(requests=0, input_tokens=cached_tokens, output_tokens=0)
-    cached = price.cost(
-        requests=0, input_tokens=cached_tokens, output_tokens=0, cached_input_tokens=cached_tokens
+    tokens = cached + written
+    full = price.cost(requests=0, input_tokens=tokens, output_tokens=0)
+    billed = price.cost(
+        requests=0,
+        input_tokens=tokens,
+        output_tokens=0,
+        cached_input_tokens=cached,
+        cache_write_tokens=written,
     )
-    return round(full - cached, 10)
+    return round(full - billed, 10)
 
 
 def embedding_cost(job: Job, counters: Counters) -> float | None:
@@ -235,7 +243,8 @@ def lever_savings(
         savings["cache"] = _saving(cache, job.price)
     if job.packing.rows_per_request > 1:
         sent = each - cache - similar
-        spent = add_costs(on_completions, prefix_discount(job.price, counters.cached_tokens))
+        discount = prefix_discount(job.price, counters.cached_tokens, counters.cache_write_tokens)
+        spent = add_costs(on_completions, discount)
         savings["packing"] = Saving(
             sent.requests - counters.sent, subtract_costs(sent.cost(job.price), spent)
         )
@@ -250,6 +259,7 @@ def lever_savings(
             input_tokens=counters.prompt_tokens,
             output_tokens=counters.completion_tokens,
             cached_input_tokens=counters.cached_tokens,
+            cache_write_tokens=counters.cache_write_tokens,
         )
         savings["batch"] = Saving(0, subtract_costs(live, on_completions))
     return savings

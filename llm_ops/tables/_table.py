@@ -125,6 +125,7 @@ class Table:
             prompt=prompt,
             model=model,
             endpoint=client.endpoint.identity,
+            dialect=client.endpoint.dialect,
             cached=True,
             options=options,
         )

@@ -98,8 +98,7 @@ class LocalEndpoint:
         self.config = SimulatorConfig(**config)
         self.port = port
         self._process: subprocess.Popen[str] | None = None
-        self.base_url = ""
-        self.root = ""
+        self.root = ""  # http://127.0.0.1:PORT, once started
 
     def start(self, timeout: float = 30.0) -> LocalEndpoint:
         """Start the server process and wait until it accepts connections (once)."""
@@ -124,10 +123,15 @@ class LocalEndpoint:
             raise RuntimeError(
                 f"the local endpoint did not start on port {self.port} (is it in use?)"
             )
-        self.base_url = line[0].split()[-1]
-        parts = urllib.parse.urlsplit(self.base_url)
+        parts = urllib.parse.urlsplit(line[0].split()[-1])
         self.root = f"{parts.scheme}://{parts.netloc}"  # the /_sim/ calls' (any dialect's)
         return self
+
+    @property
+    def base_url(self) -> str:
+        """The base URL of the configured dialect's API, as its SDK takes it (see
+        :attr:`SimulatorConfig.dialect`): every dialect's paths are served all the same."""
+        return self.root + BASE_PATHS[self.config.dialect] if self.root else ""
 
     def _stdout(self) -> Any:
         assert self._process is not None and self._process.stdout is not None
@@ -144,9 +148,7 @@ class LocalEndpoint:
     def configure(self, **config: Any) -> None:
         """Replace the running server's behaviour: unnamed fields take their defaults."""
         self.config = SimulatorConfig(**config)
-        self._call("POST", "config", asdict(self.config))
-        if self.base_url:  # the base URL of the dialect it now speaks
-            self.base_url = self.root + BASE_PATHS[self.config.dialect]
+        self._call("POST", "config", asdict(self.config))  # base_url: the dialect's now
 
     def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
         root = self.root

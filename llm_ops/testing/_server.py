@@ -109,6 +109,7 @@ from aiohttp import web
 from .._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
 from .._pack import parse_pack_request
 from ..exceptions import LlmOpsError
+from ._anthropic import AnthropicApi
 from ._batches import BatchesApi
 from ._decode import DecodeBatch, Durations
 
@@ -186,7 +187,8 @@ class SimulatorConfig:
         Send ``x-ratelimit-*`` headers (429s keep their ``Retry-After`` either way).
     fault_rate
         Share of attempts answered with a fault drawn from ``fault_kinds``: ``500``, ``503``,
-        ``429`` (without headers), ``drop`` (connection closed mid-response),
+        ``429`` (without headers), ``529`` (Anthropic's overloaded; not drawn unless named),
+        ``drop`` (connection closed mid-response),
         ``truncated_json`` (200 with half a body) or ``html`` (200 with an HTML error page).
     hang_rate
         Share of attempts that never answer.
@@ -1222,6 +1224,7 @@ class Simulator:
         self.decoder = DecodeBatch(lambda: self.config)
         self._hold_changed = asyncio.Event()
         self.held = 0  # chat requests waiting for the hold to lift (a reset keeps them)
+        self.anthropic = AnthropicApi(self)  # Anthropic's Messages API, over the same replies
         from ._gemini import GeminiApi  # here: it builds on this module
 
         self.gemini = GeminiApi(self)
@@ -1254,6 +1257,7 @@ class Simulator:
     def reset(self) -> None:
         """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
+        self.anthropic.reset()
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -1307,6 +1311,7 @@ class Simulator:
             "media_parts": self.media_parts,
             "judged": dict(self.judged),
             **self.batch_api.stats(),
+            **self.anthropic.stats(),
             "config": asdict(self.config),
         }
 
@@ -1320,6 +1325,7 @@ class Simulator:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/messages", self.anthropic.messages)
         app.router.add_get("/props", self.props)
         app.router.add_get("/_sim/stats", self.get_stats)
         app.router.add_post("/_sim/reset", self.post_reset)
@@ -1448,6 +1454,8 @@ class Simulator:
         )
 
     async def models(self, request: web.Request) -> web.Response:
+        if "anthropic-version" in request.headers:  # the same path, in Anthropic's shape
+            return await self.anthropic.models(request)
         if not self.config.models:
             return _error(404, "Not found", "invalid_request_error")
         return web.json_response(
@@ -1550,7 +1558,7 @@ class Simulator:
             return None
         kind = self._random.choice(self.config.fault_kinds)
         self.faults[kind] += 1
-        if kind in ("500", "503"):
+        if kind in ("500", "503", "529"):  # 529: Anthropic's overloaded
             return _error(int(kind), f"simulated fault {kind}", "server_error")
         if kind == "429":
             return _error(429, "simulated overload", "server_error")
