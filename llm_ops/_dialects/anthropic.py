@@ -99,10 +99,6 @@ MAX_TOKENS_BELIEVED = 2**31 - 1
 _READ_FAILURES = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 
 
-class NoEmbeddings(NotImplementedError):
-    """Anthropic's API has no embeddings: said before any request is sent."""
-
-
 class AnthropicDialect:
     """The Anthropic Messages dialect (``provider="anthropic"``). ``clock`` is the wall clock
     the rate-limit headers' reset times are read against (a test's own, else the real one);
@@ -204,7 +200,7 @@ class AnthropicDialect:
     def embeddings_body(
         self, model: str, inputs: list[str], params: Mapping[str, Any]
     ) -> dict[str, Any]:
-        raise NoEmbeddings(
+        raise NotImplementedError(  # the dispatcher refuses first (``embeddings = False``)
             "Anthropic's API has no embeddings; embed with another endpoint (an OpenAI-"
             "compatible one, or Gemini's)"
         )

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..exceptions import LlmOpsError
+
 if TYPE_CHECKING:
     from ._server import Simulator
 
@@ -96,7 +98,7 @@ def error(status: int, message: str, kind: str | None = None) -> web.Response:
     return web.json_response(body, status=status)
 
 
-class _Refusal(Exception):
+class _Refusal(LlmOpsError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
