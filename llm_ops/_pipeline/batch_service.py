@@ -1,0 +1,246 @@
+"""A provider's batch API as the batch runner calls it: submit a part's lines, find a part's
+batch again, poll it, read its results back, cancel it, in neutral terms.
+
+:class:`~llm_ops._pipeline.batch.BatchRunner` keeps the bookkeeping every provider shares (the
+parts recorded in the cache before and after each call, resuming, rounds, duplicate and stray
+answers, the budget); a :class:`BatchService` is what differs: OpenAI's Files and Batches API
+(:mod:`llm_ops._pipeline.batch_openai`), Anthropic's Message Batches
+(:mod:`llm_ops._pipeline.batch_anthropic`), Gemini's ``batchGenerateContent``
+(:mod:`llm_ops._pipeline.batch_gemini`). The runner picks one by the endpoint dialect's name.
+
+Why here, in ``_pipeline``, and not a member of the :class:`~llm_ops._dialects.Dialect`: a
+dialect is layer 0, imports no other part of llm-ops and holds no HTTP client; it spells
+bodies and reads answers. A batch service makes HTTP calls (through the engine's connection,
+its TLS, proxy and headers, on the engine's loop) and writes local files, so it lives where
+the engine is at hand. What it sends and reads per request is still the dialect's: a line's
+body is ``dialect.completion_body(canonical)``, an answer is read by
+``dialect.read_completion`` and an error by ``dialect.read_error``.
+
+The lines a part holds are kept where a rerun (or ``llm-ops batches collect``, in another
+process) can read them back: OpenAI keeps the uploaded input file; Anthropic and Gemini keep no
+input to read back, so the part's canonical requests go to a local JSONL file beside the
+cache (:class:`LocalInputs`), written and synced before the batch is created, its path
+recorded as the part's input file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from .._dialects import BatchResult
+from .._engine.boundary import TransportError, one_line, redact
+from .._wire import HttpAnswer
+from ..exceptions import JobAbortedError, LlmOpsError
+
+Line = dict[str, Any]  # one line of a part's input, as its service keeps it
+KEY_PREFIX = "v1:"  # a request key: "v1:" and the sha256 hex of its canonical request
+
+
+@dataclass
+class BatchView:
+    """A provider batch as last asked, in our states: ``validating``, ``in_progress``,
+    ``finalizing``, ``cancelling``, then one of ``completed``, ``expired``, ``cancelled``,
+    ``failed``. ``completed`` and ``failed`` count the lines answered so far; the two file ids
+    say where the results are, as the service reads them back (a file id, a URL, or none when
+    the batch itself holds them); ``failure`` is, for a ``failed`` batch, the status its rows
+    get and the provider's reason."""
+
+    state: str
+    completed: int = 0
+    failed: int = 0
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    failure: tuple[Literal["failed", "rejected"], str] | None = None
+
+
+@dataclass
+class BatchPart:
+    """One provider batch of a submission: its lines (as its service keeps them), as recorded
+    in the cache (``llm_batches``); ``completed`` and ``failed`` are the provider's counts when
+    it was last asked."""
+
+    job_id: str
+    part: int
+    endpoint: str  # the endpoint's identity, for the keys of what it answers
+    model: str
+    requests: int
+    state: str = "preparing"
+    input_file_id: str | None = None
+    batch_id: str | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    completed: int = 0
+    failed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_id}/{self.part}"
+
+    @property
+    def name(self) -> str:
+        """The part's name at the provider (a file's name, a batch's display name)."""
+        return f"{self.job_id}-{self.part}"
+
+
+class AnswerMayBeLost(LlmOpsError):
+    """A create whose answer did not come (a timeout, a dropped connection, a 5xx): the
+    provider may have made the batch all the same, so it is looked up before another create."""
+
+
+class BatchService(Protocol):
+    """One provider's batch API, as :class:`~llm_ops._pipeline.batch.BatchRunner` calls it.
+    Every coroutine runs on the engine's loop (the runner awaits it through
+    :meth:`~llm_ops._engine.engine.Engine.hosted`)."""
+
+    requests_per_batch: int
+    """The most requests the provider takes in one batch."""
+    bytes_per_batch: int
+    """The most bytes of lines the provider takes in one batch."""
+    what: str
+    """The API's name, as error messages name it (``"the Batch API"``)."""
+
+    def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
+        """The line a part keeps for the request keyed ``key``, asking what ``canonical`` (the
+        canonical request, less its endpoint) asks."""
+        ...
+
+    def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A kept line read back: its key and its canonical request (less its endpoint)."""
+        ...
+
+    async def upload(self, part: BatchPart, content: bytes) -> str:
+        """Keep the part's lines (``content``, JSONL) where they can be read back; their id."""
+        ...
+
+    async def create(self, part: BatchPart) -> str:
+        """Create the part's batch from its kept lines; its id. :class:`AnswerMayBeLost`
+        when the provider may have made it without saying so."""
+        ...
+
+    async def find(self, part: BatchPart) -> str | None:
+        """The provider's batch made for ``part``, if it can be told (by its metadata or its
+        name), else ``None``."""
+        ...
+
+    async def poll(self, batch_id: str) -> BatchView:
+        """How the batch does, in our states."""
+        ...
+
+    def results(self, part: BatchPart) -> AsyncGenerator[list[BatchResult], None]:
+        """The results of an ended batch, a page at a time, in any order; a line that names
+        no request of ours is a result without a key."""
+        ...
+
+    def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
+        """The part's kept lines, a page at a time, in their order."""
+        ...
+
+    async def cancel(self, batch_id: str) -> BatchView:
+        """Ask the provider to cancel the batch; how it does then."""
+        ...
+
+    def errors(self) -> Any:
+        """A context manager turning the API's errors into one :class:`JobAbortedError`."""
+        ...
+
+
+def custom_id(key: str) -> str:
+    """A request key as an API allowing only ``[a-zA-Z0-9_-]{1,64}`` names it: its hex."""
+    return key.removeprefix(KEY_PREFIX)
+
+
+def key_of(name: object) -> str | None:
+    """The request key a :func:`custom_id` names, or ``None`` when it names none."""
+    if not isinstance(name, str) or len(name) != 64:
+        return None
+    try:
+        bytes.fromhex(name)
+    except ValueError:
+        return None
+    return KEY_PREFIX + name
+
+
+class LocalInputs:
+    """The lines of parts whose provider keeps no input file to read back: one JSONL file a
+    part in a folder beside the cache file, synced to disk before the batch is created (a
+    rerun after a crash, or ``llm-ops batches collect``, reads them back)."""
+
+    def __init__(self, cache_path: Path):
+        self.folder = cache_path.with_name(cache_path.name + ".batches")
+
+    def keep(self, name: str, content: bytes) -> str:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{name}.jsonl"
+        with open(path, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        return str(path)
+
+    @staticmethod
+    def read(input_file_id: str) -> bytes:
+        try:
+            return Path(input_file_id).read_bytes()
+        except OSError as exc:
+            raise JobAbortedError(
+                f"the batch's requests were kept in {input_file_id}, which cannot be read "
+                f"({exc.strerror}): collect it where it was submitted, beside its cache"
+            ) from exc
+
+    @staticmethod
+    async def pages(input_file_id: str, size: int) -> AsyncGenerator[list[str], None]:
+        lines = [line for line in LocalInputs.read(input_file_id).decode().splitlines() if line]
+        for start in range(0, len(lines), size):
+            yield lines[start : start + size]
+
+
+class Refused(LlmOpsError):
+    """A provider's batch API answered with an error status (internal: it becomes one
+    :class:`JobAbortedError` at :func:`http_errors`)."""
+
+    def __init__(self, answer: HttpAnswer, what: str):
+        self.status = answer.status
+        super().__init__(f"HTTP {answer.status}: {answer.body[:500].decode(errors='replace')}")
+        self.what = what
+
+
+def checked(answer: HttpAnswer, what: str) -> Any:
+    """The JSON of a successful answer; :class:`Refused` for an error status (a 5xx or 429
+    is :class:`AnswerMayBeLost` to a create, whose caller says so)."""
+    if answer.status >= 400:
+        raise Refused(answer, what)
+    try:
+        return json.loads(answer.body)
+    except ValueError as exc:
+        raise JobAbortedError(f"{what} answered what is not JSON: {answer.body[:200]!r}") from exc
+
+
+def may_be_lost(exc: BaseException) -> bool:
+    """Whether a create that raised ``exc`` may have been done all the same."""
+    if isinstance(exc, Refused):
+        return exc.status >= 500 or exc.status in (408, 429)
+    return isinstance(exc, TransportError)
+
+
+@contextmanager
+def http_errors(what: str, secrets: tuple[str | None, ...]) -> Iterator[None]:
+    """Errors of a batch API spoken over the engine's HTTP, as one :class:`JobAbortedError`
+    whose message hides the key: what is recorded and cached so far stays."""
+    try:
+        yield
+    except (Refused, TransportError, AnswerMayBeLost) as exc:
+        detail = one_line(redact(str(exc), *secrets))
+        status = getattr(exc, "status", None)
+        if status in (401, 403):
+            hint = f"check the API key and its access to {what}"
+        elif status == 404:
+            hint = f"the endpoint may have no {what}: use batch=False"
+        else:
+            hint = "rerun to pick the recorded batches up where they stopped"
+        raise JobAbortedError(f"{what} failed ({detail}); {hint}") from exc
