@@ -71,6 +71,7 @@ from .._schema import output_schema
 from .._signals import stopped_by_signals
 from ..exceptions import ConfigError, JobInterruptedError
 from .backend import Backend
+from .batch_anthropic import AnthropicBatches
 from .batch_openai import OpenAIBatches
 from .batch_service import AnswerMayBeLost, BatchPart, BatchService, BatchView, LocalInputs
 
@@ -90,6 +91,7 @@ _log = logging.getLogger("llm_ops")
 ServiceMaker = Callable[[Engine, LocalInputs], BatchService]
 SERVICES: dict[str, ServiceMaker] = {
     "openai": lambda engine, _: OpenAIBatches(engine, engine.dialect),
+    "anthropic": lambda engine, inputs: AnthropicBatches(engine, engine.dialect, inputs),
 }
 """The batch API of each dialect that has one, by the dialect's name."""
 
@@ -300,7 +302,14 @@ class BatchRunner:
 
     async def _find(self, part: BatchPart) -> str | None:
         """The provider's batch for ``part``, by what it was created with."""
-        return await self.engine.hosted(self.service.find(part))
+        recorded = await asyncio.to_thread(self.cache.batch_parts)
+        taken = frozenset(
+            str(row["batch_id"])
+            for row in recorded
+            if row["batch_id"] is not None
+            and (row["job_id"], row["part"]) != (part.job_id, part.part)
+        )
+        return await self.engine.hosted(self.service.find(part, taken))
 
     async def _record(self, part: BatchPart, *, keys: list[str] | None = None) -> None:
         await asyncio.to_thread(self.cache.record_batch, asdict(part), keys=keys or ())

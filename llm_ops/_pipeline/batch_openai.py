@@ -63,7 +63,7 @@ class OpenAIBatches:
             raise AnswerMayBeLost(str(exc)) from exc
         return batch.id
 
-    async def find(self, part: BatchPart) -> str | None:
+    async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
         async for batch in self.sdk.batches.list(limit=100):
             metadata = batch.metadata or {}
             if (metadata.get("llm_ops_job"), metadata.get("llm_ops_part")) == (

@@ -123,9 +123,10 @@ class BatchService(Protocol):
         when the provider may have made it without saying so."""
         ...
 
-    async def find(self, part: BatchPart) -> str | None:
-        """The provider's batch made for ``part``, if it can be told (by its metadata or its
-        name), else ``None``."""
+    async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
+        """The provider's batch made for ``part``, if it can be told (by its metadata, its
+        name, or its size and time, none of ``taken``: the batches other parts recorded),
+        else ``None``."""
         ...
 
     async def poll(self, batch_id: str) -> BatchView:

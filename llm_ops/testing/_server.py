@@ -110,6 +110,7 @@ from .._media_tokens import DOCUMENT_TOKENS_PER_PAGE, ImageDetail, image_tokens
 from .._pack import parse_pack_request
 from ..exceptions import LlmOpsError
 from ._batches import BatchesApi
+from ._batches_anthropic import AnthropicBatchesApi
 from ._decode import DecodeBatch, Durations
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
@@ -1251,6 +1252,7 @@ class Simulator:
     def reset(self) -> None:
         """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
+        self.anthropic_batch_api = AnthropicBatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -1303,7 +1305,7 @@ class Simulator:
             "embedding_inputs": self.embedding_inputs,
             "media_parts": self.media_parts,
             "judged": dict(self.judged),
-            **self.batch_api.stats(),
+            **_summed(self.batch_api.stats(), self.anthropic_batch_api.stats()),
             "config": asdict(self.config),
         }
 
@@ -1323,6 +1325,10 @@ class Simulator:
         app.router.add_post("/_sim/config", self.post_config)
         for method, path, name in BatchesApi.ROUTES:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
+        for method, path, name in AnthropicBatchesApi.ROUTES:
+            app.router.add_route(
+                method, path, functools.partial(self._anthropic_batches, name=name)
+            )
         app.on_cleanup.append(self._close)
         return app
 
@@ -1835,6 +1841,18 @@ class Simulator:
         )
         return await handler(request)
 
+    async def _anthropic_batches(self, request: web.Request, *, name: str) -> web.StreamResponse:
+        """Anthropic's Message Batches API (see :mod:`llm_ops.testing._batches_anthropic`),
+        behind its key and version header."""
+        self.header_names.update(request.headers.keys())
+        refused = self.anthropic_batch_api.refused(request)
+        if refused is not None:
+            return refused
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(
+            self.anthropic_batch_api, name
+        )
+        return await handler(request)
+
     def _answer_line(self, body: Any) -> tuple[int, dict[str, Any]]:
         reply = self._reply(body)
         self._settle(reply)
@@ -1909,3 +1927,12 @@ async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int =
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def _summed(*counts: dict[str, Any]) -> dict[str, Any]:
+    """The batch APIs' counters, added up: ``batches`` counts every dialect's."""
+    total: dict[str, Any] = {}
+    for each in counts:
+        for name, value in each.items():
+            total[name] = total.get(name, 0) + value
+    return total

@@ -1,0 +1,243 @@
+"""Anthropic's Message Batches API as a :class:`~llm_ops._pipeline.batch_service.BatchService`.
+
+``POST v1/messages/batches`` takes ``{"requests": [{"custom_id", "params"}]}`` (``params``: the
+dialect's Messages body), ``GET v1/messages/batches/{id}`` says how it does
+(``processing_status`` ``in_progress`` / ``canceling`` / ``ended``, ``request_counts``),
+``GET v1/messages/batches/{id}/results`` gives JSON lines in any order, each
+``{"custom_id", "result": {"type": "succeeded" | "errored" | "canceled" | "expired", ...}}``,
+and ``POST v1/messages/batches/{id}/cancel`` cancels it. At most 100,000 requests or 256 MB a
+batch.
+
+Spoken over the engine's own HTTP (aiohttp, with the dialect's headers: ``x-api-key``,
+``anthropic-version``; the endpoint's TLS and proxy), not the ``anthropic`` SDK: the API is
+four JSON calls, the engine already holds a connection set up as the user asked, and the SDK
+would be one more dependency and HTTP stack to configure alike for them.
+
+A ``custom_id`` must match ``^[a-zA-Z0-9_-]{1,64}$``: a request key (``v1:`` and 64 hex digits)
+is sent as its hex, and read back so. The API keeps no input to read back, so a part's
+canonical requests are kept in a local file (:class:`~llm_ops._pipeline.batch_service.
+LocalInputs`). A batch carries no metadata: one whose create answer was lost is looked for
+among the newest batches by its request count and creation time, past those the cache records
+already (:meth:`AnthropicBatches.find`); a wrong guess costs no wrong answer, since answers are
+matched by key, only lines submitted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncGenerator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from yarl import URL
+
+from .._dialects import BatchResult, Dialect
+from .._engine.boundary import TransportError
+from .._engine.engine import Engine
+from .batch_service import (
+    AnswerMayBeLost,
+    BatchPart,
+    BatchView,
+    Line,
+    LocalInputs,
+    Refused,
+    checked,
+    custom_id,
+    http_errors,
+    key_of,
+    may_be_lost,
+)
+
+REQUESTS_PER_BATCH = 100_000
+BYTES_PER_BATCH = 256_000_000
+PATH = "v1/messages/batches"
+RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 100,000 answers
+CONTROL_MAX_BYTES = 2**24  # a batch object, a listing
+ATTEMPTS = 4  # of a call that may be sent again (not a create)
+CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
+ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+"""The HTTP status a live request would have had, by an errored line's error type."""
+
+
+class AnthropicBatches:
+    """Anthropic's Message Batches API, for an endpoint of the Anthropic dialect."""
+
+    requests_per_batch = REQUESTS_PER_BATCH
+    bytes_per_batch = BYTES_PER_BATCH
+    what = "the Message Batches API"
+
+    def __init__(self, engine: Engine, dialect: Dialect, inputs: LocalInputs):
+        self.engine = engine
+        self.dialect = dialect
+        self.inputs = inputs
+
+    # -- lines ---------------------------------------------------------------------------------
+
+    def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
+        return {"key": key, "request": dict(canonical)}
+
+    def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        return str(line["key"]), dict(line["request"])
+
+    def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        key, canonical = self.read_line(line)
+        return {"custom_id": custom_id(key), "params": self.dialect.completion_body(canonical)}
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def upload(self, part: BatchPart, content: bytes) -> str:
+        return await asyncio.to_thread(self.inputs.keep, part.name, content)
+
+    async def create(self, part: BatchPart) -> str:
+        assert part.input_file_id is not None
+        content = await asyncio.to_thread(LocalInputs.read, part.input_file_id)
+        lines = [json.loads(line) for line in content.splitlines() if line.strip()]
+        body = json.dumps(
+            {"requests": [self._request(line) for line in lines]}, ensure_ascii=False
+        ).encode()
+        try:
+            batch = await self._call("POST", PATH, body, again=False)
+        except (Refused, TransportError) as exc:
+            if may_be_lost(exc):
+                raise AnswerMayBeLost(str(exc)) from exc
+            raise
+        return str(batch["id"])
+
+    async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
+        """The batch made for ``part`` when it can be told: of the newest batches, the one
+        holding as many requests as the part, made after its lines were kept (give or take
+        the clocks' difference), that no other part recorded claims. ``None`` when none or
+        several are."""
+        if part.input_file_id is None:
+            return None
+        try:
+            kept = Path(part.input_file_id).stat().st_mtime - CLOCK_SLACK_SECONDS
+        except OSError:
+            return None
+        listing = await self._call("GET", f"{PATH}?limit=100")
+        candidates = [
+            str(batch["id"])
+            for batch in listing.get("data") or []
+            if batch.get("id") not in taken
+            and sum((batch.get("request_counts") or {}).values()) == part.requests
+            and _timestamp(batch.get("created_at")) >= kept
+        ]
+        return candidates[0] if len(candidates) == 1 else None
+
+    async def poll(self, batch_id: str) -> BatchView:
+        return _view(await self._call("GET", f"{PATH}/{batch_id}"))
+
+    async def cancel(self, batch_id: str) -> BatchView:
+        return _view(await self._call("POST", f"{PATH}/{batch_id}/cancel", b""))
+
+    async def results(self, part: BatchPart) -> AsyncGenerator[list[BatchResult], None]:
+        # Always under the endpoint's own base URL, whatever results_url names: the key is
+        # sent with it, and must go nowhere else.
+        answer = await self._send("GET", f"{PATH}/{part.batch_id}/results", None, RESULTS_MAX_BYTES)
+        if answer.status >= 400:
+            raise Refused(answer, self.what)
+        page: list[BatchResult] = []
+        for line in answer.body.splitlines():
+            if line.strip():
+                page.append(self._result(line))
+            if len(page) >= 1024:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
+        return LocalInputs.pages(input_file_id, 1024)
+
+    def errors(self) -> Any:
+        return http_errors(self.what, self.engine.secrets)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _result(self, raw: bytes) -> BatchResult:
+        """One line of the results: its key and the answer, the error, or that it was not
+        answered (``canceled``, ``expired``: submitted again)."""
+        try:
+            line = json.loads(raw)
+            key = key_of(line.get("custom_id"))
+            result = line["result"]
+            kind = result["type"]
+        except (ValueError, AttributeError, KeyError, TypeError):
+            return BatchResult(None)
+        if kind == "succeeded":
+            return BatchResult(key, status=200, body=result.get("message"))
+        if kind == "errored":
+            error = result.get("error") or {}
+            inner = error.get("error", error) if isinstance(error, dict) else {}
+            kind_of_error = inner.get("type") if isinstance(inner, dict) else None
+            return BatchResult(key, status=ERROR_STATUS.get(str(kind_of_error), 500), body=error)
+        if kind in ("canceled", "expired"):
+            return BatchResult(key, unanswered=True)
+        return BatchResult(key, error=f"a result of unknown type {kind!r}")
+
+    async def _call(
+        self, method: str, path: str, body: bytes | None = None, *, again: bool = True
+    ) -> Any:
+        """A control-plane call's JSON; one that may be sent again is, up to
+        :data:`ATTEMPTS` times, after a failure that may pass (a 5xx, a 429, no answer)."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                answer = await self._send(method, path, body, CONTROL_MAX_BYTES)
+                return checked(answer, self.what)
+            except (Refused, TransportError) as exc:
+                if not again or not may_be_lost(exc) or attempt == ATTEMPTS:
+                    raise
+            await asyncio.sleep(random.uniform(0.05, 0.1) * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def _send(self, method: str, path: str, body: bytes | None, max_bytes: int) -> Any:
+        url: URL = self.engine.url(path)
+        return await self.engine.http.request(
+            method, url, body, self.engine.limits.timeout, max_bytes
+        )
+
+
+def _view(batch: Mapping[str, Any]) -> BatchView:
+    counts = batch.get("request_counts") or {}
+    status = batch.get("processing_status")
+    if status == "ended":
+        if batch.get("cancel_initiated_at"):
+            state = "cancelled"
+        elif counts.get("expired"):
+            state = "expired"
+        else:
+            state = "completed"
+    else:
+        state = {"in_progress": "in_progress", "canceling": "cancelling"}.get(
+            str(status), "in_progress"
+        )
+    return BatchView(
+        state=state,
+        completed=int(counts.get("succeeded") or 0),
+        failed=int(counts.get("errored") or 0),
+        output_file_id=batch.get("results_url"),
+    )
+
+
+def _timestamp(text: object) -> float:
+    """An RFC 3339 time as seconds since the epoch (0 when it is none)."""
+    if not isinstance(text, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
