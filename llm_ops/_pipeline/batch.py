@@ -72,6 +72,7 @@ from .._signals import stopped_by_signals
 from ..exceptions import ConfigError, JobInterruptedError
 from .backend import Backend
 from .batch_anthropic import AnthropicBatches
+from .batch_gemini import GeminiBatches
 from .batch_openai import OpenAIBatches
 from .batch_service import AnswerMayBeLost, BatchPart, BatchService, BatchView, LocalInputs
 
@@ -92,6 +93,7 @@ ServiceMaker = Callable[[Engine, LocalInputs], BatchService]
 SERVICES: dict[str, ServiceMaker] = {
     "openai": lambda engine, _: OpenAIBatches(engine, engine.dialect),
     "anthropic": lambda engine, inputs: AnthropicBatches(engine, engine.dialect, inputs),
+    "gemini": lambda engine, inputs: GeminiBatches(engine, engine.dialect, inputs),
 }
 """The batch API of each dialect that has one, by the dialect's name."""
 

@@ -26,37 +26,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 from collections.abc import AsyncGenerator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from yarl import URL
-
 from .._dialects import BatchResult, Dialect
-from .._engine.boundary import TransportError
 from .._engine.engine import Engine
 from .batch_service import (
-    AnswerMayBeLost,
     BatchPart,
     BatchView,
+    HttpCalls,
     Line,
     LocalInputs,
-    Refused,
-    checked,
     custom_id,
-    http_errors,
+    kept_line,
     key_of,
-    may_be_lost,
+    read_kept_line,
 )
 
 REQUESTS_PER_BATCH = 100_000
 BYTES_PER_BATCH = 256_000_000
 PATH = "v1/messages/batches"
 RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 100,000 answers
-CONTROL_MAX_BYTES = 2**24  # a batch object, a listing
-ATTEMPTS = 4  # of a call that may be sent again (not a create)
 CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
 ERROR_STATUS = {
     "invalid_request_error": 400,
@@ -84,14 +76,15 @@ class AnthropicBatches:
         self.engine = engine
         self.dialect = dialect
         self.inputs = inputs
+        self.http = HttpCalls(engine, self.what)
 
     # -- lines ---------------------------------------------------------------------------------
 
     def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
-        return {"key": key, "request": dict(canonical)}
+        return kept_line(key, canonical)
 
     def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        return str(line["key"]), dict(line["request"])
+        return read_kept_line(line)
 
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
         key, canonical = self.read_line(line)
@@ -109,12 +102,7 @@ class AnthropicBatches:
         body = json.dumps(
             {"requests": [self._request(line) for line in lines]}, ensure_ascii=False
         ).encode()
-        try:
-            batch = await self._call("POST", PATH, body, again=False)
-        except (Refused, TransportError) as exc:
-            if may_be_lost(exc):
-                raise AnswerMayBeLost(str(exc)) from exc
-            raise
+        batch = await self.http.create(PATH, body)
         return str(batch["id"])
 
     async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
@@ -128,7 +116,7 @@ class AnthropicBatches:
             kept = Path(part.input_file_id).stat().st_mtime - CLOCK_SLACK_SECONDS
         except OSError:
             return None
-        listing = await self._call("GET", f"{PATH}?limit=100")
+        listing = await self.http.call("GET", f"{PATH}?limit=100")
         candidates = [
             str(batch["id"])
             for batch in listing.get("data") or []
@@ -139,19 +127,17 @@ class AnthropicBatches:
         return candidates[0] if len(candidates) == 1 else None
 
     async def poll(self, batch_id: str) -> BatchView:
-        return _view(await self._call("GET", f"{PATH}/{batch_id}"))
+        return _view(await self.http.call("GET", f"{PATH}/{batch_id}"))
 
     async def cancel(self, batch_id: str) -> BatchView:
-        return _view(await self._call("POST", f"{PATH}/{batch_id}/cancel", b""))
+        return _view(await self.http.call("POST", f"{PATH}/{batch_id}/cancel", b""))
 
     async def results(self, part: BatchPart) -> AsyncGenerator[list[BatchResult], None]:
         # Always under the endpoint's own base URL, whatever results_url names: the key is
         # sent with it, and must go nowhere else.
-        answer = await self._send("GET", f"{PATH}/{part.batch_id}/results", None, RESULTS_MAX_BYTES)
-        if answer.status >= 400:
-            raise Refused(answer, self.what)
+        content = await self.http.read(f"{PATH}/{part.batch_id}/results", RESULTS_MAX_BYTES)
         page: list[BatchResult] = []
-        for line in answer.body.splitlines():
+        for line in content.splitlines():
             if line.strip():
                 page.append(self._result(line))
             if len(page) >= 1024:
@@ -164,7 +150,7 @@ class AnthropicBatches:
         return LocalInputs.pages(input_file_id, 1024)
 
     def errors(self) -> Any:
-        return http_errors(self.what, self.engine.secrets)
+        return self.http.errors()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -188,27 +174,6 @@ class AnthropicBatches:
         if kind in ("canceled", "expired"):
             return BatchResult(key, unanswered=True)
         return BatchResult(key, error=f"a result of unknown type {kind!r}")
-
-    async def _call(
-        self, method: str, path: str, body: bytes | None = None, *, again: bool = True
-    ) -> Any:
-        """A control-plane call's JSON; one that may be sent again is, up to
-        :data:`ATTEMPTS` times, after a failure that may pass (a 5xx, a 429, no answer)."""
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                answer = await self._send(method, path, body, CONTROL_MAX_BYTES)
-                return checked(answer, self.what)
-            except (Refused, TransportError) as exc:
-                if not again or not may_be_lost(exc) or attempt == ATTEMPTS:
-                    raise
-            await asyncio.sleep(random.uniform(0.05, 0.1) * 2**attempt)
-        raise AssertionError("unreachable")
-
-    async def _send(self, method: str, path: str, body: bytes | None, max_bytes: int) -> Any:
-        url: URL = self.engine.url(path)
-        return await self.engine.http.request(
-            method, url, body, self.engine.limits.timeout, max_bytes
-        )
 
 
 def _view(batch: Mapping[str, Any]) -> BatchView:

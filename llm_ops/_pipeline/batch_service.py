@@ -25,8 +25,10 @@ recorded as the part's input file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import random
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from typing import Any, Literal, Protocol
 
 from .._dialects import BatchResult
 from .._engine.boundary import TransportError, one_line, redact
+from .._engine.engine import Engine
 from .._wire import HttpAnswer
 from ..exceptions import JobAbortedError, LlmOpsError
 
@@ -245,3 +248,65 @@ def http_errors(what: str, secrets: tuple[str | None, ...]) -> Iterator[None]:
         else:
             hint = "rerun to pick the recorded batches up where they stopped"
         raise JobAbortedError(f"{what} failed ({detail}); {hint}") from exc
+
+
+ATTEMPTS = 4  # of a control-plane call that may be sent again (not a create)
+CONTROL_MAX_BYTES = 2**24  # a batch object, a listing
+
+
+def kept_line(key: str, canonical: Mapping[str, Any]) -> Line:
+    """The line a part keeps locally for a provider that keeps no input: the key and the
+    canonical request, so the request is rebuilt from it whatever the dialect."""
+    return {"key": key, "request": dict(canonical)}
+
+
+def read_kept_line(line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    return str(line["key"]), dict(line["request"])
+
+
+class HttpCalls:
+    """A batch API's calls over the engine's HTTP (aiohttp, with the dialect's headers, the
+    endpoint's TLS and proxy): paths under the endpoint's base URL only, since the key goes
+    with every call."""
+
+    def __init__(self, engine: Engine, what: str):
+        self.engine = engine
+        self.what = what
+
+    async def call(
+        self, method: str, path: str, body: bytes | None = None, *, again: bool = True
+    ) -> Any:
+        """A call's JSON; one that may be sent again is, up to :data:`ATTEMPTS` times, after
+        a failure that may pass (a 5xx, a 429, no answer)."""
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return checked(await self.send(method, path, body, CONTROL_MAX_BYTES), self.what)
+            except (Refused, TransportError) as exc:
+                if not again or not may_be_lost(exc) or attempt == ATTEMPTS:
+                    raise
+            await asyncio.sleep(random.uniform(0.05, 0.1) * 2**attempt)
+        raise AssertionError("unreachable")
+
+    async def create(self, path: str, body: bytes) -> Any:
+        """A create's JSON, sent once: :class:`AnswerMayBeLost` when it may have been done."""
+        try:
+            return await self.call("POST", path, body, again=False)
+        except (Refused, TransportError) as exc:
+            if may_be_lost(exc):
+                raise AnswerMayBeLost(str(exc)) from exc
+            raise
+
+    async def send(self, method: str, path: str, body: bytes | None, max_bytes: int) -> HttpAnswer:
+        return await self.engine.http.request(
+            method, self.engine.url(path), body, self.engine.limits.timeout, max_bytes
+        )
+
+    async def read(self, path: str, max_bytes: int) -> bytes:
+        """A large answer's body (a results file), read whole within ``max_bytes``."""
+        answer = await self.send("GET", path, None, max_bytes)
+        if answer.status >= 400:
+            raise Refused(answer, self.what)
+        return answer.body
+
+    def errors(self) -> Any:
+        return http_errors(self.what, self.engine.secrets)

@@ -141,7 +141,7 @@ class LocalEndpoint:
         self._call("POST", "config", asdict(self.config))
 
     def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
-        root = self.base_url.removesuffix("/v1")
+        root = self.base_url.removesuffix("/v1").removesuffix("/v1beta")  # the server's root
         data = json.dumps(payload).encode() if method == "POST" else None
         request = urllib.request.Request(f"{root}/_sim/{control}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:

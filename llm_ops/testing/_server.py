@@ -111,6 +111,7 @@ from .._pack import parse_pack_request
 from ..exceptions import LlmOpsError
 from ._batches import BatchesApi
 from ._batches_anthropic import AnthropicBatchesApi
+from ._batches_gemini import GeminiBatchesApi
 from ._decode import DecodeBatch, Durations
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
@@ -1253,6 +1254,7 @@ class Simulator:
         """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
         self.anthropic_batch_api = AnthropicBatchesApi(self._answer_line, lambda: self.config)
+        self.gemini_batch_api = GeminiBatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -1305,7 +1307,11 @@ class Simulator:
             "embedding_inputs": self.embedding_inputs,
             "media_parts": self.media_parts,
             "judged": dict(self.judged),
-            **_summed(self.batch_api.stats(), self.anthropic_batch_api.stats()),
+            **_summed(
+                self.batch_api.stats(),
+                self.anthropic_batch_api.stats(),
+                self.gemini_batch_api.stats(),
+            ),
             "config": asdict(self.config),
         }
 
@@ -1325,10 +1331,14 @@ class Simulator:
         app.router.add_post("/_sim/config", self.post_config)
         for method, path, name in BatchesApi.ROUTES:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
-        for method, path, name in AnthropicBatchesApi.ROUTES:
-            app.router.add_route(
-                method, path, functools.partial(self._anthropic_batches, name=name)
-            )
+        for api, routes in (
+            ("anthropic_batch_api", AnthropicBatchesApi.ROUTES),
+            ("gemini_batch_api", GeminiBatchesApi.ROUTES),
+        ):
+            for method, path, name in routes:
+                app.router.add_route(
+                    method, path, functools.partial(self._dialect_batches, api=api, name=name)
+                )
         app.on_cleanup.append(self._close)
         return app
 
@@ -1841,16 +1851,18 @@ class Simulator:
         )
         return await handler(request)
 
-    async def _anthropic_batches(self, request: web.Request, *, name: str) -> web.StreamResponse:
-        """Anthropic's Message Batches API (see :mod:`llm_ops.testing._batches_anthropic`),
-        behind its key and version header."""
+    async def _dialect_batches(
+        self, request: web.Request, *, api: str, name: str
+    ) -> web.StreamResponse:
+        """Anthropic's Message Batches API or Gemini's batch mode (see
+        :mod:`llm_ops.testing._batches_anthropic`, :mod:`llm_ops.testing._batches_gemini`),
+        behind the key as that provider checks it."""
         self.header_names.update(request.headers.keys())
-        refused = self.anthropic_batch_api.refused(request)
+        batches: AnthropicBatchesApi | GeminiBatchesApi = getattr(self, api)
+        refused = batches.refused(request)
         if refused is not None:
             return refused
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(
-            self.anthropic_batch_api, name
-        )
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(batches, name)
         return await handler(request)
 
     def _answer_line(self, body: Any) -> tuple[int, dict[str, Any]]:
