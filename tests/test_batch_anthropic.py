@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from dialect_anthropic_min import MINI_ANTHROPIC
 
-from llm_ops import BatchMode, Endpoint, Retries, llm_complete, open_cache
+from llm_ops import BatchMode, Client, Endpoint, Retries, llm_complete, open_cache
 from llm_ops.testing import LocalEndpoint
 
 KEY = "sk-ant-simulated-key"
@@ -155,3 +155,30 @@ def test_a_job_killed_after_submitting_resumes_without_a_new_batch(anthropic, ca
     assert statuses(out) == {"ok": 300}
     stats = anthropic.stats()
     assert (stats["batches"], stats["lines_uploaded"], stats["answered"]) == (3, 300, 300)
+
+
+def test_the_kept_requests_are_removed_once_collected(batch, cache):
+    DF.head(20).pipe(batch)
+    kept = cache.with_name(cache.name + ".batches")
+    assert kept.is_dir() and list(kept.iterdir()) == []
+
+
+def test_submitted_batches_are_collected_by_a_later_client(anthropic, cache):
+    endpoint = Endpoint(anthropic.base_url, api_key=KEY, provider=MINI_ANTHROPIC)
+    with Client(endpoint=endpoint, cache=cache) as client:
+        parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
+    assert [p.state for p in parts] == ["submitted"]
+    with Client(endpoint=endpoint, cache=cache) as client:
+        assert client.collect_batches(poll_seconds=0.05) == 7
+        again = client.complete(DF.head(20), prompt="Say {text}", model="sim", batch=True)
+    assert statuses(again) == {"cached": 20}
+    assert anthropic.stats()["batches"] == 1
+
+
+def test_a_cancelled_batch_says_so(anthropic, cache):
+    anthropic.configure(api_key=KEY, batch_seconds=30.0, batch_validation_seconds=0.05)
+    endpoint = Endpoint(anthropic.base_url, api_key=KEY, provider=MINI_ANTHROPIC)
+    with Client(endpoint=endpoint, cache=cache) as client:
+        parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
+        cancelled = client.cancel_batches(job_id=parts[0].job_id)
+    assert [p.state for p in cancelled] == ["cancelled"]

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from dialect_gemini_min import MINI_GEMINI
 
-from llm_ops import BatchMode, Endpoint, Retries, llm_complete, open_cache
+from llm_ops import BatchMode, Client, Endpoint, Retries, llm_complete, open_cache
 from llm_ops.testing import LocalEndpoint
 
 KEY = "gemini-simulated-key"
@@ -164,3 +164,16 @@ def test_a_request_over_the_inline_limit_is_refused_before_anything_is_sent(batc
     assert out["completion_status"].to_list() == ["rejected"]
     assert "over a batch file's 20,000,000" in errors(out)[0]
     assert gemini.stats()["batches"] == 0
+
+
+def test_submitted_batches_are_collected_by_a_later_client(gemini, cache):
+    endpoint = Endpoint(gemini.base_url, api_key=KEY, provider=MINI_GEMINI)
+    with Client(endpoint=endpoint, cache=cache) as client:
+        parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
+    assert [p.state for p in parts] == ["submitted"]
+    with Client(endpoint=endpoint, cache=cache) as client:
+        assert client.collect_batches(poll_seconds=0.05) == 7
+        again = client.complete(DF.head(20), prompt="Say {text}", model="sim", batch=True)
+    assert statuses(again) == {"cached": 20}
+    assert gemini.stats()["batches"] == 1
+    assert list(cache.with_name(cache.name + ".batches").iterdir()) == []  # kept until collected

@@ -416,6 +416,7 @@ class BatchRunner:
             again += await self._resend(switched, wanted, on_outcome)
         part.state = "collected"
         await self._record(part)
+        await self.engine.hosted(self.service.discard(part))  # nothing reads its lines again
         return again
 
     async def _results(self, part: BatchPart, requests: dict[str, Request]) -> dict[str, Outcome]:

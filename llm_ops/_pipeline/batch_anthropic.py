@@ -149,6 +149,9 @@ class AnthropicBatches:
     def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
         return LocalInputs.pages(input_file_id, 1024)
 
+    async def discard(self, part: BatchPart) -> None:
+        await asyncio.to_thread(self.inputs.discard, part.input_file_id)
+
     def errors(self) -> Any:
         return self.http.errors()
 

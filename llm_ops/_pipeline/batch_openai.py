@@ -79,6 +79,9 @@ class OpenAIBatches:
     async def cancel(self, batch_id: str) -> BatchView:
         return _view(await self.sdk.batches.cancel(batch_id))
 
+    async def discard(self, part: BatchPart) -> None:
+        """Nothing: the input file stays at the provider, as it always did."""
+
     async def results(self, part: BatchPart) -> AsyncGenerator[list[BatchResult], None]:
         for file_id in (part.output_file_id, part.error_file_id):
             if file_id is None:

@@ -149,6 +149,10 @@ class BatchService(Protocol):
         """Ask the provider to cancel the batch; how it does then."""
         ...
 
+    async def discard(self, part: BatchPart) -> None:
+        """Let go of what a collected part kept for reading back (its local input file)."""
+        ...
+
     def errors(self) -> Any:
         """A context manager turning the API's errors into one :class:`JobAbortedError`."""
         ...
@@ -197,6 +201,15 @@ class LocalInputs:
                 f"({exc.strerror}): collect it where it was submitted, beside its cache"
             ) from exc
 
+    def discard(self, input_file_id: str | None) -> None:
+        """Remove a part's kept lines (only a file of this folder: the id is read from the
+        cache, and nothing else is ever removed)."""
+        if input_file_id is None:
+            return
+        path = Path(input_file_id)
+        if path.parent.resolve() == self.folder.resolve() and path.suffix == ".jsonl":
+            path.unlink(missing_ok=True)
+
     @staticmethod
     async def pages(input_file_id: str, size: int) -> AsyncGenerator[list[str], None]:
         lines = [line for line in LocalInputs.read(input_file_id).decode().splitlines() if line]
@@ -243,6 +256,8 @@ def http_errors(what: str, secrets: tuple[str | None, ...]) -> Iterator[None]:
         status = getattr(exc, "status", None)
         if status in (401, 403):
             hint = f"check the API key and its access to {what}"
+        elif status in (400, 413, 422):
+            hint = "it refused the batch as sent: fix the request (the row's options) and rerun"
         elif status == 404:
             hint = f"the endpoint may have no {what}: use batch=False"
         else:
