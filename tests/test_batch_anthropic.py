@@ -23,6 +23,7 @@ KEY = "sk-ant-simulated-key"
 TEXTS = [f"item {i % 7}" for i in range(20)] + ["bad [[sim:status=400]]", None]
 DF = pl.DataFrame({"text": TEXTS})
 FAST = {"batch_seconds": 0.3, "batch_validation_seconds": 0.05}
+SERVED = {"api_key": KEY, "dialect": "anthropic"}  # configure() keeps the dialect's base URL
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def server() -> Iterator[LocalEndpoint]:
 
 @pytest.fixture
 def anthropic(server: LocalEndpoint) -> LocalEndpoint:
-    server.configure(api_key=KEY, **FAST)
+    server.configure(**SERVED, **FAST)
     server.reset()
     return server
 
@@ -82,21 +83,21 @@ def test_ok_rows_are_cached_and_a_rerun_sends_nothing(batch, anthropic):
 
 
 def test_expired_requests_are_submitted_again(batch, anthropic):
-    anthropic.configure(api_key=KEY, **FAST, batch_expire_share=0.5)
+    anthropic.configure(**SERVED, **FAST, batch_expire_share=0.5)
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     stats = anthropic.stats()
     assert (stats["batches"], stats["lines_uploaded"]) == (2, 7 + 4)
 
 
 def test_two_different_answers_for_one_request_keep_neither(batch, anthropic):
-    anthropic.configure(api_key=KEY, **FAST, batch_duplicate_lines=1)
+    anthropic.configure(**SERVED, **FAST, batch_duplicate_lines=1)
     out = DF.head(20).pipe(batch)
     assert statuses(out) == {"ok": 17, "failed": 3}  # item 0, on 3 rows
     assert "returned two different answers for this request" in errors(out)[0]
 
 
 def test_answers_to_requests_never_sent_are_ignored(batch, anthropic, cache, caplog):
-    anthropic.configure(api_key=KEY, **FAST, batch_unknown_lines=3)
+    anthropic.configure(**SERVED, **FAST, batch_unknown_lines=3)
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     assert "returned 3 line(s) that name no request it was sent" in caplog.text
     with open_cache(cache) as con:
@@ -104,20 +105,20 @@ def test_answers_to_requests_never_sent_are_ignored(batch, anthropic, cache, cap
 
 
 def test_requests_an_ended_batch_left_out_are_submitted_again(batch, anthropic):
-    anthropic.configure(api_key=KEY, **FAST, batch_drop_lines=2, batch_hostile_first=1)
+    anthropic.configure(**SERVED, **FAST, batch_drop_lines=2, batch_hostile_first=1)
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     assert anthropic.stats()["batches"] == 2
 
 
 def test_a_failed_batch_rejects_its_rows_with_the_providers_reason(batch, anthropic):
-    anthropic.configure(api_key=KEY, **FAST, batch_fail="invalid_request")
+    anthropic.configure(**SERVED, **FAST, batch_fail="invalid_request")
     out = DF.head(6).pipe(batch)
     assert statuses(out) == {"rejected": 6}
     assert errors(out)[0] == "HTTP 400: simulated: invalid_request"
 
 
 def test_a_create_whose_answer_is_lost_is_found_not_made_twice(batch, anthropic):
-    anthropic.configure(api_key=KEY, **FAST, batch_create_stall="after")
+    anthropic.configure(**SERVED, **FAST, batch_create_stall="after")
     assert statuses(DF.head(6).pipe(batch, retries=Retries(timeout=0.5))) == {"ok": 6}
     assert (anthropic.stats()["batches"], anthropic.stats()["batch_creates"]) == (1, 1)
 
@@ -135,7 +136,7 @@ df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=endpoint, cache=sys
 
 
 def test_a_job_killed_after_submitting_resumes_without_a_new_batch(anthropic, cache):
-    anthropic.configure(api_key=KEY, batch_seconds=3.0, batch_validation_seconds=0.05)
+    anthropic.configure(**SERVED, batch_seconds=3.0, batch_validation_seconds=0.05)
     tests = str(Path(__file__).parent)
     job = subprocess.Popen([sys.executable, "-c", KILLED, anthropic.base_url, str(cache), tests])
     deadline = time.monotonic() + 30
@@ -176,7 +177,7 @@ def test_submitted_batches_are_collected_by_a_later_client(anthropic, cache):
 
 
 def test_a_cancelled_batch_says_so(anthropic, cache):
-    anthropic.configure(api_key=KEY, batch_seconds=30.0, batch_validation_seconds=0.05)
+    anthropic.configure(**SERVED, batch_seconds=30.0, batch_validation_seconds=0.05)
     endpoint = Endpoint(anthropic.base_url, api_key=KEY, provider=MINI_ANTHROPIC)
     with Client(endpoint=endpoint, cache=cache) as client:
         parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
