@@ -163,7 +163,7 @@ def test_a_request_over_the_inline_limit_is_refused_before_anything_is_sent(batc
     big = pl.DataFrame({"text": ["x" * 20_000_001]})
     out = big.pipe(batch)
     assert out["completion_status"].to_list() == ["rejected"]
-    assert "over a batch file's 20,000,000" in errors(out)[0]
+    assert "over a batch file's 19,995,904" in errors(out)[0]  # 20 MB less the JSON around
     assert gemini.stats()["batches"] == 0
 
 
@@ -178,3 +178,10 @@ def test_submitted_batches_are_collected_by_a_later_client(gemini, cache):
     assert statuses(again) == {"cached": 20}
     assert gemini.stats()["batches"] == 1
     assert list(cache.with_name(cache.name + ".batches").iterdir()) == []  # kept until collected
+
+
+def test_requests_over_20_mb_together_go_in_several_inline_batches(batch, gemini):
+    big = pl.DataFrame({"text": [f"{i} " + "x" * 7_000_000 for i in range(3)]})
+    out = big.pipe(batch)
+    assert statuses(out) == {"ok": 3}
+    assert (gemini.stats()["batches"], gemini.stats()["lines_uploaded"]) == (2, 3)

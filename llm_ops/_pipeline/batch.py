@@ -200,7 +200,7 @@ class BatchRunner:
         """New parts for ``requests``; those in ``again`` are sent as the lines they were
         first sent as (what their keys say), not rebuilt from this runner's job. ``reserved``:
         the budget counts them already (their first line was refused, not answered)."""
-        lines: list[tuple[str, bytes]] = []
+        lines: list[tuple[str, bytes, int]] = []  # key, line kept, bytes it sends
         for request in requests:
             line = (again or {}).get(request.key)
             if line is None:
@@ -212,9 +212,10 @@ class BatchRunner:
                     continue
                 line = self.service.line(request.key, self.live.canonical(request, messages))
             encoded = json.dumps(line, ensure_ascii=False).encode() + b"\n"
-            if len(encoded) > self.bytes_per_batch:  # no batch file could hold it
+            sent = self.service.sent_bytes(line, encoded)
+            if sent > self.bytes_per_batch:  # no batch file could hold it
                 why = (
-                    f"its batch line is {len(encoded):,} bytes, over a batch file's "
+                    f"its batch line is {sent:,} bytes, over a batch file's "
                     f"{self.bytes_per_batch:,} (BatchMode(bytes_per_batch=), or the provider's "
                     "limit); row not sent"
                 )
@@ -233,15 +234,15 @@ class BatchRunner:
                 )
                 continue
             self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
-            lines.append((request.key, encoded))
+            lines.append((request.key, encoded, sent))
         job_id = f"llmops-{uuid.uuid4().hex[:16]}"
         parts = []
         for number, chunk in enumerate(self._files(lines)):
             part = BatchPart(
                 job_id, number, self.job.spec.endpoint, self.job.spec.model, len(chunk)
             )
-            await self._record(part, keys=[key for key, _ in chunk])  # before anything is paid
-            content = b"".join(b for _, b in chunk)
+            await self._record(part, keys=[key for key, _, _ in chunk])  # before it is paid
+            content = b"".join(b for _, b, _ in chunk)
             part.input_file_id = await self.engine.hosted(self.service.upload(part, content))
             part.state = "uploaded"
             await self._record(part)
@@ -250,18 +251,18 @@ class BatchRunner:
             parts.append(part)
         return parts
 
-    def _files(self, lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
-        """``lines`` cut into files within the provider's limits."""
-        chunk: list[tuple[str, bytes]] = []
+    def _files(self, lines: list[tuple[str, bytes, int]]) -> Iterator[list[tuple[str, bytes, int]]]:
+        """``lines`` cut into batches within the provider's limits, by the bytes each sends."""
+        chunk: list[tuple[str, bytes, int]] = []
         size = 0
-        for key, line in lines:
+        for key, line, sent in lines:
             if chunk and (
-                len(chunk) >= self.requests_per_batch or size + len(line) > self.bytes_per_batch
+                len(chunk) >= self.requests_per_batch or size + sent > self.bytes_per_batch
             ):
                 yield chunk
                 chunk, size = [], 0
-            chunk.append((key, line))
-            size += len(line)
+            chunk.append((key, line, sent))
+            size += sent
         if chunk:
             yield chunk
 

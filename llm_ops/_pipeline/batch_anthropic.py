@@ -34,6 +34,7 @@ from typing import Any
 from .._dialects import BatchResult, Dialect
 from .._engine.engine import Engine
 from .batch_service import (
+    ENVELOPE_BYTES,
     BatchPart,
     BatchView,
     HttpCalls,
@@ -43,10 +44,11 @@ from .batch_service import (
     kept_line,
     key_of,
     read_kept_line,
+    wire_bytes,
 )
 
 REQUESTS_PER_BATCH = 100_000
-BYTES_PER_BATCH = 256_000_000
+BYTES_PER_BATCH = 256_000_000 - ENVELOPE_BYTES
 PATH = "v1/messages/batches"
 RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 100,000 answers
 CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
@@ -89,6 +91,9 @@ class AnthropicBatches:
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
         key, canonical = self.read_line(line)
         return {"custom_id": custom_id(key), "params": self.dialect.completion_body(canonical)}
+
+    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
+        return wire_bytes(self._request(line))
 
     # -- calls ---------------------------------------------------------------------------------
 

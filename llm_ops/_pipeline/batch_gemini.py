@@ -30,6 +30,7 @@ from .._dialects import BatchResult, Dialect
 from .._engine.engine import Engine
 from ..exceptions import JobAbortedError
 from .batch_service import (
+    ENVELOPE_BYTES,
     BatchPart,
     BatchView,
     HttpCalls,
@@ -37,10 +38,11 @@ from .batch_service import (
     LocalInputs,
     kept_line,
     read_kept_line,
+    wire_bytes,
 )
 
 REQUESTS_PER_BATCH = 1_000_000  # no count is documented: the bytes bound an inline batch
-BYTES_PER_BATCH = 20_000_000  # inline requests, at most
+BYTES_PER_BATCH = 20_000_000 - ENVELOPE_BYTES  # inline requests, at most
 RESULTS_MAX_BYTES = 2**31  # a done batch with its inline answers, read whole
 LIST_PAGES = 10  # pages of the batch list looked through for a lost create
 DISPLAY_PREFIX = "llm-ops "
@@ -76,18 +78,21 @@ class GeminiBatches:
     def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         return read_kept_line(line)
 
+    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
+        return wire_bytes(self._request(line))
+
+    def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """The inline request a kept line sends."""
+        key, canonical = self.read_line(line)
+        return {"request": self.dialect.completion_body(canonical), "metadata": {"key": key}}
+
     async def upload(self, part: BatchPart, content: bytes) -> str:
         return await asyncio.to_thread(self.inputs.keep, part.name, content)
 
     async def create(self, part: BatchPart) -> str:
         assert part.input_file_id is not None
         content = await asyncio.to_thread(LocalInputs.read, part.input_file_id)
-        requests = []
-        for raw in content.splitlines():
-            if raw.strip():
-                key, canonical = self.read_line(json.loads(raw))
-                request = self.dialect.completion_body(canonical)
-                requests.append({"request": request, "metadata": {"key": key}})
+        requests = [self._request(json.loads(raw)) for raw in content.splitlines() if raw.strip()]
         batch = {
             "display_name": DISPLAY_PREFIX + part.name,
             "input_config": {"requests": {"requests": requests}},

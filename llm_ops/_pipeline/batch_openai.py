@@ -46,6 +46,9 @@ class OpenAIBatches:
         # this dialect's body is the canonical request, less its endpoint
         return self.dialect.batch_request(line)
 
+    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
+        return len(kept)  # the line kept is the line uploaded
+
     async def upload(self, part: BatchPart, content: bytes) -> str:
         file = await self.sdk.files.create(file=(f"{part.name}.jsonl", content), purpose="batch")
         return file.id

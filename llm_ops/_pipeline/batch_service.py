@@ -117,6 +117,11 @@ class BatchService(Protocol):
         """A kept line read back: its key and its canonical request (less its endpoint)."""
         ...
 
+    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
+        """The bytes ``line`` (kept as ``kept``) adds to what its batch sends the provider,
+        which its limit bounds."""
+        ...
+
     async def upload(self, part: BatchPart, content: bytes) -> str:
         """Keep the part's lines (``content``, JSONL) where they can be read back; their id."""
         ...
@@ -172,6 +177,15 @@ def key_of(name: object) -> str | None:
     except ValueError:
         return None
     return KEY_PREFIX + name
+
+
+ENVELOPE_BYTES = 4096
+"""What a batch sends besides its requests (the JSON around them, a display name), at most."""
+
+
+def wire_bytes(request: Mapping[str, Any]) -> int:
+    """The bytes a request adds to a JSON body listing requests (its comma included)."""
+    return len(json.dumps(request, ensure_ascii=False).encode()) + 1
 
 
 class LocalInputs:
