@@ -183,3 +183,36 @@ def test_a_cancelled_batch_says_so(anthropic, cache):
         parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
         cancelled = client.cancel_batches(job_id=parts[0].job_id)
     assert [p.state for p in cancelled] == ["cancelled"]
+
+
+KILLED_CREATING = """
+import sys, polars as pl
+sys.path.insert(0, sys.argv[3])
+from dialect_anthropic_min import MINI_ANTHROPIC
+from llm_ops import BatchMode, Endpoint, llm_complete
+df = pl.DataFrame({"text": [f"item {i % 7}" for i in range(20)]})
+endpoint = Endpoint(sys.argv[1], api_key='sk-ant-simulated-key', provider=MINI_ANTHROPIC)
+df.pipe(llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint, cache=sys.argv[2],
+        batch=BatchMode(poll_seconds=0.05), progress=False)
+"""
+
+
+@pytest.mark.parametrize("stall", ["before", "after"])
+def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(
+    batch, anthropic, cache, stall
+):
+    anthropic.configure(**SERVED, **FAST, batch_create_stall=stall)
+    tests = str(Path(__file__).parent)
+    command = [sys.executable, "-c", KILLED_CREATING, anthropic.base_url, str(cache), tests]
+    job = subprocess.Popen(command)
+    made = 1 if stall == "after" else 0
+    deadline = time.monotonic() + 30
+    while (anthropic.stats()["batch_creates"], anthropic.stats()["batches"]) != (1, made):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    job.kill()
+    job.wait()
+    anthropic.configure(**SERVED, **FAST)
+    assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
+    stats = anthropic.stats()
+    assert (stats["batches"], stats["lines_uploaded"]) == (1, 7)

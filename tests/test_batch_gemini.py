@@ -185,3 +185,34 @@ def test_requests_over_20_mb_together_go_in_several_inline_batches(batch, gemini
     out = big.pipe(batch)
     assert statuses(out) == {"ok": 3}
     assert (gemini.stats()["batches"], gemini.stats()["lines_uploaded"]) == (2, 3)
+
+
+KILLED_CREATING = """
+import sys, polars as pl
+sys.path.insert(0, sys.argv[3])
+from dialect_gemini_min import MINI_GEMINI
+from llm_ops import BatchMode, Endpoint, llm_complete
+df = pl.DataFrame({"text": [f"item {i % 7}" for i in range(20)]})
+endpoint = Endpoint(sys.argv[1], api_key='gemini-simulated-key', provider=MINI_GEMINI)
+df.pipe(llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint, cache=sys.argv[2],
+        batch=BatchMode(poll_seconds=0.05), progress=False)
+"""
+
+
+@pytest.mark.parametrize("stall", ["before", "after"])
+def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(batch, gemini, cache, stall):
+    gemini.configure(**SERVED, **FAST, batch_create_stall=stall)
+    tests = str(Path(__file__).parent)
+    command = [sys.executable, "-c", KILLED_CREATING, gemini.base_url, str(cache), tests]
+    job = subprocess.Popen(command)
+    made = 1 if stall == "after" else 0
+    deadline = time.monotonic() + 30
+    while (gemini.stats()["batch_creates"], gemini.stats()["batches"]) != (1, made):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    job.kill()
+    job.wait()
+    gemini.configure(**SERVED, **FAST)
+    assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
+    stats = gemini.stats()
+    assert (stats["batches"], stats["lines_uploaded"]) == (1, 7)
