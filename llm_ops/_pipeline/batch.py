@@ -1,18 +1,23 @@
-"""Provider batch mode (``batch=True``): the distinct uncached requests through the Files and
-Batches API, at the batch price, answered within 24 hours.
+"""Provider batch mode (``batch=True``): the distinct uncached requests through the provider's
+batch API, at the batch price, answered within 24 hours.
+
+The provider's calls are its :class:`~llm_ops._pipeline.batch_service.BatchService`, picked by
+the endpoint dialect's name (:data:`SERVICES`): OpenAI's Files and Batches API, Anthropic's
+Message Batches, Gemini's ``batchGenerateContent``. Everything else is here, the same for each.
 
 A submission (a ``job_id``) is cut into parts of at most ``requests_per_batch`` lines and
-``bytes_per_batch``; each part is one JSONL file (``custom_id`` = the request key) and one
-batch. Every provider object is recorded in the cache database (``llm_batches`` and
-``llm_batch_requests``, through the journal, so durably) before and after the call that makes
-it::
+``bytes_per_batch`` (and the provider's own limits); each part is its lines kept (an uploaded
+JSONL file, ``custom_id`` = the request key, or a local one) and one batch. Every provider
+object is recorded in the cache database (``llm_batches`` and ``llm_batch_requests``, through
+the journal, so durably) before and after the call that makes it::
 
     preparing ─upload─▶ uploaded ─create─▶ submitted ─poll─▶ validating ▶ in_progress ▶ ...
         ▶ completed | expired | cancelled | failed ─collect─▶ collected
 
 A rerun finds the parts that carry its keys and picks each up where it stopped: a part that
 never got its file is given up (nothing was paid); one whose batch may have been created
-without being recorded is looked up in the provider's batch list by its metadata; the rest are
+without being recorded is looked up in the provider's batch list (by its metadata, or what the
+service can tell it by); the rest are
 polled. Only keys in no live part and not cached are submitted, so nothing is paid twice. A
 create whose answer is lost (a timeout, a 5xx) is not blindly sent again either: the batch
 list is asked first, and when it cannot answer the job stops.
