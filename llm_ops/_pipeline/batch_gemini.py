@@ -10,12 +10,13 @@ once done, holds the answers (``response.inlinedResponses``, each a ``response``
 it; ``GET batches`` lists them, by which a batch whose create answer was lost is found by its
 display name (``llm-ops {job}-{part}``).
 
-Requests go inline, at most 20 MB a batch: a larger submission is cut into several inline
-batches (the limit is this service's ``bytes_per_batch``), and a single request over 20 MB is
-refused before anything is sent. Gemini's other input, a JSONL file through the Files upload
-API, is not spoken yet. Spoken over the engine's own HTTP (``x-goog-api-key`` among the
-dialect's headers), for the reasons :mod:`llm_ops._pipeline.batch_anthropic` gives; the
-requests are kept in a local file beside the cache, since inline requests cannot be read back.
+Requests go inline up to 20 MB a batch; a larger batch (up to 2 GB) goes as a JSONL file
+(``{"key", "request"}`` a line) through the Files API's resumable upload
+(``POST /upload/v1beta/files``), named by ``input_config.file_name``, and its answers come back
+as a file too (``response.responsesFile``, read at ``/download/v1beta/{file}:download``).
+Spoken over the engine's own HTTP (``x-goog-api-key`` among the dialect's headers), for the
+reasons :mod:`llm_ops._pipeline.batch_anthropic` gives; the requests are kept in a local file
+beside the cache as well, since the API gives neither form back.
 """
 
 from __future__ import annotations
@@ -26,24 +27,33 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal
 from urllib.parse import quote
 
+from yarl import URL
+
 from .._dialects import BatchResult, Dialect
+from .._engine.boundary import TransportError
 from .._engine.engine import Engine
 from ..exceptions import JobAbortedError
 from .batch_service import (
+    ATTEMPTS,
+    CONTROL_MAX_BYTES,
     ENVELOPE_BYTES,
     BatchPart,
     BatchView,
     HttpCalls,
     Line,
     LocalInputs,
+    Refused,
+    checked,
     kept_line,
+    may_be_lost,
     read_kept_line,
     wire_bytes,
 )
 
-REQUESTS_PER_BATCH = 1_000_000  # no count is documented: the bytes bound an inline batch
-BYTES_PER_BATCH = 20_000_000 - ENVELOPE_BYTES  # inline requests, at most
-RESULTS_MAX_BYTES = 2**31  # a done batch with its inline answers, read whole
+REQUESTS_PER_BATCH = 1_000_000  # no count is documented: the bytes bound a batch
+INLINE_BYTES = 20_000_000 - ENVELOPE_BYTES  # inline requests, at most; beyond, a file
+BYTES_PER_BATCH = 2_000_000_000  # an input file, at most (the Files API takes 2 GB)
+RESULTS_MAX_BYTES = 2**33  # a done batch with its answers (inline, or their file), read whole
 LIST_PAGES = 10  # pages of the batch list looked through for a lost create
 DISPLAY_PREFIX = "llm-ops "
 STATES = {
@@ -93,14 +103,66 @@ class GeminiBatches:
         assert part.input_file_id is not None
         content = await asyncio.to_thread(LocalInputs.read, part.input_file_id)
         requests = [self._request(json.loads(raw)) for raw in content.splitlines() if raw.strip()]
-        batch = {
-            "display_name": DISPLAY_PREFIX + part.name,
-            "input_config": {"requests": {"requests": requests}},
-        }
+        if sum(map(wire_bytes, requests)) <= INLINE_BYTES:
+            input_config: dict[str, Any] = {"requests": {"requests": requests}}
+        else:
+            input_config = {"file_name": await self._upload(part, requests)}
+        batch = {"display_name": DISPLAY_PREFIX + part.name, "input_config": input_config}
         body = json.dumps({"batch": batch}, ensure_ascii=False).encode()
         model = part.model if part.model.startswith("models/") else f"models/{part.model}"
         operation = await self.http.create(f"{quote(model)}:batchGenerateContent", body)
         return _name(operation)
+
+    async def _upload(self, part: BatchPart, requests: list[dict[str, Any]]) -> str:
+        """The requests as a JSONL file (``{"key", "request"}`` a line) through the Files
+        API's resumable upload (a start, then the bytes); its name (``files/...``). An upload
+        whose answer is lost is made again: a file is not paid for, and one left over expires
+        within two days."""
+        content = b"".join(
+            json.dumps({"key": r["metadata"]["key"], "request": r["request"]}).encode() + b"\n"
+            for r in requests
+        )
+        start = json.dumps({"file": {"display_name": DISPLAY_PREFIX + part.name}}).encode()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                answer = await self.http.send_to(
+                    "POST",
+                    self._root("upload/v1beta/files"),
+                    start,
+                    CONTROL_MAX_BYTES,
+                    headers={
+                        "X-Goog-Upload-Protocol": "resumable",
+                        "X-Goog-Upload-Command": "start",
+                        "X-Goog-Upload-Header-Content-Length": str(len(content)),
+                        "X-Goog-Upload-Header-Content-Type": "application/jsonl",
+                    },
+                )
+                checked(answer, self.what)
+                where = answer.headers.get("x-goog-upload-url")
+                if not where:
+                    raise JobAbortedError(f"{self.what}'s file upload gave no upload URL")
+                answer = await self.http.send_to(
+                    "POST",
+                    URL(where, encoded=True),
+                    content,
+                    CONTROL_MAX_BYTES,
+                    headers={
+                        "X-Goog-Upload-Command": "upload, finalize",
+                        "X-Goog-Upload-Offset": "0",
+                    },
+                )
+                return str(checked(answer, self.what)["file"]["name"])
+            except (Refused, TransportError) as exc:
+                if not may_be_lost(exc) or attempt == ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _root(self, path: str) -> URL:
+        """``path`` under the server's root (the upload and download paths are not under
+        ``/v1beta``)."""
+        base = URL(self.engine.base_url)
+        root = base.path.rstrip("/").removesuffix("/v1beta")
+        return base.with_path(f"{root}/{path}", encoded=True).with_query(None)
 
     async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
         wanted = DISPLAY_PREFIX + part.name
@@ -127,14 +189,15 @@ class GeminiBatches:
         assert part.batch_id is not None
         operation = json.loads(await self.http.read(part.batch_id, RESULTS_MAX_BYTES))
         output = operation.get("response") or _batch(operation).get("output") or {}
-        if output.get("responsesFile"):
-            raise JobAbortedError(
-                f"the batch {part.batch_id} put its answers in a file "
-                f"({output['responsesFile']}), which llm-ops does not read yet"
-            )
-        inlined = output.get("inlinedResponses") or {}
-        if isinstance(inlined, dict):
-            inlined = inlined.get("inlinedResponses") or []
+        file = output.get("responsesFile")
+        if file:  # the answers of a batch whose requests were a file: a JSONL file
+            download = self._root(f"download/v1beta/{file}:download").with_query(alt="media")
+            content = await self.http.read(download, RESULTS_MAX_BYTES)
+            inlined: Any = [_json(line) for line in content.splitlines() if line.strip()]
+        else:
+            inlined = output.get("inlinedResponses") or {}
+            if isinstance(inlined, dict):
+                inlined = inlined.get("inlinedResponses") or []
         page = [_result(item) for item in inlined]
         for start in range(0, len(page), 1024):
             yield page[start : start + 1024]
@@ -182,11 +245,12 @@ def _view(operation: Mapping[str, Any]) -> BatchView:
 
 
 def _result(item: object) -> BatchResult:
-    """One inline answer: its key (from the request's metadata), its response or its error."""
+    """One answer: its key (the request's metadata, or a file line's ``key``), its response
+    or its error."""
     if not isinstance(item, dict):
         return BatchResult(None)
     metadata = item.get("metadata") or {}
-    key = metadata.get("key") if isinstance(metadata, dict) else None
+    key = item.get("key") or (metadata.get("key") if isinstance(metadata, dict) else None)
     key = key if isinstance(key, str) else None
     if isinstance(item.get("response"), dict):
         return BatchResult(key, status=200, body=item["response"])
@@ -197,3 +261,10 @@ def _result(item: object) -> BatchResult:
             key, status=status, body={"error": {**error, "code": status, "rpc": error.get("code")}}
         )
     return BatchResult(key, error="an answer with neither a response nor an error")
+
+
+def _json(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None  # a line that is no answer: counted as one naming no request

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from yarl import URL
+
 from .._dialects import BatchResult
 from .._engine.boundary import TransportError, one_line, redact
 from .._engine.engine import Engine
@@ -326,13 +328,31 @@ class HttpCalls:
             raise
 
     async def send(self, method: str, path: str, body: bytes | None, max_bytes: int) -> HttpAnswer:
+        return await self.send_to(method, self.engine.url(path), body, max_bytes)
+
+    async def send_to(
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        max_bytes: int,
+        headers: Mapping[str, str] | None = None,
+    ) -> HttpAnswer:
+        """One call to ``url``, which must be on the endpoint's host (the key goes with it),
+        with ``headers`` besides the client's."""
+        if url.origin() != URL(self.engine.base_url).origin():
+            raise JobAbortedError(
+                f"{self.what} named {url.origin()} to send to, not the endpoint's host: the "
+                "API key is not sent there"
+            )
         return await self.engine.http.request(
-            method, self.engine.url(path), body, self.engine.limits.timeout, max_bytes
+            method, url, body, self.engine.limits.timeout, max_bytes, headers=headers
         )
 
-    async def read(self, path: str, max_bytes: int) -> bytes:
+    async def read(self, path: str | URL, max_bytes: int) -> bytes:
         """A large answer's body (a results file), read whole within ``max_bytes``."""
-        answer = await self.send("GET", path, None, max_bytes)
+        url = path if isinstance(path, URL) else self.engine.url(path)
+        answer = await self.send_to("GET", url, None, max_bytes)
         if answer.status >= 400:
             raise Refused(answer, self.what)
         return answer.body

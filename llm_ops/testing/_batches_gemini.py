@@ -9,7 +9,11 @@ checks it: a display name, at least one request, each with ``contents``; at most
 ``BATCH_STATE_PENDING`` / ``_RUNNING`` / ``_SUCCEEDED`` / ``_FAILED`` / ``_CANCELLED`` /
 ``_EXPIRED`` and ``batchStats``; once ``done``, ``response.inlinedResponses`` holds the answers,
 **shuffled**, each with its request's ``metadata``) and ``POST /v1beta/batches/{id}:cancel``.
-Requests need ``x-goog-api-key`` (or ``?key=``) when the simulator has a key.
+A batch's requests may be a file instead (``input_config.file_name``): the Files API's
+resumable upload (``POST /upload/v1beta/files``, ``start`` then ``upload, finalize``) takes it,
+and the answers are then a file too (``response.responsesFile``, read at
+``GET /download/v1beta/files/{id}:download?alt=media``). Requests need ``x-goog-api-key`` (or
+``?key=``) when the simulator has a key.
 
 Each request is answered by the simulator's reply logic on the OpenAI-shaped body it stands
 for (:func:`openai_body`), and the answer written back as a ``GenerateContentResponse``
@@ -26,6 +30,7 @@ import copy
 import hashlib
 import json
 import random
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,12 +62,21 @@ class GeminiBatchesApi(BatchesApi):
         ("GET", "/v1beta/batches", "list"),
         ("GET", "/v1beta/batches/{id}", "retrieve"),
         ("POST", "/v1beta/batches/{id}:cancel", "cancel"),
+        ("POST", "/upload/v1beta/files", "upload"),
+        ("GET", "/download/v1beta/files/{id}:download", "download"),
     )
 
     def __init__(self, answer: Answer, config: Any):
         super().__init__(answer, config)
         self.models: dict[str, str] = {}  # batch id -> its model
         self.names: dict[str, str] = {}  # batch id -> its display name
+        self.stored: dict[str, bytes] = {}  # file name -> content (uploads and results)
+        self.sessions: dict[str, tuple[str, int]] = {}  # upload id -> display name, length
+        self.from_files: set[str] = set()  # batches whose requests were a file
+        self.results_files: dict[str, str] = {}  # batch id -> the file of its answers
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "files": len(self.stored)}
 
     def refused(self, request: web.Request) -> web.Response | None:
         """Google's refusal of a request without the key."""
@@ -71,6 +85,41 @@ class GeminiBatchesApi(BatchesApi):
         if key is not None and given != key:
             return gemini_error(400, "API key not valid. Please pass a valid API key.")
         return None
+
+    async def upload(self, request: web.Request) -> web.Response:
+        """The Files API's resumable upload: a ``start`` (its answer names where the bytes
+        go), then the bytes, ``upload, finalize``."""
+        command = request.headers.get("X-Goog-Upload-Command", "")
+        if command == "start":
+            if request.headers.get("X-Goog-Upload-Protocol") != "resumable":
+                return gemini_error(400, "X-Goog-Upload-Protocol: resumable is required")
+            try:
+                name = (await request.json())["file"]["display_name"]
+                length = int(request.headers["X-Goog-Upload-Header-Content-Length"])
+            except (ValueError, KeyError, TypeError):
+                return gemini_error(400, "file.display_name and the content length are required")
+            upload_id = f"sim-upload-{next(self.ids)}"
+            self.sessions[upload_id] = (name, length)
+            where = f"{request.scheme}://{request.host}/upload/v1beta/files?upload_id={upload_id}"
+            return web.json_response(
+                {}, headers={"X-Goog-Upload-URL": where, "X-Goog-Upload-Status": "active"}
+            )
+        session = self.sessions.pop(request.query.get("upload_id", ""), None)
+        if session is None or command != "upload, finalize":
+            return gemini_error(400, "no such upload, or not 'upload, finalize'")
+        content = await request.read()
+        if len(content) != session[1]:
+            return gemini_error(400, f"{len(content)} bytes, not the {session[1]} announced")
+        name = f"files/sim-{next(self.ids)}"
+        self.stored[name] = content
+        file = {"name": name, "displayName": session[0], "mimeType": "application/jsonl"}
+        return web.json_response({"file": {**file, "sizeBytes": str(len(content))}})
+
+    async def download(self, request: web.Request) -> web.Response:
+        content = self.stored.get("files/" + request.match_info["id"])
+        if content is None or request.query.get("alt") != "media":
+            return gemini_error(404, "no such file (or not ?alt=media)", 404)
+        return web.Response(body=content, content_type="application/octet-stream")
 
     async def create(self, request: web.Request) -> web.Response:
         self.creates += 1
@@ -83,7 +132,15 @@ class GeminiBatchesApi(BatchesApi):
         try:
             batch_asked = json.loads(raw)["batch"]
             name = batch_asked["display_name"]
-            requests = batch_asked["input_config"]["requests"]["requests"]
+            input_config = batch_asked["input_config"]
+            file_name = input_config.get("file_name")
+            if file_name is not None:
+                requests = [
+                    {"request": line["request"], "metadata": {"key": line.get("key")}}
+                    for line in map(json.loads, self.stored[file_name].splitlines())
+                ]
+            else:
+                requests = input_config["requests"]["requests"]
             assert isinstance(requests, list) and requests and isinstance(name, str)
         except (ValueError, KeyError, TypeError, AssertionError):
             return gemini_error(
@@ -102,6 +159,8 @@ class GeminiBatchesApi(BatchesApi):
             number=len(self.batches) + 1,
         )
         self.batches[batch.id] = batch
+        if file_name is not None:
+            self.from_files.add(batch.id)
         self.models[batch.id] = f"models/{request.match_info['model']}"
         self.names[batch.id] = name
         if stall == "after":
@@ -172,6 +231,15 @@ class GeminiBatchesApi(BatchesApi):
             item = {"metadata": {"key": f"v1:{made_up}"}, "response": gemini_response(unasked)}
             batch.output.append(json.dumps(item))
 
+    def _results_file(self, batch: _Batch, answers: Sequence[dict[str, Any]]) -> str:
+        """The name of the file holding a done batch's answers, written once."""
+        if batch.id not in self.results_files:
+            name = f"files/sim-{next(self.ids)}"
+            lines = [json.dumps(_file_line(answer)) + "\n" for answer in answers]
+            self.stored[name] = "".join(lines).encode()
+            self.results_files[batch.id] = name
+        return self.results_files[batch.id]
+
     def _fail(self, batch: _Batch, code: str, line: int | None) -> None:
         where = f" (request {line})" if line is not None else ""
         batch.errors_object = {"code": 3, "message": f"simulated: {code}{where}"}
@@ -202,14 +270,27 @@ class GeminiBatchesApi(BatchesApi):
         if batch.status == "failed":
             operation["error"] = batch.errors_object
         elif done and full:
-            answers = batch.output + batch.errors
-            answers = [json.loads(line) for line in answers]
+            answers: list[dict[str, Any]] = [
+                json.loads(line) for line in batch.output + batch.errors
+            ]
             random.Random(batch.id).shuffle(answers)  # matched by metadata, not order
-            operation["response"] = {
-                "@type": OUTPUT_TYPE,
-                "inlinedResponses": {"inlinedResponses": answers},
-            }
+            if batch.id in self.from_files:  # the answers of a file are a file
+                operation["response"] = {
+                    "@type": OUTPUT_TYPE,
+                    "responsesFile": self._results_file(batch, answers),
+                }
+            else:
+                operation["response"] = {
+                    "@type": OUTPUT_TYPE,
+                    "inlinedResponses": {"inlinedResponses": answers},
+                }
         return operation
+
+
+def _file_line(answer: dict[str, Any]) -> dict[str, Any]:
+    """An inline answer as a line of a results file: its key at the top."""
+    line = {"key": (answer.get("metadata") or {}).get("key")}
+    return {**line, **{k: v for k, v in answer.items() if k != "metadata"}}
 
 
 def openai_body(model: str, request: dict[str, Any]) -> dict[str, Any]:
