@@ -50,8 +50,10 @@ from typing import Any
 import polars as pl
 from baseline import baseline_complete
 
-from llm_ops import Price, Retries, llm_complete
+from llm_ops import Endpoint, Price, Retries, llm_complete
+from llm_ops._endpoint import DIALECTS
 from llm_ops.testing import LocalEndpoint, expected_reply
+from llm_ops.testing._server import BASE_PATHS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -70,6 +72,7 @@ SCENARIOS = (
     "memory",
     "send order",
     "sporadic hangs",
+    "dialects",
 )
 Result = dict[str, Any]
 
@@ -349,7 +352,7 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
                 frame,
                 prompt="{text}",
                 model=MODEL,
-                endpoint=params["base_url"],
+                endpoint=Endpoint(params["base_url"], provider=params.get("provider")),
                 retries=Retries(timeout=params.get("timeout") or 60.0),
                 cache=params.get("cache") or False,
                 concurrency=params["concurrency"],
@@ -1342,6 +1345,52 @@ def scenario_sporadic_hangs(bench: Bench, sizes: Sizes) -> Section:
     return Section("9. sporadic hangs", text)
 
 
+def scenario_dialects(bench: Bench, sizes: Sizes) -> Section:
+    """The overhead scenario's job in each dialect llm-ops ships, on the simulator speaking it:
+    the client's CPU per request beside the OpenAI dialect's (issue 49: at most 1.5x)."""
+    rows = sizes.overhead_rows
+    root = bench.endpoint.base_url.removesuffix(BASE_PATHS["openai"])
+    runs = bench.alternate(
+        [
+            (
+                dialect,
+                bench.later(
+                    "dialects",
+                    "llm_ops",
+                    {
+                        "rows": rows,
+                        "concurrency": CONCURRENCY,
+                        "provider": dialect,
+                        "base_url": root + BASE_PATHS[dialect],
+                    },
+                    {},
+                    fresh_cache=True,
+                ),
+            )
+            for dialect in DIALECTS
+        ]
+    )
+    headers = ["dialect", "rows", "wall s", "client CPU ms/request", "vs openai", "correct rows"]
+    openai = median(runs["openai"], "cpu_ms_per_request")
+    body = [
+        [
+            dialect,
+            fmt(median(r, "rows")),
+            fmt(median(r, "wall"), 2),
+            fmt(median(r, "cpu_ms_per_request"), 2),
+            ratio(median(r, "cpu_ms_per_request"), openai),
+            fmt(median(r, "correct")),
+        ]
+        for dialect, r in runs.items()
+    ]
+    text = (
+        f"Zero-latency endpoint, {rows:,} distinct rows, concurrency {CONCURRENCY}, a fresh "
+        "cache file; the same simulator answers every dialect at its own paths. Client CPU as "
+        "in scenario 1.\n\n" + table(headers, body)
+    )
+    return Section("10. dialects", text)
+
+
 RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "overhead": scenario_overhead,
     "latency-bound": scenario_latency,
@@ -1352,6 +1401,7 @@ RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "memory": scenario_memory,
     "send order": scenario_send_order,
     "sporadic hangs": scenario_sporadic_hangs,
+    "dialects": scenario_dialects,
 }
 
 

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx2
 
-from ._dialects import OPENAI, Dialect
+from ._dialects import GEMINI, OPENAI, Dialect
 from ._key import normalize_base_url
 from ._wire import AsyncTransport
 from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
@@ -34,12 +34,21 @@ from .exceptions import ConfigError, MissingApiKeyError, setting, setting_to
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 DEFAULT = "openai"
-DIALECTS: dict[str, Dialect] = {"openai": OPENAI}
+DIALECTS: dict[str, Dialect] = {"openai": OPENAI, "gemini": GEMINI}
 """The dialects llm-ops ships, by the name ``provider=`` gives them."""
-HOSTS: dict[str, str] = {"api.openai.com": "openai"}
+HOSTS: dict[str, str] = {
+    "api.openai.com": "openai",
+    "generativelanguage.googleapis.com": "gemini",
+}
 """Hosts whose provider is known: their API's dialect is picked without ``provider=``. (Room
-for ``api.anthropic.com`` and ``generativelanguage.googleapis.com`` once their dialects are
-written.)"""
+for ``api.anthropic.com`` once its dialect is written.)"""
+HOMES: dict[str, str] = {"gemini": "https://generativelanguage.googleapis.com/v1beta"}
+"""Where a provider's API is, as its SDK takes the base URL: an endpoint naming only
+``provider=`` goes there (not to ``OPENAI_BASE_URL``)."""
+KEY_VARIABLES: dict[str, tuple[str, ...]] = {"gemini": ("GOOGLE_API_KEY", "GEMINI_API_KEY")}
+"""The environment variables a dialect's key is read from without ``api_key=``, in the order
+the provider's SDK reads them; OpenAI's (and any other dialect's) is ``OPENAI_API_KEY``. An
+OpenAI key is never sent to another provider."""
 
 
 def dialect_for(provider: object, base_url: str | None = None) -> Dialect:
@@ -133,7 +142,8 @@ class ResolvedEndpoint:
         keyed_by_headers: bool = False,
         provider: str | Dialect | None = None,
     ) -> ResolvedEndpoint:
-        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI.
+        """``base_url``/``api_key``, else ``OPENAI_BASE_URL``/``OPENAI_API_KEY``, else OpenAI;
+        for a provider of :data:`HOMES`, its own URL and :data:`KEY_VARIABLES` instead.
         Credentials in the URL are refused; a loopback endpoint needs no key, nor one whose
         credentials go in headers of the caller's (``keyed_by_headers``: then, without a key,
         no ``Authorization`` header is sent)."""
@@ -142,7 +152,8 @@ class ResolvedEndpoint:
                 "an endpoint's name must be a name of letters, digits, '.', '_' and '-' "
                 f"(at most 100), like 'vllm-prod'; got {name!r}"
             )
-        url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        home = HOMES.get(provider) if isinstance(provider, str) else None
+        url = base_url or home or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         if not isinstance(url, str):
             raise ConfigError(
                 f"{setting('base_url')} must be a string URL, got {type(url).__name__}"
@@ -172,7 +183,9 @@ class ResolvedEndpoint:
             query=dict(parse_qsl(parts.query, keep_blank_values=True)),
             name=name,
         )
-        key = api_key or os.environ.get("OPENAI_API_KEY")
+        dialect = dialect_for(provider, endpoint.base_url)
+        variables = KEY_VARIABLES.get(dialect.name, ("OPENAI_API_KEY",))
+        key = api_key or next(filter(None, map(os.environ.get, variables)), None)
         if key:
             _check_api_key(key)
         elif keyed_by_headers:
@@ -182,12 +195,11 @@ class ResolvedEndpoint:
         else:
             raise MissingApiKeyError(
                 f"no API key for {endpoint.shown}: pass {setting_to('api_key')} or set "
-                f"OPENAI_API_KEY, or send the credentials in {setting_to('headers')} (e.g. "
-                "Azure's api-key header); a local endpoint on 127.0.0.1 needs none"
+                f"{' or '.join(variables)}, or send the credentials in "
+                f"{setting_to('headers')} (e.g. Azure's api-key header); a local endpoint on "
+                "127.0.0.1 needs none"
             )
-        return dataclasses.replace(
-            endpoint, api_key=key, dialect=dialect_for(provider, endpoint.base_url)
-        )
+        return dataclasses.replace(endpoint, api_key=key, dialect=dialect)
 
 
 def _check_api_key(key: object) -> None:
@@ -213,7 +225,7 @@ _CREDENTIAL = re.compile(r"auth|key|token|secret|passw|cookie|signature|credenti
 """Header names whose values are credentials: redacted wherever a message could show them."""
 
 
-AUTHENTICATING = frozenset(("authorization", "api-key", "x-api-key"))
+AUTHENTICATING = frozenset(("authorization", "api-key", "x-api-key", "x-goog-api-key"))
 """Headers that carry the credentials themselves (Azure's ``api-key``, a gateway's bearer):
 with one of these, no API key is needed besides."""
 

@@ -229,6 +229,11 @@ _ENDPOINT = (
         "host", given="`proxy` (`--proxy`)",
         help="an `http://` or `https://` proxy (a flow refuses credentials in it: set "
         "`HTTPS_PROXY` where it runs)", see="../endpoints.md#proxies"),
+    Setting("provider", "endpoint", "provider", metavar="NAME", kind=str,
+        default="the one its host is known for, else `openai`",
+        help="the API's dialect: `openai` (OpenAI and the servers and gateways that speak its "
+        "API), `anthropic` or `gemini`; a host of theirs names it without this",
+        see="../endpoints.md"),
     Setting("endpoint_name", "endpoint", "name", metavar="NAME", default="the URL",
         help="the endpoint's name in cache keys instead of its URL, so one server reached under "
         "several URLs (a changing port, a load balancer) shares its answers",

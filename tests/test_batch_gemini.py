@@ -1,6 +1,7 @@
-"""Batch mode against Gemini's batch mode (``batchGenerateContent``, inline), as the simulator
-speaks it, over real HTTP: every row answered as a live request would be, hostile lines given
-statuses, and a job killed after submitting resumed without a second batch."""
+"""Batch mode against Gemini's batch mode (``batchGenerateContent``, inline or a file), as the
+simulator speaks it, through the Gemini dialect, over real HTTP: every row answered as a live
+request would be, hostile lines given statuses, and a job killed after submitting resumed
+without a second batch."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import polars as pl
 import pytest
-from dialect_gemini_min import MINI_GEMINI
 
 from llm_ops import BatchMode, Client, Endpoint, Retries, llm_complete, open_cache
 from llm_ops.testing import LocalEndpoint
@@ -46,7 +45,7 @@ def batch(gemini, cache):
         llm_complete,
         prompt="Say {text}",
         model="sim",
-        endpoint=Endpoint(gemini.base_url, api_key=KEY, provider=MINI_GEMINI),
+        endpoint=Endpoint(gemini.base_url, api_key=KEY, provider="gemini"),
         batch=BatchMode(poll_seconds=0.05),
         cache=cache,
     )
@@ -126,11 +125,9 @@ def test_a_create_whose_answer_is_lost_is_found_not_made_twice(batch, gemini):
 
 KILLED = """
 import sys, polars as pl
-sys.path.insert(0, sys.argv[3])
-from dialect_gemini_min import MINI_GEMINI
 from llm_ops import BatchMode, Endpoint, llm_complete
 df = pl.DataFrame({"text": [f"row {i}" for i in range(300)]})
-endpoint = Endpoint(sys.argv[1], api_key="gemini-simulated-key", provider=MINI_GEMINI)
+endpoint = Endpoint(sys.argv[1], api_key="gemini-simulated-key", provider="gemini")
 df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=endpoint, cache=sys.argv[2],
         batch=BatchMode(poll_seconds=0.05, requests_per_batch=100), progress=False)
 """
@@ -138,8 +135,7 @@ df.pipe(llm_complete, prompt="{text}", model="sim", endpoint=endpoint, cache=sys
 
 def test_a_job_killed_after_submitting_resumes_without_a_new_batch(gemini, cache):
     gemini.configure(**SERVED, batch_seconds=3.0, batch_validation_seconds=0.05)
-    tests = str(Path(__file__).parent)
-    job = subprocess.Popen([sys.executable, "-c", KILLED, gemini.base_url, str(cache), tests])
+    job = subprocess.Popen([sys.executable, "-c", KILLED, gemini.base_url, str(cache)])
     deadline = time.monotonic() + 30
     while gemini.stats()["batches"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -150,7 +146,7 @@ def test_a_job_killed_after_submitting_resumes_without_a_new_batch(gemini, cache
         llm_complete,
         prompt="{text}",
         model="sim",
-        endpoint=Endpoint(gemini.base_url, api_key=KEY, provider=MINI_GEMINI),
+        endpoint=Endpoint(gemini.base_url, api_key=KEY, provider="gemini"),
         batch=BatchMode(poll_seconds=0.05, requests_per_batch=100),
         cache=cache,
     )
@@ -160,7 +156,7 @@ def test_a_job_killed_after_submitting_resumes_without_a_new_batch(gemini, cache
 
 
 def test_submitted_batches_are_collected_by_a_later_client(gemini, cache):
-    endpoint = Endpoint(gemini.base_url, api_key=KEY, provider=MINI_GEMINI)
+    endpoint = Endpoint(gemini.base_url, api_key=KEY, provider="gemini")
     with Client(endpoint=endpoint, cache=cache) as client:
         parts = client.submit(DF.head(20), prompt="Say {text}", model="sim")
     assert [p.state for p in parts] == ["submitted"]
@@ -182,11 +178,9 @@ def test_requests_over_20_mb_go_in_a_jsonl_file(batch, gemini):
 
 KILLED_CREATING = """
 import sys, polars as pl
-sys.path.insert(0, sys.argv[3])
-from dialect_gemini_min import MINI_GEMINI
 from llm_ops import BatchMode, Endpoint, llm_complete
 df = pl.DataFrame({"text": [f"item {i % 7}" for i in range(20)]})
-endpoint = Endpoint(sys.argv[1], api_key='gemini-simulated-key', provider=MINI_GEMINI)
+endpoint = Endpoint(sys.argv[1], api_key='gemini-simulated-key', provider="gemini")
 df.pipe(llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint, cache=sys.argv[2],
         batch=BatchMode(poll_seconds=0.05), progress=False)
 """
@@ -195,8 +189,7 @@ df.pipe(llm_complete, prompt="Say {text}", model="sim", endpoint=endpoint, cache
 @pytest.mark.parametrize("stall", ["before", "after"])
 def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(batch, gemini, cache, stall):
     gemini.configure(**SERVED, **FAST, batch_create_stall=stall)
-    tests = str(Path(__file__).parent)
-    command = [sys.executable, "-c", KILLED_CREATING, gemini.base_url, str(cache), tests]
+    command = [sys.executable, "-c", KILLED_CREATING, gemini.base_url, str(cache)]
     job = subprocess.Popen(command)
     made = 1 if stall == "after" else 0
     deadline = time.monotonic() + 30

@@ -200,3 +200,20 @@ def test_the_dialect_writes_structured_output_its_own_way():
             schema={"title": "Word", "type": "object", "properties": {"word": {"type": "string"}}},
         )
     assert server.requests[0]["shape"] == {"called": "Word", "fields": ["word"]}
+
+
+# -- and the Gemini dialect's in its own ------------------------------------------------------
+
+GEMINI_SPELLED = ("generateContent", "generationConfig", "systemInstruction", "usageMetadata")
+GEMINI_HOMES = ("_dialects/gemini.py", "testing/")
+
+
+def test_no_module_but_the_gemini_dialect_and_the_simulator_spells_gemini():
+    spelled = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(GEMINI_HOMES):
+            continue
+        source = path.read_text()
+        spelled |= {(relative, word) for word in GEMINI_SPELLED if word in source}
+    assert spelled == set()

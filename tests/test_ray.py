@@ -206,3 +206,19 @@ def test_image_bytes_travel_to_the_workers_in_the_chunk_files(cluster, endpoint,
     expected = [expected_reply("What is this?", model="sim", media=[p]) for p in photos]
     assert out["completion"].to_list() == expected * 2
     assert endpoint.stats()["requests"] == 6
+
+
+@pytest.mark.parametrize("dialect", ["gemini"])
+def test_workers_speak_the_drivers_dialect(cluster, cache, source, tmp_path, dialect):
+    from llm_ops import Endpoint
+    from llm_ops.ray import run_on_ray
+    from llm_ops.testing import LocalEndpoint
+
+    with (
+        LocalEndpoint(dialect=dialect) as sim,
+        Client(endpoint=Endpoint(sim.base_url, provider=dialect), cache=cache) as client,
+    ):
+        run_on_ray(_table(client, source, tmp_path), workers=2)
+        assert sim.stats()["requests"] == 60
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out["completion"].to_list() == [expected_reply(t, model="sim") for t in TEXTS]

@@ -21,11 +21,14 @@ from .base import (
     Usage,
     Vectors,
     parse_duration,
+    path_of,
 )
+from .gemini import GEMINI
 from .openai import OPENAI
 
 __all__ = [
     "CANONICAL",
+    "GEMINI",
     "OPENAI",
     "BatchResult",
     "Dialect",
@@ -39,6 +42,7 @@ __all__ = [
     "Usage",
     "Vectors",
     "parse_duration",
+    "path_of",
 ]
 
 CANONICAL = OPENAI

@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import quote
 
 Stop = Literal["done", "length", "filtered", "unfinished"]
 """Why an answer stopped: ``done`` (it finished), ``length`` (cut at its token limit: the row
@@ -62,12 +63,16 @@ class Vectors:
 @dataclass(frozen=True)
 class ErrorReading:
     """What an error answer (a status of 400 or more) says: its ``kind``, the endpoint's own
-    message when it gave one, and whether it refuses ``max_tokens`` for
-    ``max_completion_tokens`` (reasoning models do: the request is sent again so)."""
+    message when it gave one, whether it refuses ``max_tokens`` for
+    ``max_completion_tokens`` (reasoning models do: the request is sent again so), and the
+    seconds its body asks to wait before another attempt (``retry_after``: Gemini's
+    ``RetryInfo``; ``None`` when it names none, and then only a ``Retry-After`` header
+    may)."""
 
     kind: ErrorKind
     message: str | None = None
     wants_max_completion_tokens: bool = False
+    retry_after: float | None = None
 
     @property
     def retryable(self) -> bool:
@@ -134,6 +139,14 @@ def parse_duration(text: str) -> float | None:
     return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
+def path_of(template: str, model: str) -> str:
+    """A dialect's path with ``{model}`` filled in (escaped: a model's name cannot reach
+    another path), or the path as it is when it names no model."""
+    if "{model}" not in template:
+        return template
+    return template.replace("{model}", quote(model, safe=""))
+
+
 class MalformedAnswer(ValueError):
     """An answer whose body a dialect cannot read (torn JSON, fields missing); internal, never
     raised to a caller: the engine catches it where it asks a dialect to read an answer, and
@@ -152,9 +165,11 @@ class Dialect(Protocol):
     stop_field: str
     """The field naming why an answer stopped, as messages quote it."""
     completions_path: str
-    """The path of completions, under the base URL."""
+    """The path of completions, under the base URL. Where the path names the model (as
+    Gemini's does), it holds ``{model}``, which :func:`path_of` fills in; a path without it
+    (OpenAI's) is used as it is."""
     embeddings_path: str
-    """The path of embeddings, under the base URL."""
+    """The path of embeddings, under the base URL (``{model}`` filled in as above)."""
     batch_path: str
     """The path each line of a provider batch names."""
     models_path: str

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .._dialects import CANONICAL, ErrorReading
+from .._dialects import CANONICAL, ErrorReading, path_of
 from .._media import Unusable
 from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text_of
 from .._pack import PACK_OUTPUT, PACK_SCHEMA
@@ -125,8 +125,9 @@ class Dispatcher:
         self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
 
     def path(self) -> str:
-        """Where requests go, under the base URL: the dialect's completions."""
-        return self.engine.dialect.completions_path
+        """Where requests go, under the base URL: the dialect's completions (of the model,
+        where its path names it)."""
+        return path_of(self.engine.dialect.completions_path, self.model)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
         return CompletionReader(self.counters, self.engine.secrets, self.engine.dialect, validate)
@@ -560,7 +561,8 @@ class Dispatcher:
             hint = base_url_hint(status, message, self.engine.base_url)
             message = message if hint is None else f"{message}; {hint}"
             return Final("rejected", message, http_status=status)
-        return self._retry_later(status, retry_after(answer.headers), message)
+        wait = retry_after(answer.headers)  # else the body's (Gemini's RetryInfo)
+        return self._retry_later(status, error.retry_after if wait is None else wait, message)
 
     def _watch(self, refused: str | None) -> None:
         """Follow the job's first answers: when the first :data:`REFUSED_ALIKE_TO_STOP` are
@@ -625,7 +627,7 @@ class EmbeddingDispatcher(Dispatcher):
     carries one vector per input."""
 
     def path(self) -> str:
-        return self.engine.dialect.embeddings_path
+        return path_of(self.engine.dialect.embeddings_path, self.model)
 
     def _reader(self, validate: Callable[[str], str] | None) -> Reader:
         return EmbeddingReader(

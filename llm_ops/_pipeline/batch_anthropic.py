@@ -8,8 +8,8 @@ dialect's Messages body), ``GET v1/messages/batches/{id}`` says how it does
 and ``POST v1/messages/batches/{id}/cancel`` cancels it. At most 100,000 requests or 256 MB a
 batch.
 
-Spoken over the engine's own HTTP (aiohttp, with the dialect's headers: ``x-api-key``,
-``anthropic-version``; the endpoint's TLS and proxy), not the ``anthropic`` SDK: the API is
+Spoken over the engine's own HTTP (aiohttp, with the dialect's headers, its key and API
+version among them; the endpoint's TLS and proxy), not the ``anthropic`` SDK: the API is
 four JSON calls, the engine already holds a connection set up as the user asked, and the SDK
 would be one more dependency and HTTP stack to configure alike for them.
 

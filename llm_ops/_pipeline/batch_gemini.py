@@ -2,7 +2,7 @@
 
 ``POST models/{model}:batchGenerateContent`` takes ``{"batch": {"display_name",
 "input_config": {"requests": {"requests": [{"request", "metadata": {"key"}}]}}}}`` (``request``:
-the dialect's ``generateContent`` body) and gives back an operation named ``batches/{id}``;
+the dialect's completion body) and gives back an operation named ``batches/{id}``;
 ``GET batches/{id}`` says how it does (``metadata.state``: ``BATCH_STATE_PENDING``,
 ``_RUNNING``, ``_SUCCEEDED``, ``_FAILED``, ``_CANCELLED``, ``_EXPIRED``; ``batchStats``) and,
 once done, holds the answers (``response.inlinedResponses``, each a ``response`` or an
@@ -14,7 +14,7 @@ Requests go inline up to 20 MB a batch; a larger batch (up to 2 GB) goes as a JS
 (``{"key", "request"}`` a line) through the Files API's resumable upload
 (``POST /upload/v1beta/files``), named by ``input_config.file_name``, and its answers come back
 as a file too (``response.responsesFile``, read at ``/download/v1beta/{file}:download``).
-Spoken over the engine's own HTTP (``x-goog-api-key`` among the dialect's headers), for the
+Spoken over the engine's own HTTP (the key among the dialect's headers), for the
 reasons :mod:`llm_ops._pipeline.batch_anthropic` gives; the requests are kept in a local file
 beside the cache as well, since the API gives neither form back.
 """

@@ -25,12 +25,14 @@ import json
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
 from ._server import (
+    BASE_PATHS,
     FAULT_KINDS,
     JUDGMENTS,
     PRESETS,
@@ -96,6 +98,7 @@ class LocalEndpoint:
         self.port = port
         self._process: subprocess.Popen[str] | None = None
         self.base_url = ""
+        self.root = ""
 
     def start(self, timeout: float = 30.0) -> LocalEndpoint:
         """Start the server process and wait until it accepts connections (once)."""
@@ -121,6 +124,8 @@ class LocalEndpoint:
                 f"the local endpoint did not start on port {self.port} (is it in use?)"
             )
         self.base_url = line[0].split()[-1]
+        parts = urllib.parse.urlsplit(self.base_url)
+        self.root = f"{parts.scheme}://{parts.netloc}"  # the /_sim/ calls' (any dialect's)
         return self
 
     def _stdout(self) -> Any:
@@ -139,9 +144,11 @@ class LocalEndpoint:
         """Replace the running server's behaviour: unnamed fields take their defaults."""
         self.config = SimulatorConfig(**config)
         self._call("POST", "config", asdict(self.config))
+        if self.base_url:  # the base URL of the dialect it now speaks
+            self.base_url = self.root + BASE_PATHS[self.config.dialect]
 
     def _call(self, method: str, control: str, payload: Any = None) -> dict[str, Any]:
-        root = self.base_url.removesuffix("/v1").removesuffix("/v1beta")  # the server's root
+        root = self.root
         data = json.dumps(payload).encode() if method == "POST" else None
         request = urllib.request.Request(f"{root}/_sim/{control}", method=method, data=data)
         with _NO_PROXY.open(request, timeout=10) as response:

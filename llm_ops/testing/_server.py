@@ -102,7 +102,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 
@@ -1224,6 +1224,9 @@ class Simulator:
         self.decoder = DecodeBatch(lambda: self.config)
         self._hold_changed = asyncio.Event()
         self.held = 0  # chat requests waiting for the hold to lift (a reset keeps them)
+        from ._gemini import GeminiApi  # here: it builds on this module
+
+        self.gemini = GeminiApi(self)
         self.configure(config)
         self.reset()
 
@@ -1339,6 +1342,8 @@ class Simulator:
                 app.router.add_route(
                     method, path, functools.partial(self._dialect_batches, api=api, name=name)
                 )
+        for method, path, handler in self.gemini.routes():
+            app.router.add_route(method, path, handler)
         app.on_cleanup.append(self._close)
         return app
 
@@ -1471,7 +1476,10 @@ class Simulator:
             }
         )
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(
+        self, request: web.Request, wire: Wire | None = None
+    ) -> web.StreamResponse:
+        """A chat request, in OpenAI's dialect, or in another's ``wire`` translates."""
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -1483,7 +1491,9 @@ class Simulator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._gathered.wait(), GATHER_SECONDS)
             await self._wait_while_held()
-            response = await self._answer(request)
+            response = await self._answer(request, wire)
+            if wire is not None:
+                response = wire.written(response)
         except asyncio.CancelledError:  # the client gave up (a timeout, say) and hung up
             self.cancelled += 1
             raise
@@ -1581,17 +1591,22 @@ class Simulator:
             request.transport.close()
         return response
 
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, wire: Wire | None) -> web.StreamResponse:
         started = time.perf_counter()
-        refused = self._refuse(request)
+        refused = self._refuse(request, wire)
         if refused is not None:
             if self.config.latency > 0:  # a slow server is as slow to refuse
                 await asyncio.sleep(self.config.latency)
             return refused
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
-            body = None
+        if wire is not None:
+            body = wire.read(await request.read())
+            if isinstance(body, web.Response):  # what that API refuses
+                return body
+        else:
+            try:
+                body = json.loads(await request.read())
+            except ValueError:
+                body = None
         reply = self._reply(body)
         if reply.status == 400 and reply.bad_body:
             return web.json_response(reply.body, status=400)
@@ -1632,10 +1647,14 @@ class Simulator:
         expected = f"Bearer {key}" if header.lower() == "authorization" else key
         return request.headers.get(header) == expected
 
-    def _refuse(self, request: web.Request) -> web.Response | None:
-        """401 without the configured key; 429 ``insufficient_quota`` once it is spent."""
+    def _refuse(self, request: web.Request, wire: Wire | None = None) -> web.Response | None:
+        """401 without the configured key (or ``wire``'s refusal of it); 429
+        ``insufficient_quota`` once it is spent."""
         self.header_names.update(request.headers.keys())
-        if not self._authorised(request):
+        refused = wire.refuse_key() if wire is not None else None
+        if refused is not None:
+            return refused
+        if wire is None and not self._authorised(request):
             return _error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )
@@ -1881,6 +1900,19 @@ class Simulator:
         self.completion_tokens += reply.completion_tokens
         self.judged.update(reply.judged)
         self.prefix_cache.insert(reply.blocks)
+
+
+class Wire(Protocol):
+    """Another API's dialect over the simulator's chat answers (see
+    :mod:`llm_ops.testing._gemini`): it refuses a request's key its own way, reads its body
+    into the OpenAI-shaped one :meth:`Simulator._reply` answers, and writes the answer back
+    in its own shape."""
+
+    def refuse_key(self) -> web.Response | None: ...
+
+    def read(self, raw: bytes) -> dict[str, Any] | web.Response: ...
+
+    def written(self, response: web.StreamResponse) -> web.StreamResponse: ...
 
 
 @dataclass
