@@ -1,11 +1,12 @@
 """Anthropic's Message Batches API as a :class:`~llm_ops._pipeline.batch_service.BatchService`.
 
-``POST v1/messages/batches`` takes ``{"requests": [{"custom_id", "params"}]}`` (``params``: the
-dialect's Messages body), ``GET v1/messages/batches/{id}`` says how it does
-(``processing_status`` ``in_progress`` / ``canceling`` / ``ended``, ``request_counts``),
-``GET v1/messages/batches/{id}/results`` gives JSON lines in any order, each
+``POST {batch_path}/batches`` (under the dialect's ``batch_path``, its Messages path) takes
+``{"requests": [{"custom_id", "params"}]}`` (``params``: the dialect's Messages body),
+``GET .../batches/{id}`` says how it does (``processing_status`` ``in_progress`` /
+``canceling`` / ``ended``, ``request_counts``),
+``GET .../batches/{id}/results`` gives JSON lines in any order, each
 ``{"custom_id", "result": {"type": "succeeded" | "errored" | "canceled" | "expired", ...}}``,
-and ``POST v1/messages/batches/{id}/cancel`` cancels it. At most 100,000 requests or 256 MB a
+and ``POST .../batches/{id}/cancel`` cancels it. At most 100,000 requests or 256 MB a
 batch.
 
 Spoken over the engine's own HTTP (aiohttp, with the dialect's headers, its key and API
@@ -49,7 +50,6 @@ from .batch_service import (
 
 REQUESTS_PER_BATCH = 100_000
 BYTES_PER_BATCH = 256_000_000 - ENVELOPE_BYTES
-PATH = "v1/messages/batches"
 RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 100,000 answers
 CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
 ERROR_STATUS = {
@@ -79,6 +79,8 @@ class AnthropicBatches:
         self.dialect = dialect
         self.inputs = inputs
         self.http = HttpCalls(engine, self.what)
+        # the batches live under the path the dialect's lines name (its Messages path)
+        self.path = dialect.batch_path.strip("/") + "/batches"
 
     # -- lines ---------------------------------------------------------------------------------
 
@@ -107,7 +109,7 @@ class AnthropicBatches:
         body = json.dumps(
             {"requests": [self._request(line) for line in lines]}, ensure_ascii=False
         ).encode()
-        batch = await self.http.create(PATH, body)
+        batch = await self.http.create(self.path, body)
         return str(batch["id"])
 
     async def find(self, part: BatchPart, taken: frozenset[str]) -> str | None:
@@ -121,7 +123,7 @@ class AnthropicBatches:
             kept = Path(part.input_file_id).stat().st_mtime - CLOCK_SLACK_SECONDS
         except OSError:
             return None
-        listing = await self.http.call("GET", f"{PATH}?limit=100")
+        listing = await self.http.call("GET", f"{self.path}?limit=100")
         candidates = [
             str(batch["id"])
             for batch in listing.get("data") or []
@@ -132,15 +134,15 @@ class AnthropicBatches:
         return candidates[0] if len(candidates) == 1 else None
 
     async def poll(self, batch_id: str) -> BatchView:
-        return _view(await self.http.call("GET", f"{PATH}/{batch_id}"))
+        return _view(await self.http.call("GET", f"{self.path}/{batch_id}"))
 
     async def cancel(self, batch_id: str) -> BatchView:
-        return _view(await self.http.call("POST", f"{PATH}/{batch_id}/cancel", b""))
+        return _view(await self.http.call("POST", f"{self.path}/{batch_id}/cancel", b""))
 
     async def results(self, part: BatchPart) -> AsyncGenerator[list[BatchResult], None]:
         # Always under the endpoint's own base URL, whatever results_url names: the key is
         # sent with it, and must go nowhere else.
-        content = await self.http.read(f"{PATH}/{part.batch_id}/results", RESULTS_MAX_BYTES)
+        content = await self.http.read(f"{self.path}/{part.batch_id}/results", RESULTS_MAX_BYTES)
         page: list[BatchResult] = []
         for line in content.splitlines():
             if line.strip():

@@ -1,14 +1,15 @@
 """Gemini's batch mode as a :class:`~llm_ops._pipeline.batch_service.BatchService`.
 
-``POST models/{model}:batchGenerateContent`` takes ``{"batch": {"display_name",
-"input_config": {"requests": {"requests": [{"request", "metadata": {"key"}}]}}}}`` (``request``:
-the dialect's completion body) and gives back an operation named ``batches/{id}``;
-``GET batches/{id}`` says how it does (``metadata.state``: ``BATCH_STATE_PENDING``,
-``_RUNNING``, ``_SUCCEEDED``, ``_FAILED``, ``_CANCELLED``, ``_EXPIRED``; ``batchStats``) and,
-once done, holds the answers (``response.inlinedResponses``, each a ``response`` or an
-``error`` with the request's ``metadata``, in any order); ``POST batches/{id}:cancel`` cancels
-it; ``GET batches`` lists them, by which a batch whose create answer was lost is found by its
-display name (``llm-ops {job}-{part}``).
+``POST models/{model}:batchGenerateContent`` (the dialect's ``batch_path``) takes
+``{"batch": {"display_name", "input_config": {"requests": {"requests": [{"request",
+"metadata": {"key"}}]}}}}`` (``request``: the dialect's completion body) and gives back an
+operation named ``batches/{id}``; ``GET batches/{id}`` says how it does
+(``metadata.state``: ``BATCH_STATE_PENDING``, ``_RUNNING``, ``_SUCCEEDED``, ``_FAILED``,
+``_CANCELLED``, ``_EXPIRED``; ``batchStats``) and, once done, holds the answers
+(``response.inlinedResponses``, each a ``response`` or an ``error`` with the request's
+``metadata``, in any order); ``POST batches/{id}:cancel`` cancels it; ``GET batches`` lists
+them, by which a batch whose create answer was lost is found by its display name
+(``llm-ops {job}-{part}``).
 
 Requests go inline up to 20 MB a batch; a larger batch (up to 2 GB) goes as a JSONL file
 (``{"key", "request"}`` a line) through the Files API's resumable upload
@@ -29,7 +30,7 @@ from urllib.parse import quote
 
 from yarl import URL
 
-from .._dialects import BatchResult, Dialect
+from .._dialects import BatchResult, Dialect, path_of
 from .._engine.boundary import TransportError
 from .._engine.engine import Engine
 from ..exceptions import JobAbortedError
@@ -109,8 +110,8 @@ class GeminiBatches:
             input_config = {"file_name": await self._upload(part, requests)}
         batch = {"display_name": DISPLAY_PREFIX + part.name, "input_config": input_config}
         body = json.dumps({"batch": batch}, ensure_ascii=False).encode()
-        model = part.model if part.model.startswith("models/") else f"models/{part.model}"
-        operation = await self.http.create(f"{quote(model)}:batchGenerateContent", body)
+        path = path_of(self.dialect.batch_path, part.model.removeprefix("models/"))
+        operation = await self.http.create(path, body)
         return _name(operation)
 
     async def _upload(self, part: BatchPart, requests: list[dict[str, Any]]) -> str:
