@@ -514,7 +514,9 @@ class BatchMode:
     Parameters
     ----------
     requests_per_batch, bytes_per_batch
-        Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB).
+        Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB); the
+        provider's own limits bound them too (Anthropic's: 100,000 and 256 MB; Gemini's:
+        2 GB, inline up to 20 MB).
     poll_seconds
         The first wait between asking how the batches do; it grows to a minute.
     on_expired

@@ -253,3 +253,20 @@ def test_files_are_cut_at_the_byte_limit(batch, endpoint):
     out = DF.head(20).pipe(batch, batch=small_files)
     assert out["completion_status"].to_list() == ["ok"] * 20
     assert (endpoint.stats()["batches"], endpoint.stats()["lines_uploaded"]) == (3, 7)
+
+
+def test_a_dialect_without_a_batch_api_is_a_config_error(cache):
+    from dialect_echo import ECHO, ECHO_KEY, EchoServer
+
+    from llm_ops import Endpoint
+
+    with EchoServer() as server, pytest.raises(ConfigError, match="has no provider batches"):
+        DF.head(2).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="echo-1",
+            endpoint=Endpoint(server.base_url, api_key=ECHO_KEY, provider=ECHO),
+            batch=True,
+            cache=cache,
+        )
+    assert server.requests == []

@@ -89,12 +89,15 @@ class ErrorReading:
 class BatchResult:
     """One line of a provider batch's output or error file: the request key it answers (its
     ``custom_id``, ``None`` when it names none), the HTTP status and body of the answer, or the
-    error that stood for it."""
+    error that stood for it. ``unanswered`` (default ``False``): the line says its request was
+    not answered (it expired, or was cancelled), so it is no outcome: the batch runner submits
+    it again as a line the batch left out."""
 
     key: str | None
     status: int | None = None
     body: Any = None
     error: object = None
+    unanswered: bool = False
 
 
 @dataclass(slots=True)  # made for every answer: not frozen, whose __init__ costs twice as much

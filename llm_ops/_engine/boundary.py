@@ -1,9 +1,10 @@
 """Where the HTTP libraries' errors become ours: one mapping, at one boundary.
 
-Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._engine.transport`)
-and the ``openai`` SDK for the Files and Batches API (:mod:`llm_ops._pipeline.batch`). Their
-exceptions are mapped here, and only here, to exceptions of the tree rooted at
-:class:`~llm_ops.exceptions.LlmOpsError`, chained with ``raise ... from``:
+Two libraries talk to the endpoint: aiohttp on the hot path (:mod:`llm_ops._engine.transport`,
+which Anthropic's and Gemini's batch APIs use too) and the ``openai`` SDK for the Files and
+Batches API (:mod:`llm_ops._pipeline.batch_openai`). Their exceptions are mapped here, and
+only here, to exceptions of the tree rooted at :class:`~llm_ops.exceptions.LlmOpsError`,
+chained with ``raise ... from``:
 
 - aiohttp's (and the operating system's), by :func:`no_answer`, to a :class:`TransportError`,
   so the engine decides retries without knowing the HTTP library:

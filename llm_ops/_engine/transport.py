@@ -101,6 +101,7 @@ class Sender(Protocol):
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpAnswer: ...
 
     async def close(self) -> None: ...
@@ -124,8 +125,10 @@ class Injected:
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpAnswer:
-        request = HttpRequest(method, str(url), self.headers, body, timeout, max_bytes)
+        sent = self.headers if headers is None else {**self.headers, **headers}
+        request = HttpRequest(method, str(url), sent, body, timeout, max_bytes)
         try:
             answer = await self.transport.handle_async_request(request)
         except TransportError:
@@ -245,14 +248,16 @@ class Transport:
         max_bytes: int,
         *,
         recent: RecentAnswers | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpAnswer:
-        """One attempt: its answer, its body read to at most ``max_bytes``. A reused
+        """One attempt: its answer, its body read to at most ``max_bytes`` (``headers``: sent
+        besides the client's, for this request only). A reused
         connection that broke before any byte of the answer came, or whose answer was a copy
         of one of ``recent`` (the dispatch's answers so far, which this one joins), is
         replaced once, by a new connection."""
         try:
             answer = await self._exchange(
-                self._open(), method, url, body, timeout, max_bytes, recent
+                self._open(), method, url, body, timeout, max_bytes, recent, headers
             )
             if answer is not None:
                 return answer
@@ -261,7 +266,7 @@ class Transport:
                 raise no_answer(exc, timeout, self.proxy) from exc
         try:  # on a new connection, the first answer read is the answer to this request
             answer = await self._exchange(
-                self._open_new(), method, url, body, timeout, max_bytes, recent
+                self._open_new(), method, url, body, timeout, max_bytes, recent, headers
             )
         except AIOHTTP_FAILURES as exc:
             raise no_answer(exc, timeout, self.proxy) from exc
@@ -277,6 +282,7 @@ class Transport:
         timeout: float,
         max_bytes: int,
         recent: RecentAnswers | None,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpAnswer | None:
         """The answer, or ``None`` when it was a copy of one of ``recent`` read on a reused
         connection (which is closed)."""
@@ -286,7 +292,7 @@ class Transport:
             method,
             url,
             data=body,
-            headers=self.headers,
+            headers=self.headers if headers is None else CIMultiDict({**self.headers, **headers}),
             allow_redirects=False,
             proxy=self.proxy,
             timeout=_timeout(timeout),

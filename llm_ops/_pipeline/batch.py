@@ -1,18 +1,23 @@
-"""Provider batch mode (``batch=True``): the distinct uncached requests through the Files and
-Batches API, at the batch price, answered within 24 hours.
+"""Provider batch mode (``batch=True``): the distinct uncached requests through the provider's
+batch API, at the batch price, answered within 24 hours.
+
+The provider's calls are its :class:`~llm_ops._pipeline.batch_service.BatchService`, picked by
+the endpoint dialect's name (:data:`SERVICES`): OpenAI's Files and Batches API, Anthropic's
+Message Batches, Gemini's ``batchGenerateContent``. Everything else is here, the same for each.
 
 A submission (a ``job_id``) is cut into parts of at most ``requests_per_batch`` lines and
-``bytes_per_batch``; each part is one JSONL file (``custom_id`` = the request key) and one
-batch. Every provider object is recorded in the cache database (``llm_batches`` and
-``llm_batch_requests``, through the journal, so durably) before and after the call that makes
-it::
+``bytes_per_batch`` (and the provider's own limits); each part is its lines kept (an uploaded
+JSONL file, ``custom_id`` = the request key, or a local one) and one batch. Every provider
+object is recorded in the cache database (``llm_batches`` and ``llm_batch_requests``, through
+the journal, so durably) before and after the call that makes it::
 
     preparing ─upload─▶ uploaded ─create─▶ submitted ─poll─▶ validating ▶ in_progress ▶ ...
         ▶ completed | expired | cancelled | failed ─collect─▶ collected
 
 A rerun finds the parts that carry its keys and picks each up where it stopped: a part that
 never got its file is given up (nothing was paid); one whose batch may have been created
-without being recorded is looked up in the provider's batch list by its metadata; the rest are
+without being recorded is looked up in the provider's batch list (by its metadata, or what the
+service can tell it by); the rest are
 polled. Only keys in no live part and not cached are submitted, so nothing is paid twice. A
 create whose answer is lost (a timeout, a 5xx) is not blindly sent again either: the batch
 list is asked first, and when it cannot answer the job stops.
@@ -53,14 +58,15 @@ from collections.abc import (
     Mapping,
 )
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, cast
+from dataclasses import asdict
+from typing import Any, TypeVar, cast
 
 from .._cache import Cache
 from .._dialects import BatchResult
 from .._engine.answers import CompletionReader, Final, Retryable
-from .._engine.boundary import ANSWER_MAY_BE_LOST, one_line, provider_errors, redact
+from .._engine.boundary import one_line, redact
 from .._engine.dispatcher import Dispatcher
+from .._engine.engine import Engine
 from .._key import build_request, canonical_json
 from .._media import Unusable, unsent
 from .._options import Job
@@ -68,42 +74,46 @@ from .._outcome import Outcome, Request
 from .._pricing import SpendingCap
 from .._schema import output_schema
 from .._signals import stopped_by_signals
-from ..exceptions import JobInterruptedError
+from ..exceptions import ConfigError, JobInterruptedError
 from .backend import Backend
+from .batch_anthropic import AnthropicBatches
+from .batch_gemini import GeminiBatches
+from .batch_openai import OpenAIBatches
+from .batch_service import AnswerMayBeLost, BatchPart, BatchService, BatchView, LocalInputs
 
 POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
 BATCH_ROUNDS = 3  # batches one run puts a request in before its row fails unanswered
 CREATE_ATTEMPTS = 4  # creates of one batch whose answer was lost, each after a lookup
-LINES_PER_PAGE = 1024  # lines of a file read at a time, on the engine's loop
 OnOutcome = Callable[[Request, Outcome], Awaitable[None]]
-Line = dict[str, Any]  # one line of an input file, as the endpoint's dialect writes it
+T = TypeVar("T")
+
+__all__ = ["BATCH_ROUNDS", "TERMINAL", "BatchPart", "BatchRunner", "service_for"]
+Line = dict[str, Any]  # one line of a part's input, as its batch service keeps it
 
 _log = logging.getLogger("llm_ops")
 
 
-@dataclass
-class BatchPart:
-    """One provider batch of a submission: a file of request lines, as recorded in the cache
-    (``llm_batches``); ``completed`` and ``failed`` are the provider's counts when it was last
-    asked."""
+ServiceMaker = Callable[[Engine, LocalInputs], BatchService]
+SERVICES: dict[str, ServiceMaker] = {
+    "openai": lambda engine, _: OpenAIBatches(engine, engine.dialect),
+    "anthropic": lambda engine, inputs: AnthropicBatches(engine, engine.dialect, inputs),
+    "gemini": lambda engine, inputs: GeminiBatches(engine, engine.dialect, inputs),
+}
+"""The batch API of each dialect that has one, by the dialect's name."""
 
-    job_id: str
-    part: int
-    endpoint: str  # the endpoint's identity, for the keys of what it answers
-    model: str
-    requests: int
-    state: str = "preparing"
-    input_file_id: str | None = None
-    batch_id: str | None = None
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    completed: int = 0
-    failed: int = 0
 
-    @property
-    def label(self) -> str:
-        return f"{self.job_id}/{self.part}"
+def service_for(engine: Engine, cache: Cache) -> BatchService:
+    """The batch API the engine's endpoint speaks; :class:`ConfigError` when its dialect has
+    none."""
+    make = SERVICES.get(engine.dialect.name)
+    if make is None:
+        known = ", ".join(repr(name) for name in SERVICES)
+        raise ConfigError(
+            f"the {engine.dialect.name!r} dialect has no provider batches (batch mode speaks "
+            f"{known}): use batch=False"
+        )
+    return make(engine, LocalInputs(cache.path))
 
 
 class BatchRunner:
@@ -118,10 +128,12 @@ class BatchRunner:
         self.settings = job.batching
         self.cache: Cache = backend.cache
         self.engine = backend.engine
-        # Control-plane calls are few: let the SDK retry them (its backoff, its Retry-After),
-        # except creating a batch, which is not idempotent (see _create).
-        self.sdk = backend.engine.sdk.with_options(max_retries=4)
-        self.sdk_once = backend.engine.sdk.with_options(max_retries=0)
+        self.service = service_for(backend.engine, backend.cache)
+        # a provider's own limits bound the files, whatever BatchMode asks
+        self.requests_per_batch = min(
+            self.settings.requests_per_batch, self.service.requests_per_batch
+        )
+        self.bytes_per_batch = min(self.settings.bytes_per_batch, self.service.bytes_per_batch)
         # The bodies, token projections and budget a live dispatch would have; answers are
         # read as a live dispatch reads them.
         self.live = Dispatcher(
@@ -159,9 +171,9 @@ class BatchRunner:
             await self.wait(parts, wanted, on_outcome)
 
     def provider_errors(self) -> AbstractContextManager[None]:
-        """The SDK's errors, as one :class:`JobAbortedError` whose message hides the key (see
-        :func:`llm_ops._engine.boundary.provider_errors`)."""
-        return provider_errors(self.engine.secrets)
+        """The batch API's errors, as one :class:`JobAbortedError` whose message hides the
+        key (see :meth:`BatchService.errors`)."""
+        return cast(AbstractContextManager[None], self.service.errors())
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -193,7 +205,7 @@ class BatchRunner:
         """New parts for ``requests``; those in ``again`` are sent as the lines they were
         first sent as (what their keys say), not rebuilt from this runner's job. ``reserved``:
         the budget counts them already (their first line was refused, not answered)."""
-        lines: list[tuple[str, bytes]] = []
+        lines: list[tuple[str, bytes, int]] = []  # key, line kept, bytes it sends
         for request in requests:
             line = (again or {}).get(request.key)
             if line is None:
@@ -203,12 +215,14 @@ class BatchRunner:
                     why = f"{exc}; row not sent"
                     await on_outcome(request, Outcome(request.key, "rejected", error=why))
                     continue
-                line = self.dialect.batch_line(request.key, self.live.body(request, messages))
+                line = self.service.line(request.key, self.live.canonical(request, messages))
             encoded = json.dumps(line, ensure_ascii=False).encode() + b"\n"
-            if len(encoded) > self.settings.bytes_per_batch:  # no batch file could hold it
+            sent = self.service.sent_bytes(line, encoded)
+            if sent > self.bytes_per_batch:  # no batch file could hold it
                 why = (
-                    f"its batch line is {len(encoded):,} bytes, over a batch file's "
-                    f"{self.settings.bytes_per_batch:,} (BatchMode(bytes_per_batch=)); row not sent"
+                    f"its batch line is {sent:,} bytes, over a batch file's "
+                    f"{self.bytes_per_batch:,} (BatchMode(bytes_per_batch=), or the provider's "
+                    "limit); row not sent"
                 )
                 await on_outcome(request, Outcome(request.key, "rejected", error=why))
                 continue
@@ -225,40 +239,35 @@ class BatchRunner:
                 )
                 continue
             self.rounds[request.key] = self.rounds.get(request.key, 0) + 1
-            lines.append((request.key, encoded))
+            lines.append((request.key, encoded, sent))
         job_id = f"llmops-{uuid.uuid4().hex[:16]}"
         parts = []
         for number, chunk in enumerate(self._files(lines)):
             part = BatchPart(
                 job_id, number, self.job.spec.endpoint, self.job.spec.model, len(chunk)
             )
-            await self._record(part, keys=[key for key, _ in chunk])  # before anything is paid
-            file = await self.engine.hosted(
-                self.sdk.files.create(
-                    file=(f"{part.label.replace('/', '-')}.jsonl", b"".join(b for _, b in chunk)),
-                    purpose="batch",
-                )
-            )
-            part.input_file_id, part.state = file.id, "uploaded"
+            await self._record(part, keys=[key for key, _, _ in chunk])  # before it is paid
+            content = b"".join(b for _, b, _ in chunk)
+            part.input_file_id = await self.engine.hosted(self.service.upload(part, content))
+            part.state = "uploaded"
             await self._record(part)
             await self._create(part)
             self.counters.sent += part.requests
             parts.append(part)
         return parts
 
-    def _files(self, lines: list[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
-        """``lines`` cut into files within the provider's limits."""
-        chunk: list[tuple[str, bytes]] = []
+    def _files(self, lines: list[tuple[str, bytes, int]]) -> Iterator[list[tuple[str, bytes, int]]]:
+        """``lines`` cut into batches within the provider's limits, by the bytes each sends."""
+        chunk: list[tuple[str, bytes, int]] = []
         size = 0
-        for key, line in lines:
+        for key, line, sent in lines:
             if chunk and (
-                len(chunk) >= self.settings.requests_per_batch
-                or size + len(line) > self.settings.bytes_per_batch
+                len(chunk) >= self.requests_per_batch or size + sent > self.bytes_per_batch
             ):
                 yield chunk
                 chunk, size = [], 0
-            chunk.append((key, line))
-            size += len(line)
+            chunk.append((key, line, sent))
+            size += sent
         if chunk:
             yield chunk
 
@@ -270,17 +279,9 @@ class BatchRunner:
         assert part.input_file_id is not None
         for attempt in range(1, CREATE_ATTEMPTS + 1):
             try:
-                batch = await self.engine.hosted(
-                    self.sdk_once.batches.create(
-                        input_file_id=part.input_file_id,
-                        endpoint=cast(Any, self.dialect.batch_path),
-                        completion_window="24h",
-                        metadata={"llm_ops_job": part.job_id, "llm_ops_part": str(part.part)},
-                    )
-                )
-                part.batch_id = batch.id
+                part.batch_id = await self.engine.hosted(self.service.create(part))
                 break
-            except ANSWER_MAY_BE_LOST:
+            except AnswerMayBeLost:
                 part.batch_id = await self._find(part)
                 if part.batch_id is not None:
                     break
@@ -308,19 +309,15 @@ class BatchRunner:
         return True
 
     async def _find(self, part: BatchPart) -> str | None:
-        """The provider's batch for ``part``, by the metadata it was created with."""
-
-        async def find() -> str | None:
-            async for batch in self.sdk.batches.list(limit=100):
-                metadata = batch.metadata or {}
-                if (metadata.get("llm_ops_job"), metadata.get("llm_ops_part")) == (
-                    part.job_id,
-                    str(part.part),
-                ):
-                    return batch.id
-            return None
-
-        return await self.engine.hosted(find())
+        """The provider's batch for ``part``, by what it was created with."""
+        recorded = await asyncio.to_thread(self.cache.batch_parts)
+        taken = frozenset(
+            str(row["batch_id"])
+            for row in recorded
+            if row["batch_id"] is not None
+            and (row["job_id"], row["part"]) != (part.job_id, part.part)
+        )
+        return await self.engine.hosted(self.service.find(part, taken))
 
     async def _record(self, part: BatchPart, *, keys: list[str] | None = None) -> None:
         await asyncio.to_thread(self.cache.record_batch, asdict(part), keys=keys or ())
@@ -336,20 +333,18 @@ class BatchRunner:
         """Ask the provider how ``part`` is doing (its counts), recording a new state."""
         if part.batch_id is None or part.state == "collected":
             return
-        batch = await self.engine.hosted(self.sdk.batches.retrieve(part.batch_id))
-        if batch.request_counts is not None:
-            part.completed = batch.request_counts.completed
-            part.failed = batch.request_counts.failed
-        if batch.status != part.state and part.state not in TERMINAL:
-            part.state = batch.status
-            part.output_file_id, part.error_file_id = batch.output_file_id, batch.error_file_id
+        view = await self.engine.hosted(self.service.poll(part.batch_id))
+        part.completed, part.failed = view.completed, view.failed
+        if view.state != part.state and part.state not in TERMINAL:
+            part.state = view.state
+            part.output_file_id, part.error_file_id = view.output_file_id, view.error_file_id
             await self._record(part)
 
     async def cancel(self, part: BatchPart) -> None:
         """Cancel ``part``'s batch at the provider; what it answered is kept when collected."""
         if part.batch_id is not None and part.state not in (*TERMINAL, "collected"):
-            batch = await self.engine.hosted(self.sdk.batches.cancel(part.batch_id))
-            part.state = batch.status
+            view = await self.engine.hosted(self.service.cancel(part.batch_id))
+            part.state = view.state
             await self._record(part)
 
     # -- waiting and collecting ---------------------------------------------------------------
@@ -370,24 +365,23 @@ class BatchRunner:
                 )
             for part in list(pending):
                 assert part.batch_id is not None
-                batch = await self.engine.hosted(self.sdk.batches.retrieve(part.batch_id))
-                counts = batch.request_counts
-                progressed[part.label] = (counts.completed + counts.failed) if counts else 0
+                view = await self.engine.hosted(self.service.poll(part.batch_id))
+                progressed[part.label] = view.completed + view.failed
                 self.counters.done = sum(progressed.values())
-                if batch.status != part.state:
-                    part.state = batch.status
-                    part.output_file_id = batch.output_file_id
-                    part.error_file_id = batch.error_file_id
+                if view.state != part.state:
+                    part.state = view.state
+                    part.output_file_id = view.output_file_id
+                    part.error_file_id = view.error_file_id
                     await self._record(part)
                 if part.state in TERMINAL:
                     pending.remove(part)
-                    pending += await self._collect(part, batch, wanted, on_outcome)
+                    pending += await self._collect(part, view, wanted, on_outcome)
             if pending:
                 await asyncio.sleep(delay)
                 delay = min(delay * 1.5, POLL_MAX)
 
     async def _collect(
-        self, part: BatchPart, batch: Any, wanted: dict[str, Request], on_outcome: OnOutcome
+        self, part: BatchPart, view: BatchView, wanted: dict[str, Request], on_outcome: OnOutcome
     ) -> list[BatchPart]:
         """Turn the part's output and error files into outcomes; what the batch did not
         answer is submitted again, kept for live requests, or failed (see the module's
@@ -407,7 +401,7 @@ class BatchRunner:
         ]
         again: list[BatchPart] = []
         if rest and part.state == "failed":  # the provider refused the file itself
-            status, reason = _batch_failure(batch)
+            status, reason = view.failure or ("failed", "no reason given")
             reason = self._quoted(reason)
             hint = "fix the request and rerun" if status == "rejected" else "rerun to submit again"
             for request in rest:
@@ -428,6 +422,7 @@ class BatchRunner:
             again += await self._resend(switched, wanted, on_outcome)
         part.state = "collected"
         await self._record(part)
+        await self.engine.hosted(self.service.discard(part))  # nothing reads its lines again
         return again
 
     async def _results(self, part: BatchPart, requests: dict[str, Request]) -> dict[str, Outcome]:
@@ -436,20 +431,18 @@ class BatchRunner:
         outcomes: dict[str, Outcome] = {}
         ambiguous: set[str] = set()
         stray = 0
-        for file_id in (part.output_file_id, part.error_file_id):
-            if file_id is None:
+        async for result in self._paged(self.service.results(part)):
+            request = requests.get(result.key) if result.key is not None else None
+            if request is None:
+                stray += 1
                 continue
-            async for line in self._lines(file_id):
-                result = self.dialect.batch_result(_json_object(line))
-                request = requests.get(result.key) if result.key is not None else None
-                if request is None:
-                    stray += 1
-                    continue
-                outcome = self._outcome(request, result)
-                outcome.attempts = self.rounds.get(request.key, 1)
-                first = outcomes.setdefault(request.key, outcome)
-                if first is not outcome and _answer(first) != _answer(outcome):
-                    ambiguous.add(request.key)
+            if result.unanswered:  # expired or cancelled: left for another batch
+                continue
+            outcome = self._outcome(request, result)
+            outcome.attempts = self.rounds.get(request.key, 1)
+            first = outcomes.setdefault(request.key, outcome)
+            if first is not outcome and _answer(first) != _answer(outcome):
+                ambiguous.add(request.key)
         for key in ambiguous:
             outcomes[key] = Outcome(
                 key=key,
@@ -481,14 +474,14 @@ class BatchRunner:
         for key in [k for k in outcomes if k in self._refused_max_tokens]:
             self._refused_max_tokens.discard(key)
             request, line = lines[key]
-            _, body = self.dialect.batch_request(line)
+            _, body = self.service.read_line(line)
             if "max_tokens" not in body:
                 continue
             body.setdefault("max_completion_tokens", body["max_tokens"])
             del body["max_tokens"]
             self.engine.max_completion_tokens_models.add(str(body["model"]))
             del outcomes[key]
-            switched[key] = (request, self.dialect.batch_line(key, body))
+            switched[key] = (request, self.service.line(key, body))
         return switched
 
     async def _resend(
@@ -562,41 +555,28 @@ class BatchRunner:
         self.counters.by_status[outcome.status] = self.counters.by_status.get(outcome.status, 0) + 1
         await on_outcome(request, outcome)
 
-    async def _lines(self, file_id: str) -> AsyncIterator[str]:
-        """The file's non-blank lines, streamed on the engine's loop a page at a time."""
+    async def _paged(self, pages: AsyncGenerator[list[T], None]) -> AsyncIterator[T]:
+        """The items of ``pages`` (a generator of the batch service, reading on the engine's
+        loop), fetched there a page at a time."""
 
-        async def pages() -> AsyncGenerator[list[str], None]:
-            async with self.sdk.files.with_streaming_response.content(file_id) as response:
-                page: list[str] = []
-                async for line in response.iter_lines():
-                    if line.strip():
-                        page.append(line)
-                    if len(page) >= LINES_PER_PAGE:
-                        yield page
-                        page = []
-                if page:
-                    yield page
-
-        streamed = pages()
-
-        async def next_page() -> list[str] | None:
-            return await anext(streamed, None)
+        async def next_page() -> list[T] | None:
+            return await anext(pages, None)
 
         try:
             while (page := await self.engine.hosted(next_page())) is not None:
-                for line in page:
-                    yield line
+                for item in page:
+                    yield item
         finally:
-            await self.engine.hosted(streamed.aclose())
+            await self.engine.hosted(pages.aclose())
 
     async def _lines_of(self, part: BatchPart) -> dict[str, tuple[Request, Line]]:
         """The part's requests and their lines, read back from its input file, in its order:
         collecting needs nothing else, so it works in any process, for any job's batches."""
         assert part.input_file_id is not None
         requests = {}
-        async for line in self._lines(part.input_file_id):
+        async for line in self._paged(self.service.input_lines(part.input_file_id)):
             item = json.loads(line)
-            key, body = self.dialect.batch_request(item)
+            key, body = self.service.read_line(item)
             model, messages = body.pop("model"), body.pop("messages")
             request = build_request(
                 endpoint=part.endpoint, model=model, messages=unsent(messages), params=body
@@ -646,30 +626,6 @@ def _validator(request: Request) -> Callable[[str], str] | None:
     if response_format.get("type") != "json_schema":
         return None
     return output_schema(response_format["json_schema"]["schema"]).validate
-
-
-def _batch_failure(batch: Any) -> tuple[Literal["failed", "rejected"], str]:
-    """The status a failed batch gives its rows, and the provider's reason: ``rejected``
-    when it named a line of the input file as invalid (a deterministic refusal)."""
-    data = getattr(getattr(batch, "errors", None), "data", None) or []
-    reasons = []
-    for error in data[:3]:
-        code, line = getattr(error, "code", None), getattr(error, "line", None)
-        reason = str(getattr(error, "message", None) or error)
-        reasons.append(
-            (f"{code}: " if code else "") + reason + (f" (line {line})" if line is not None else "")
-        )
-    named_a_line = any(getattr(error, "line", None) is not None for error in data)
-    return ("rejected" if named_a_line else "failed"), "; ".join(reasons) or "no reason given"
-
-
-def _json_object(line: str) -> dict[str, Any]:
-    """A line of an output file as a JSON object (``{}`` when it is not one)."""
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _answer(outcome: Outcome) -> tuple[Any, ...]:

@@ -15,7 +15,8 @@ from .._config import BatchMode
 from .._options import Job, make_job
 from .._outcome import Outcome, Request
 from .backend import Backend
-from .batch import BatchPart, BatchRunner
+from .batch import BatchRunner
+from .batch_service import BatchPart
 from .dispatch import requests_for
 from .persist import AnswerSink
 from .plan import plan_frame

@@ -76,7 +76,7 @@ class BatchesApi:
         self.creates = 0  # calls of POST /v1/batches, answered or not
         self.lists = 0  # calls of GET /v1/batches
 
-    ROUTES = (
+    ROUTES: tuple[tuple[str, str, str], ...] = (
         ("POST", "/v1/files", "upload"),
         ("GET", "/v1/files/{id}", "file"),
         ("GET", "/v1/files/{id}/content", "content"),

@@ -111,6 +111,8 @@ from .._pack import parse_pack_request
 from ..exceptions import LlmOpsError
 from ._anthropic import AnthropicApi
 from ._batches import BatchesApi
+from ._batches_anthropic import AnthropicBatchesApi
+from ._batches_gemini import GeminiBatchesApi
 from ._decode import DecodeBatch, Durations
 
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=([^\]]*)\]\]")
@@ -1258,6 +1260,8 @@ class Simulator:
         """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
         self.anthropic.reset()
+        self.anthropic_batch_api = AnthropicBatchesApi(self._answer_line, lambda: self.config)
+        self.gemini_batch_api = GeminiBatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
@@ -1310,7 +1314,11 @@ class Simulator:
             "embedding_inputs": self.embedding_inputs,
             "media_parts": self.media_parts,
             "judged": dict(self.judged),
-            **self.batch_api.stats(),
+            **_summed(
+                self.batch_api.stats(),
+                self.anthropic_batch_api.stats(),
+                self.gemini_batch_api.stats(),
+            ),
             **self.anthropic.stats(),
             "config": asdict(self.config),
         }
@@ -1332,6 +1340,14 @@ class Simulator:
         app.router.add_post("/_sim/config", self.post_config)
         for method, path, name in BatchesApi.ROUTES:
             app.router.add_route(method, path, functools.partial(self._batches, name=name))
+        for api, routes in (
+            ("anthropic_batch_api", AnthropicBatchesApi.ROUTES),
+            ("gemini_batch_api", GeminiBatchesApi.ROUTES),
+        ):
+            for method, path, name in routes:
+                app.router.add_route(
+                    method, path, functools.partial(self._dialect_batches, api=api, name=name)
+                )
         for method, path, handler in self.gemini.routes():
             app.router.add_route(method, path, handler)
         app.on_cleanup.append(self._close)
@@ -1862,6 +1878,20 @@ class Simulator:
         )
         return await handler(request)
 
+    async def _dialect_batches(
+        self, request: web.Request, *, api: str, name: str
+    ) -> web.StreamResponse:
+        """Anthropic's Message Batches API or Gemini's batch mode (see
+        :mod:`llm_ops.testing._batches_anthropic`, :mod:`llm_ops.testing._batches_gemini`),
+        behind the key as that provider checks it."""
+        self.header_names.update(request.headers.keys())
+        batches: AnthropicBatchesApi | GeminiBatchesApi = getattr(self, api)
+        refused = batches.refused(request)
+        if refused is not None:
+            return refused
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] = getattr(batches, name)
+        return await handler(request)
+
     def _answer_line(self, body: Any) -> tuple[int, dict[str, Any]]:
         reply = self._reply(body)
         self._settle(reply)
@@ -1949,3 +1979,12 @@ async def serve(config: SimulatorConfig, *, host: str = "127.0.0.1", port: int =
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def _summed(*counts: dict[str, Any]) -> dict[str, Any]:
+    """The batch APIs' counters, added up: ``batches`` counts every dialect's."""
+    total: dict[str, Any] = {}
+    for each in counts:
+        for name, value in each.items():
+            total[name] = total.get(name, 0) + value
+    return total
