@@ -121,8 +121,11 @@ def complete(endpoint: LocalEndpoint, cache: Path) -> Callable[..., Any]:
 
 
 @pytest.fixture(autouse=True)
-def _no_ambient_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLM_OPS_CACHE"):
+def _no_ambient_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_ops._endpoint import KEY_VARIABLES
+
+    keys = {name for names in KEY_VARIABLES.values() for name in names}
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "LLM_OPS_CACHE", *keys):
         monkeypatch.delenv(name, raising=False)
 
 
