@@ -1,6 +1,6 @@
 """Every entry point speaks every dialect: a frame, an expression, SQL, the command line and
-the flow, each against the simulator speaking that dialect, live and (where an entry point
-takes provider batches) batch; Ray's is in tests/test_ray.py."""
+the flow, each against the simulator speaking that dialect, live and batch (SQL
+functions send live only); Ray's is in tests/test_ray.py."""
 
 from __future__ import annotations
 
@@ -116,3 +116,12 @@ def test_the_flow_in_batch_mode(prefect, batching, cache, reviews, tmp_path):
     enrich_table(config)
     assert pl.read_parquet(config.output)["summary"].to_list() == ANSWERS
     assert batching.stats()["batches"] == 1
+
+
+def test_an_expression_in_batch_mode(batching, cache):
+    rated = pl.col("text").llm.complete(
+        "Rate: {}", model="sim", endpoint=_endpoint(batching), cache=cache,
+        batch=BatchMode(poll_seconds=0.05),
+    )  # fmt: skip
+    assert pl.DataFrame({"text": TEXTS}).select(rated).to_series().to_list() == ANSWERS
+    assert batching.stats()["requests"] == 0
