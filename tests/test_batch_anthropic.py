@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from llm_ops import BatchMode, Client, Endpoint, Retries, llm_complete, open_cache
+from llm_ops._dialects import ANTHROPIC, BatchResult
 from llm_ops.testing import LocalEndpoint
 
 KEY = "sk-ant-simulated-key"
@@ -213,3 +214,20 @@ def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     stats = anthropic.stats()
     assert (stats["batches"], stats["lines_uploaded"]) == (1, 7)
+
+
+# -- the dialect spells each line ------------------------------------------------------------
+
+REQUEST_KEY = "v1:" + "ab" * 32
+
+
+@pytest.mark.parametrize("kind", ["canceled", "expired"])
+def test_the_dialect_reads_a_canceled_or_expired_line_as_not_answered(kind):
+    line = {"custom_id": "ab" * 32, "result": {"type": kind}}
+    assert ANTHROPIC.batch_result(line) == BatchResult(REQUEST_KEY, unanswered=True)
+
+
+def test_the_dialect_reads_back_the_line_it_spells():
+    line = ANTHROPIC.batch_line(REQUEST_KEY, {"model": "sim", "max_tokens": 5})
+    assert line["custom_id"] == "ab" * 32
+    assert ANTHROPIC.batch_request(line) == (REQUEST_KEY, {"model": "sim", "max_tokens": 5})

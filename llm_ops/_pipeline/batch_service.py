@@ -44,7 +44,6 @@ from .._wire import HttpAnswer
 from ..exceptions import JobAbortedError, LlmOpsError
 
 Line = dict[str, Any]  # one line of a part's input, as its service keeps it
-KEY_PREFIX = "v1:"  # a request key: "v1:" and the sha256 hex of its canonical request
 
 
 @dataclass
@@ -163,22 +162,6 @@ class BatchService(Protocol):
     def errors(self) -> Any:
         """A context manager turning the API's errors into one :class:`JobAbortedError`."""
         ...
-
-
-def custom_id(key: str) -> str:
-    """A request key as an API allowing only ``[a-zA-Z0-9_-]{1,64}`` names it: its hex."""
-    return key.removeprefix(KEY_PREFIX)
-
-
-def key_of(name: object) -> str | None:
-    """The request key a :func:`custom_id` names, or ``None`` when it names none."""
-    if not isinstance(name, str) or len(name) != 64:
-        return None
-    try:
-        bytes.fromhex(name)
-    except ValueError:
-        return None
-    return KEY_PREFIX + name
 
 
 ENVELOPE_BYTES = 4096
