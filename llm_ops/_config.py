@@ -514,9 +514,11 @@ class BatchMode:
     Parameters
     ----------
     requests_per_batch, bytes_per_batch
-        Requests and bytes per batch file (OpenAI's limits: 50,000 and 200 MB); the
-        provider's own limits bound them too (Anthropic's: 100,000 and 256 MB; Gemini's:
-        2 GB, inline up to 20 MB).
+        Requests and bytes per batch at most. ``None`` (the default): the provider's own
+        limits (OpenAI's: 50,000 and 200 MB; Anthropic's: 100,000 and 256 MB; Gemini's:
+        2 GB, sent inline up to 20 MB and as a file beyond). A smaller number cuts smaller
+        batches; a number above the provider's limit is a :class:`ConfigError` when the job
+        starts, before anything is sent.
     poll_seconds
         The first wait between asking how the batches do; it grows to a minute.
     on_expired
@@ -527,11 +529,11 @@ class BatchMode:
     --------
     >>> from llm_ops import BatchMode
     >>> BatchMode(poll_seconds=30)
-    BatchMode(requests_per_batch=50000, bytes_per_batch=200000000, poll_seconds=30.0, on_expired='resubmit')
+    BatchMode(requests_per_batch=None, bytes_per_batch=None, poll_seconds=30.0, on_expired='resubmit')
     """  # noqa: E501
 
-    requests_per_batch: int = 50_000
-    bytes_per_batch: int = 200_000_000
+    requests_per_batch: int | None = None
+    bytes_per_batch: int | None = None
     poll_seconds: float = 5.0
     on_expired: Literal["resubmit", "live"] = "resubmit"
     # The former names of requests_per_batch and bytes_per_batch, when max_requests was
@@ -549,8 +551,9 @@ class BatchMode:
                     f"BatchMode's {old} is {new} now: BatchMode({new}={value!r})"
                     + ("; max_requests= is Budget's alone" if old == "max_requests" else "")
                 )
-        positive_int("requests_per_batch", self.requests_per_batch)
-        positive_int("bytes_per_batch", self.bytes_per_batch)
+        for name in ("requests_per_batch", "bytes_per_batch"):
+            if getattr(self, name) is not None:  # None: the provider's limit
+                positive_int(name, getattr(self, name))
         object.__setattr__(self, "poll_seconds", seconds("batch poll_seconds", self.poll_seconds))
         if self.on_expired not in ("resubmit", "live"):
             raise ConfigError(f"on_expired must be 'resubmit' or 'live', got {self.on_expired!r}")

@@ -324,9 +324,9 @@ _BUDGET = (
 
 _BATCH = (
     Setting("requests_per_batch", "batch", "requests_per_batch", metavar="N", at_least=1,
-        help="in batch mode: requests per batch file (OpenAI's limit)"),
+        help="in batch mode: requests per batch at most (default: the provider's limit)"),
     Setting("bytes_per_batch", "batch", "bytes_per_batch", metavar="BYTES", at_least=1,
-        help="in batch mode: bytes per batch file (OpenAI's limit)"),
+        help="in batch mode: bytes per batch at most (default: the provider's limit)"),
     Setting("batch_poll_seconds", "batch", "poll_seconds", metavar="SECONDS", above=0,
         help="in batch mode: the first wait between polls; it grows to a minute"),
     Setting("on_expired", "batch", "on_expired",

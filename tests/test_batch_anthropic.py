@@ -15,7 +15,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from llm_ops import BatchMode, Client, Endpoint, Retries, llm_complete, open_cache
+from llm_ops import (
+    BatchMode,
+    Client,
+    ConfigError,
+    Endpoint,
+    Retries,
+    llm_complete,
+    open_cache,
+)
+from llm_ops._dialects import ANTHROPIC, BatchResult
+from llm_ops._pipeline.batch_anthropic import AnthropicBatches
+from llm_ops._pipeline.batch_service import part_limits
 from llm_ops.testing import LocalEndpoint
 
 KEY = "sk-ant-simulated-key"
@@ -213,3 +224,40 @@ def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     stats = anthropic.stats()
     assert (stats["batches"], stats["lines_uploaded"]) == (1, 7)
+
+
+# -- the dialect spells each line ------------------------------------------------------------
+
+REQUEST_KEY = "v1:" + "ab" * 32
+
+
+@pytest.mark.parametrize("kind", ["canceled", "expired"])
+def test_the_dialect_reads_a_canceled_or_expired_line_as_not_answered(kind):
+    line = {"custom_id": "ab" * 32, "result": {"type": kind}}
+    assert ANTHROPIC.batch_result(line) == BatchResult(REQUEST_KEY, unanswered=True)
+
+
+def test_the_dialect_reads_back_the_line_it_spells():
+    line = ANTHROPIC.batch_line(REQUEST_KEY, {"model": "sim", "max_tokens": 5})
+    assert line["custom_id"] == "ab" * 32
+    assert ANTHROPIC.batch_request(line) == (REQUEST_KEY, {"model": "sim", "max_tokens": 5})
+
+
+# -- a batch's limits are the provider's ------------------------------------------------------
+
+
+def test_an_anthropic_batch_holds_anthropics_limits_by_default():
+    requests, size = part_limits(BatchMode(), AnthropicBatches)  # its limits are the class's
+    assert (requests, size) == (100_000, AnthropicBatches.bytes_per_batch)
+    assert size > 200_000_000  # more than OpenAI's 200 MB
+
+
+def test_a_smaller_limit_cuts_the_batches_at_it(batch, anthropic):
+    DF.head(7).pipe(batch, batch=BatchMode(poll_seconds=0.05, requests_per_batch=3))
+    assert anthropic.stats()["batches"] == 3  # 3 + 3 + 1 lines
+
+
+def test_a_limit_above_anthropics_is_refused_before_any_request(batch, anthropic):
+    with pytest.raises(ConfigError, match="100,000"):
+        DF.pipe(batch, batch=BatchMode(requests_per_batch=100_001))
+    assert (anthropic.stats()["requests"], anthropic.stats()["batches"]) == (0, 0)

@@ -4,6 +4,7 @@ injected, and the OpenAI dialect's spelling stays in its one module."""
 from __future__ import annotations
 
 import io
+import itertools
 import tokenize
 from pathlib import Path
 
@@ -227,3 +228,33 @@ def test_no_module_but_the_gemini_dialect_and_the_simulator_spells_gemini():
         source = path.read_text()
         spelled |= {(relative, word) for word in GEMINI_SPELLED if word in source}
     assert spelled == set()
+
+
+# -- and each provider's batch lines in its dialect -------------------------------------------
+
+BATCH_LINE_WORDS = {
+    # a service: its dialect's module, and the words of a line (sent or read) only it spells
+    "_pipeline/batch_anthropic.py": (
+        "_dialects/anthropic.py",
+        ("custom_id", "params", "result", "canceled", "overloaded_error"),
+    ),
+    "_pipeline/batch_gemini.py": ("_dialects/gemini.py", ("key", "request")),
+}
+
+
+def _strings(source: str) -> set[str]:
+    """The string literals of ``source``'s code (docstrings and comments aside)."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    return {
+        token.string.strip("'\"")
+        for before, token in itertools.pairwise(tokens)
+        if token.type == tokenize.STRING
+        and before.type not in (tokenize.INDENT, tokenize.NEWLINE, tokenize.NL, tokenize.DEDENT)
+    }
+
+
+@pytest.mark.parametrize("service", sorted(BATCH_LINE_WORDS))
+def test_a_batch_service_leaves_its_lines_to_its_dialect(service):
+    dialect, words = BATCH_LINE_WORDS[service]
+    assert _strings((PACKAGE / service).read_text()) & set(words) == set()
+    assert set(words) <= _strings((PACKAGE / dialect).read_text())

@@ -66,6 +66,20 @@ from .base import (
     parse_duration,
 )
 
+KEY_PREFIX = "v1:"  # a request key: "v1:" and the sha256 hex of its canonical request
+BATCH_ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+"""The HTTP status a live request would have had, by an errored batch line's error type."""
 API_VERSION = "2023-06-01"
 """The ``anthropic-version`` header: the version of the Messages API these bodies are."""
 DEFAULT_MAX_TOKENS = 4096
@@ -305,25 +319,56 @@ class AnthropicDialect:
     # -- batch files --------------------------------------------------------------------------
 
     def batch_line(self, key: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One request of a Message Batch: ``{custom_id, params}``."""
-        return {"custom_id": key, "params": dict(body)}
+        """One request of a Message Batch: ``{custom_id, params}``, the key as a custom id
+        (:func:`custom_id`)."""
+        return {"custom_id": custom_id(key), "params": dict(body)}
 
     def batch_request(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        return str(line["custom_id"]), dict(line["params"])
+        key = key_of(line["custom_id"])
+        if key is None:
+            raise ValueError(f"a custom_id that names no request key: {line['custom_id']!r}")
+        return key, dict(line["params"])
 
     def batch_result(self, line: Mapping[str, Any]) -> BatchResult:
-        """One line of a Message Batch's results: ``succeeded`` is an answer (HTTP 200 with
-        its message); ``errored``, ``canceled`` and ``expired`` are an error."""
-        custom_id = line.get("custom_id")
-        key = custom_id if isinstance(custom_id, str) else None
-        result = line.get("result")
-        result = result if isinstance(result, dict) else {}
-        if result.get("type") == "succeeded":
+        """One line of a Message Batch's results, ``{custom_id, result}``: ``succeeded`` is
+        an answer (HTTP 200 with its message); ``errored`` an error with the HTTP status a
+        live request would have had (:data:`BATCH_ERROR_STATUS`, by its error's type);
+        ``canceled`` and ``expired`` were not answered (``unanswered``: submitted again); a
+        line without a result's type names no request."""
+        try:
+            key = key_of(line.get("custom_id"))
+            result = line["result"]
+            kind = result["type"]
+        except (AttributeError, KeyError, TypeError):
+            return BatchResult(None)
+        if kind == "succeeded":
             return BatchResult(key, status=200, body=result.get("message"))
-        error = result.get("error")
-        inner = error.get("error", error) if isinstance(error, dict) else None
-        message = inner.get("message") if isinstance(inner, dict) else None
-        return BatchResult(key, error=message or result.get("type") or "no result")
+        if kind == "errored":
+            error = result.get("error") or {}
+            inner = error.get("error", error) if isinstance(error, dict) else {}
+            error_type = inner.get("type") if isinstance(inner, dict) else None
+            status = BATCH_ERROR_STATUS.get(str(error_type), 500)
+            return BatchResult(key, status=status, body=error)
+        if kind in ("canceled", "expired"):
+            return BatchResult(key, unanswered=True)
+        return BatchResult(key, error=f"a result of unknown type {kind!r}")
+
+
+def custom_id(key: str) -> str:
+    """A request key as a Message Batch's ``custom_id``, which must match
+    ``^[a-zA-Z0-9_-]{1,64}$``: its 64 hex digits, without the ``v1:`` prefix."""
+    return key.removeprefix(KEY_PREFIX)
+
+
+def key_of(name: object) -> str | None:
+    """The request key a :func:`custom_id` names, or ``None`` when it names none."""
+    if not isinstance(name, str) or len(name) != 64:
+        return None
+    try:
+        bytes.fromhex(name)
+    except ValueError:
+        return None
+    return KEY_PREFIX + name
 
 
 _NOTHING = HeardLimits()

@@ -118,6 +118,19 @@ RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 API_KEY_INVALID = "API_KEY_INVALID"
 """The ``ErrorInfo`` reason of a key Google does not know: it answers it with a 400
 ``INVALID_ARGUMENT``, which is the credentials' fault, not the request's."""
+BATCH_RPC_STATUS = {
+    3: 400,
+    4: 504,
+    5: 404,
+    7: 403,
+    8: 429,
+    9: 400,
+    11: 400,
+    13: 500,
+    14: 503,
+    16: 401,
+}
+"""The HTTP status of a live request, by the ``google.rpc`` code of a batch's errored one."""
 _READ_FAILURES = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 _NOTHING = HeardLimits()
 
@@ -292,25 +305,36 @@ class GeminiDialect:
                 kind = "quota"
         return ErrorReading(kind, shown, retry_after=_retry_delay(details))
 
-    # -- batch files (the batch mode's own service reads and writes them) ----------------------
+    # -- batch lines (the batch mode's service sends and reads them through these) ------------
 
     def batch_line(self, key: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """A line of a batch's JSONL input file: ``{"key", "request"}``."""
         return {"key": key, "request": dict(body)}
 
+    def batch_inline(self, key: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A request of a batch sent inline (``input_config.requests.requests``):
+        ``{"request", "metadata": {"key"}}``, the key in the metadata its answer echoes."""
+        return {"request": dict(body), "metadata": {"key": key}}
+
     def batch_request(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         return str(line["key"]), dict(line["request"])
 
     def batch_result(self, line: Mapping[str, Any]) -> BatchResult:
-        """A line of a batch's output file: ``{"key", "response"}`` or ``{"key",
-        "error"}``."""
-        key = line.get("key")
+        """An answer of a batch: inline (``{"response" | "error", "metadata": {"key"}}``) or
+        a line of its output file (``{"key", "response" | "error"}``). A ``response`` is an
+        answer (HTTP 200); an ``error`` (a ``google.rpc.Status``) has the HTTP status a live
+        request would have had (:data:`BATCH_RPC_STATUS`, by its code)."""
+        metadata = line.get("metadata") or {}
+        key = line.get("key") or (metadata.get("key") if isinstance(metadata, dict) else None)
         key = key if isinstance(key, str) else None
+        if isinstance(line.get("response"), dict):
+            return BatchResult(key, status=200, body=line["response"])
         error = line.get("error")
-        if error or "response" not in line:
-            message = error.get("message") if isinstance(error, dict) else error
-            return BatchResult(key, error=message)
-        return BatchResult(key, status=200, body=line["response"])
+        if isinstance(error, dict):
+            status = BATCH_RPC_STATUS.get(int(error.get("code") or 13), 500)
+            body = {"error": {**error, "code": status, "rpc": error.get("code")}}
+            return BatchResult(key, status=status, body=body)
+        return BatchResult(key, error="an answer with neither a response nor an error")
 
 
 # -- translation of the canonical request -----------------------------------------------------

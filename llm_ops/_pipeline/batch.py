@@ -6,10 +6,11 @@ the endpoint dialect's name (:data:`SERVICES`): OpenAI's Files and Batches API, 
 Message Batches, Gemini's ``batchGenerateContent``. Everything else is here, the same for each.
 
 A submission (a ``job_id``) is cut into parts of at most ``requests_per_batch`` lines and
-``bytes_per_batch`` (and the provider's own limits); each part is its lines kept (an uploaded
-JSONL file, ``custom_id`` = the request key, or a local one) and one batch. Every provider
-object is recorded in the cache database (``llm_batches`` and ``llm_batch_requests``, through
-the journal, so durably) before and after the call that makes it::
+``bytes_per_batch`` (by default the provider's own limits); each part is its lines kept (an
+uploaded JSONL file, ``custom_id`` = the request key, or a local one) and one batch. Every
+provider object is recorded in the cache database (``llm_batches`` and
+``llm_batch_requests``, through the journal, so durably) before and after the call that makes
+it::
 
     preparing ─upload─▶ uploaded ─create─▶ submitted ─poll─▶ validating ▶ in_progress ▶ ...
         ▶ completed | expired | cancelled | failed ─collect─▶ collected
@@ -79,7 +80,14 @@ from .backend import Backend
 from .batch_anthropic import AnthropicBatches
 from .batch_gemini import GeminiBatches
 from .batch_openai import OpenAIBatches
-from .batch_service import AnswerMayBeLost, BatchPart, BatchService, BatchView, LocalInputs
+from .batch_service import (
+    AnswerMayBeLost,
+    BatchPart,
+    BatchService,
+    BatchView,
+    LocalInputs,
+    part_limits,
+)
 
 POLL_MAX = 60.0  # seconds between polls at the most
 TERMINAL = ("completed", "expired", "cancelled", "failed")
@@ -129,11 +137,8 @@ class BatchRunner:
         self.cache: Cache = backend.cache
         self.engine = backend.engine
         self.service = service_for(backend.engine, backend.cache)
-        # a provider's own limits bound the files, whatever BatchMode asks
-        self.requests_per_batch = min(
-            self.settings.requests_per_batch, self.service.requests_per_batch
-        )
-        self.bytes_per_batch = min(self.settings.bytes_per_batch, self.service.bytes_per_batch)
+        # BatchMode's limits, or the provider's own (a ConfigError above them, before sending)
+        self.requests_per_batch, self.bytes_per_batch = part_limits(self.settings, self.service)
         # The bodies, token projections and budget a live dispatch would have; answers are
         # read as a live dispatch reads them.
         self.live = Dispatcher(

@@ -14,8 +14,10 @@ version among them; the endpoint's TLS and proxy), not the ``anthropic`` SDK: th
 four JSON calls, the engine already holds a connection set up as the user asked, and the SDK
 would be one more dependency and HTTP stack to configure alike for them.
 
-A ``custom_id`` must match ``^[a-zA-Z0-9_-]{1,64}$``: a request key (``v1:`` and 64 hex digits)
-is sent as its hex, and read back so. The API keeps no input to read back, so a part's
+Each line, sent and read back, is spelled by the dialect (its ``batch_line`` and
+``batch_result``, :mod:`llm_ops._dialects.anthropic`: a request key as a ``custom_id``, a result's
+type onto an answer, an error, or a request not answered and so submitted again); this module
+speaks the batch as a whole. The API keeps no input to read back, so a part's
 canonical requests are kept in a local file (:class:`~llm_ops._pipeline.batch_service.
 LocalInputs`). A batch carries no metadata: one whose create answer was lost is looked for
 among the newest batches by its request count and creation time, past those the cache records
@@ -41,9 +43,7 @@ from .batch_service import (
     HttpCalls,
     Line,
     LocalInputs,
-    custom_id,
     kept_line,
-    key_of,
     read_kept_line,
     wire_bytes,
 )
@@ -52,19 +52,6 @@ REQUESTS_PER_BATCH = 100_000
 BYTES_PER_BATCH = 256_000_000 - ENVELOPE_BYTES
 RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 100,000 answers
 CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
-ERROR_STATUS = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
-"""The HTTP status a live request would have had, by an errored line's error type."""
 
 
 class AnthropicBatches:
@@ -91,8 +78,9 @@ class AnthropicBatches:
         return read_kept_line(line)
 
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """The request a kept line sends, as the dialect spells a batch's line."""
         key, canonical = self.read_line(line)
-        return {"custom_id": custom_id(key), "params": self.dialect.completion_body(canonical)}
+        return self.dialect.batch_line(key, self.dialect.completion_body(canonical))
 
     def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
         return wire_bytes(self._request(line))
@@ -165,25 +153,13 @@ class AnthropicBatches:
     # -- reading -------------------------------------------------------------------------------
 
     def _result(self, raw: bytes) -> BatchResult:
-        """One line of the results: its key and the answer, the error, or that it was not
-        answered (``canceled``, ``expired``: submitted again)."""
+        """One line of the results, as the dialect reads it (``canceled`` and ``expired``:
+        not answered, so submitted again); a line that is no JSON object names no request."""
         try:
             line = json.loads(raw)
-            key = key_of(line.get("custom_id"))
-            result = line["result"]
-            kind = result["type"]
-        except (ValueError, AttributeError, KeyError, TypeError):
+        except ValueError:
             return BatchResult(None)
-        if kind == "succeeded":
-            return BatchResult(key, status=200, body=result.get("message"))
-        if kind == "errored":
-            error = result.get("error") or {}
-            inner = error.get("error", error) if isinstance(error, dict) else {}
-            kind_of_error = inner.get("type") if isinstance(inner, dict) else None
-            return BatchResult(key, status=ERROR_STATUS.get(str(kind_of_error), 500), body=error)
-        if kind in ("canceled", "expired"):
-            return BatchResult(key, unanswered=True)
-        return BatchResult(key, error=f"a result of unknown type {kind!r}")
+        return self.dialect.batch_result(line) if isinstance(line, dict) else BatchResult(None)
 
 
 def _view(batch: Mapping[str, Any]) -> BatchView:

@@ -15,6 +15,8 @@ Requests go inline up to 20 MB a batch; a larger batch (up to 2 GB) goes as a JS
 (``{"key", "request"}`` a line) through the Files API's resumable upload
 (``POST /upload/v1beta/files``), named by ``input_config.file_name``, and its answers come back
 as a file too (``response.responsesFile``, read at ``/download/v1beta/{file}:download``).
+Each request and answer is spelled by the dialect (its ``batch_inline``, ``batch_line`` and
+``batch_result``, :mod:`llm_ops._dialects.gemini`); this module speaks the batch as a whole.
 Spoken over the engine's own HTTP (the key among the dialect's headers), for the
 reasons :mod:`llm_ops._pipeline.batch_anthropic` gives; the requests are kept in a local file
 beside the cache as well, since the API gives neither form back.
@@ -31,9 +33,10 @@ from urllib.parse import quote
 from yarl import URL
 
 from .._dialects import BatchResult, Dialect, path_of
+from .._dialects.gemini import GeminiDialect
 from .._engine.boundary import TransportError
 from .._engine.engine import Engine
-from ..exceptions import JobAbortedError
+from ..exceptions import ConfigError, JobAbortedError
 from .batch_service import (
     ATTEMPTS,
     CONTROL_MAX_BYTES,
@@ -66,8 +69,6 @@ STATES = {
     "EXPIRED": "expired",
 }
 """Our state by a batch's, less its ``BATCH_STATE_`` (or the SDK's ``JOB_STATE_``) prefix."""
-RPC_STATUS = {3: 400, 5: 404, 7: 403, 8: 429, 9: 400, 11: 400, 13: 500, 14: 503, 16: 401, 4: 504}
-"""The HTTP status of a live request, by the ``google.rpc`` code of an errored one."""
 
 
 class GeminiBatches:
@@ -78,6 +79,11 @@ class GeminiBatches:
     what = "Gemini's batch mode"
 
     def __init__(self, engine: Engine, dialect: Dialect, inputs: LocalInputs):
+        if not isinstance(dialect, GeminiDialect):  # its lines are the Gemini dialect's
+            raise ConfigError(
+                f"Gemini's batch mode speaks the Gemini dialect only, not "
+                f"{type(dialect).__name__}: use batch=False"
+            )
         self.engine = engine
         self.dialect = dialect
         self.inputs = inputs
@@ -93,9 +99,9 @@ class GeminiBatches:
         return wire_bytes(self._request(line))
 
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
-        """The inline request a kept line sends."""
+        """The inline request a kept line sends, as the dialect spells it."""
         key, canonical = self.read_line(line)
-        return {"request": self.dialect.completion_body(canonical), "metadata": {"key": key}}
+        return self.dialect.batch_inline(key, self.dialect.completion_body(canonical))
 
     async def upload(self, part: BatchPart, content: bytes) -> str:
         return await asyncio.to_thread(self.inputs.keep, part.name, content)
@@ -103,26 +109,24 @@ class GeminiBatches:
     async def create(self, part: BatchPart) -> str:
         assert part.input_file_id is not None
         content = await asyncio.to_thread(LocalInputs.read, part.input_file_id)
-        requests = [self._request(json.loads(raw)) for raw in content.splitlines() if raw.strip()]
+        lines = [json.loads(raw) for raw in content.splitlines() if raw.strip()]
+        requests = [self._request(line) for line in lines]
         if sum(map(wire_bytes, requests)) <= INLINE_BYTES:
             input_config: dict[str, Any] = {"requests": {"requests": requests}}
         else:
-            input_config = {"file_name": await self._upload(part, requests)}
+            input_config = {"file_name": await self._upload(part, lines)}
         batch = {"display_name": DISPLAY_PREFIX + part.name, "input_config": input_config}
         body = json.dumps({"batch": batch}, ensure_ascii=False).encode()
         path = path_of(self.dialect.batch_path, part.model.removeprefix("models/"))
         operation = await self.http.create(path, body)
         return _name(operation)
 
-    async def _upload(self, part: BatchPart, requests: list[dict[str, Any]]) -> str:
-        """The requests as a JSONL file (``{"key", "request"}`` a line) through the Files
-        API's resumable upload (a start, then the bytes); its name (``files/...``). An upload
-        whose answer is lost is made again: a file is not paid for, and one left over expires
-        within two days."""
-        content = b"".join(
-            json.dumps({"key": r["metadata"]["key"], "request": r["request"]}).encode() + b"\n"
-            for r in requests
-        )
+    async def _upload(self, part: BatchPart, lines: list[Line]) -> str:
+        """The kept lines' requests as a JSONL file (each line as the dialect spells a
+        batch file's) through the Files API's resumable upload (a start, then the bytes); its
+        name (``files/...``). An upload whose answer is lost is made again: a file is not
+        paid for, and one left over expires within two days."""
+        content = b"".join(json.dumps(self._file_line(line)).encode() + b"\n" for line in lines)
         start = json.dumps({"file": {"display_name": DISPLAY_PREFIX + part.name}}).encode()
         for attempt in range(1, ATTEMPTS + 1):
             try:
@@ -157,6 +161,11 @@ class GeminiBatches:
                 if not may_be_lost(exc) or attempt == ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
+
+    def _file_line(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """The line of a batch's input file a kept line becomes."""
+        key, canonical = self.read_line(line)
+        return self.dialect.batch_line(key, self.dialect.completion_body(canonical))
 
     def _root(self, path: str) -> URL:
         """``path`` under the server's root (the upload and download paths are not under
@@ -199,7 +208,10 @@ class GeminiBatches:
             inlined = output.get("inlinedResponses") or {}
             if isinstance(inlined, dict):
                 inlined = inlined.get("inlinedResponses") or []
-        page = [_result(item) for item in inlined]
+        page = [
+            self.dialect.batch_result(item) if isinstance(item, dict) else BatchResult(None)
+            for item in inlined
+        ]
         for start in range(0, len(page), 1024):
             yield page[start : start + 1024]
 
@@ -243,25 +255,6 @@ def _view(operation: Mapping[str, Any]) -> BatchView:
         failed=int(stats.get("failedRequestCount") or 0),
         failure=failure,
     )
-
-
-def _result(item: object) -> BatchResult:
-    """One answer: its key (the request's metadata, or a file line's ``key``), its response
-    or its error."""
-    if not isinstance(item, dict):
-        return BatchResult(None)
-    metadata = item.get("metadata") or {}
-    key = item.get("key") or (metadata.get("key") if isinstance(metadata, dict) else None)
-    key = key if isinstance(key, str) else None
-    if isinstance(item.get("response"), dict):
-        return BatchResult(key, status=200, body=item["response"])
-    error = item.get("error")
-    if isinstance(error, dict):
-        status = RPC_STATUS.get(int(error.get("code") or 13), 500)
-        return BatchResult(
-            key, status=status, body={"error": {**error, "code": status, "rpc": error.get("code")}}
-        )
-    return BatchResult(key, error="an answer with neither a response nor an error")
 
 
 def _json(line: bytes) -> Any:

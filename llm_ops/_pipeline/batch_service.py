@@ -37,14 +37,14 @@ from typing import Any, Literal, Protocol
 
 from yarl import URL
 
+from .._config import BatchMode
 from .._dialects import BatchResult
 from .._engine.boundary import TransportError, one_line, redact
 from .._engine.engine import Engine
 from .._wire import HttpAnswer
-from ..exceptions import JobAbortedError, LlmOpsError
+from ..exceptions import ConfigError, JobAbortedError, LlmOpsError
 
 Line = dict[str, Any]  # one line of a part's input, as its service keeps it
-KEY_PREFIX = "v1:"  # a request key: "v1:" and the sha256 hex of its canonical request
 
 
 @dataclass
@@ -165,20 +165,28 @@ class BatchService(Protocol):
         ...
 
 
-def custom_id(key: str) -> str:
-    """A request key as an API allowing only ``[a-zA-Z0-9_-]{1,64}`` names it: its hex."""
-    return key.removeprefix(KEY_PREFIX)
+def part_limits(settings: BatchMode, service: BatchService) -> tuple[int, int]:
+    """The requests and the bytes one part (one batch) holds at most: ``BatchMode``'s, or
+    the provider's own limits (the service's) where it sets none.
 
-
-def key_of(name: object) -> str | None:
-    """The request key a :func:`custom_id` names, or ``None`` when it names none."""
-    if not isinstance(name, str) or len(name) != 64:
-        return None
-    try:
-        bytes.fromhex(name)
-    except ValueError:
-        return None
-    return KEY_PREFIX + name
+    Raises
+    ------
+    ConfigError
+        For a setting above the provider's limit, naming that limit: a batch so large would
+        be refused by the provider, or would have been cut smaller without a word.
+    """
+    limits = []
+    for name, asked, most in (
+        ("requests_per_batch", settings.requests_per_batch, service.requests_per_batch),
+        ("bytes_per_batch", settings.bytes_per_batch, service.bytes_per_batch),
+    ):
+        if asked is not None and asked > most:
+            raise ConfigError(
+                f"BatchMode({name}={asked!r}) is above {service.what}'s limit of {most:,} a "
+                f"batch: give at most {most}, or leave it unset for the provider's limit"
+            )
+        limits.append(most if asked is None else asked)
+    return limits[0], limits[1]
 
 
 ENVELOPE_BYTES = 4096

@@ -31,21 +31,23 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
-from ._server import (
-    BASE_PATHS,
-    FAULT_KINDS,
+from ._reading import (
     JUDGMENTS,
-    PRESETS,
-    Simulator,
-    SimulatorConfig,
     distinct_facts,
     embed,
     expected_reasoning,
-    expected_reply,
     facts_in,
     latent_entity,
     latent_score,
     media_tag,
+)
+from ._server import (
+    BASE_PATHS,
+    FAULT_KINDS,
+    PRESETS,
+    Simulator,
+    SimulatorConfig,
+    expected_reply,
     reply_for,
     serve,
     structured_reply,

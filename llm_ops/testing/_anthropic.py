@@ -38,14 +38,13 @@ import json
 import time
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from ..exceptions import LlmOpsError
-
-if TYPE_CHECKING:
-    from ._server import Simulator
+from ._reading import REASONING_TOKENS_PER_TOKEN, _normalise, _reasoning_for
+from ._wire import ChatHost
 
 VERSIONS = frozenset({"2023-06-01", "2023-01-01"})
 """The ``anthropic-version`` values Anthropic takes."""
@@ -107,7 +106,7 @@ class _Refusal(LlmOpsError):
 class AnthropicApi:
     """The Messages API over ``simulator``'s replies, and what its prompt cache holds."""
 
-    def __init__(self, simulator: Simulator) -> None:
+    def __init__(self, simulator: ChatHost) -> None:
         self.simulator = simulator
         self.reset()
 
@@ -204,8 +203,6 @@ class AnthropicApi:
     def _message(
         self, said: dict[str, Any], asked: dict[str, Any], body: dict[str, Any]
     ) -> dict[str, Any]:
-        from ._server import REASONING_TOKENS_PER_TOKEN, _normalise, _reasoning_for
-
         choice = said["choices"][0]
         usage = said.get("usage") or {}
         model = said["model"]

@@ -33,15 +33,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from ..exceptions import LlmOpsError
-from ._server import embed
-
-if TYPE_CHECKING:
-    from ._server import Simulator
+from ._reading import embed
+from ._wire import ChatHost
 
 GOOGLE_STATUS = {
     400: "INVALID_ARGUMENT",
@@ -195,7 +193,7 @@ def _fields(value: Any, allowed: frozenset[str], where: str) -> dict[str, Any]:
 class GeminiApi:
     """The Gemini routes of a :class:`Simulator`."""
 
-    def __init__(self, simulator: Simulator):
+    def __init__(self, simulator: ChatHost):
         self.sim = simulator
 
     def routes(self) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
