@@ -20,7 +20,10 @@ from llm_ops import (
     Client,
     ConfigError,
     Endpoint,
+    Price,
     Retries,
+    Sampling,
+    estimate,
     llm_complete,
     open_cache,
 )
@@ -261,3 +264,17 @@ def test_a_limit_above_anthropics_is_refused_before_any_request(batch, anthropic
     with pytest.raises(ConfigError, match="100,000"):
         DF.pipe(batch, batch=BatchMode(requests_per_batch=100_001))
     assert (anthropic.stats()["requests"], anthropic.stats()["batches"]) == (0, 0)
+
+
+def test_a_marked_system_prompt_is_priced_in_a_batch_as_estimated(anthropic, cache):
+    price = Price(3.0, 0.0, 0.30, cache_write_per_million=3.75)  # output free: cost is exact
+    short = pl.DataFrame({"text": ["abcd", "efgh", "ijkl"]})
+    job = dict(
+        prompt="{text}", system="x" * 4096, model="sim", pricing=price, cache=cache,
+        endpoint=Endpoint(anthropic.base_url, api_key=KEY, provider="anthropic"),
+        sampling=Sampling(max_tokens=16), batch=BatchMode(poll_seconds=0.05),
+    )  # fmt: skip
+    plan = estimate(short, **job)
+    _, report = short.pipe(llm_complete, return_report=True, **job)
+    assert (report.cache_write_tokens, report.cached_tokens) == (1028, 2 * 1028)
+    assert plan.batch_cost_min == pytest.approx(report.cost) == plan.batch_cost_max

@@ -10,9 +10,10 @@ Anthropic checks it: every ``custom_id`` matching ``^[a-zA-Z0-9_-]{1,64}$`` and 
 order) and ``POST /v1/messages/batches/{id}/cancel``. Requests need ``x-api-key`` (when the
 simulator has a key) and ``anthropic-version``.
 
-Each request's ``params`` is answered by the simulator's reply logic on the OpenAI-shaped body
-it stands for (:func:`openai_body`), and the answer written back as a Message
-(:func:`anthropic_message`), so the judge, facts and counters behave as for a live request.
+Each request's ``params`` is checked, translated and answered as a live ``POST /v1/messages``
+is (:mod:`llm_ops.testing._anthropic`): the same refusals, the judge, facts and counters, and
+the same prompt cache, so a marked system prompt is written once and read by the other
+requests of a batch, and its discounts stack with the batch's as Anthropic's do.
 The knobs: ``batch_expire_share`` ends the first batches with their unanswered requests
 ``expired``; a cancelled batch's are ``canceled``; ``batch_fail`` errors every request
 (``invalid_request_error``: Anthropic refuses a bad batch when it is created, or a request
@@ -34,10 +35,10 @@ from typing import Any
 
 from aiohttp import web
 
+from ._anthropic import AnthropicApi, _as_openai, _checked, _Refusal
 from ._batches import TERMINAL, Answer, BatchesApi, _Batch
 
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "content_filter": "refusal"}
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -50,7 +51,8 @@ ERROR_TYPES = {
 
 
 class AnthropicBatchesApi(BatchesApi):
-    """Message batches held in memory; ``answer(body)`` answers one OpenAI-shaped request."""
+    """Message batches held in memory; ``answer(body)`` answers one OpenAI-shaped request, and
+    ``live`` (the simulator's Messages API) checks, translates and writes back each one."""
 
     ROUTES: tuple[tuple[str, str, str], ...] = (
         ("POST", "/v1/messages/batches", "create"),
@@ -60,8 +62,9 @@ class AnthropicBatchesApi(BatchesApi):
         ("POST", "/v1/messages/batches/{id}/cancel", "cancel"),
     )
 
-    def __init__(self, answer: Answer, config: Any):
+    def __init__(self, answer: Answer, config: Any, live: AnthropicApi):
         super().__init__(answer, config)
+        self.live = live
         self.origins: dict[str, str] = {}  # batch id -> the scheme and host it was made on
 
     # -- the API -------------------------------------------------------------------------------
@@ -154,19 +157,27 @@ class AnthropicBatchesApi(BatchesApi):
     # -- the clock's hooks ---------------------------------------------------------------------
 
     def _answer_line(self, batch: _Batch, line: dict[str, Any]) -> None:
-        status, body = self.answer(openai_body(line.get("params") or {}))
-        self._write(batch, line.get("custom_id"), status, body)
+        custom_id = line.get("custom_id")
+        try:
+            asked = _checked(copy.deepcopy(line.get("params") or {}))
+        except _Refusal as refusal:
+            self._errored(batch, custom_id, refusal.status, str(refusal))
+            return
+        body = _as_openai(asked, self._config().reasoning_models)
+        status, answer = self.answer(body)
+        if status != 200:
+            message = (
+                (answer.get("error") or {}).get("message") if isinstance(answer, dict) else None
+            )
+            self._errored(batch, custom_id, status, str(message))
+            return
+        result = {"type": "succeeded", "message": self.live._message(answer, asked, body)}
+        batch.output.append(json.dumps({"custom_id": custom_id, "result": result}))
 
-    def _write(self, batch: _Batch, custom_id: Any, status: int, body: dict[str, Any]) -> None:
-        if status == 200:
-            result: dict[str, Any] = {"type": "succeeded", "message": anthropic_message(body)}
-        else:
-            message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
-            kind = ERROR_TYPES.get(status, "api_error")
-            result = {
-                "type": "errored",
-                "error": {"type": "error", "error": {"type": kind, "message": str(message)}},
-            }
+    def _errored(self, batch: _Batch, custom_id: Any, status: int, message: str) -> None:
+        kind = ERROR_TYPES.get(status, "api_error")
+        error = {"type": "error", "error": {"type": kind, "message": message}}
+        result = {"type": "errored", "error": error}
         batch.output.append(json.dumps({"custom_id": custom_id, "result": result}))
 
     def _misbehave(self, batch: _Batch) -> None:
@@ -187,7 +198,7 @@ class AnthropicBatchesApi(BatchesApi):
                         "custom_id": made_up,
                         "result": {
                             "type": "succeeded",
-                            "message": anthropic_message(_unasked()),
+                            "message": _unasked(),
                         },
                     }
                 )
@@ -267,62 +278,6 @@ def _invalid(requests: list[Any]) -> str | None:
     return None
 
 
-def openai_body(params: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI-shaped request a Messages body stands for, for the simulator's reply logic."""
-    messages: list[dict[str, Any]] = []
-    system = params.get("system")
-    if isinstance(system, list):
-        system = "".join(block.get("text", "") for block in system if isinstance(block, dict))
-    if system:
-        messages.append({"role": "system", "content": system})
-    for message in params.get("messages") or []:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = [_openai_part(block) for block in content]
-        messages.append({"role": message.get("role"), "content": content})
-    body: dict[str, Any] = {"model": params.get("model"), "messages": messages}
-    for ours, theirs in (("max_tokens", "max_tokens"), ("temperature", "temperature")):
-        if ours in params:
-            body[theirs] = params[ours]
-    if "top_p" in params:
-        body["top_p"] = params["top_p"]
-    if "stop_sequences" in params:
-        body["stop"] = params["stop_sequences"]
-    return body
-
-
-def _openai_part(block: dict[str, Any]) -> dict[str, Any]:
-    source = block.get("source") or {}
-    data_url = f"data:{source.get('media_type')};base64,{source.get('data')}"
-    if block.get("type") == "image":
-        return {"type": "image_url", "image_url": {"url": data_url}}
-    if block.get("type") == "document":
-        return {"type": "file", "file": {"file_data": data_url}}
-    return {"type": "text", "text": block.get("text", "")}
-
-
-def anthropic_message(answer: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-shaped completion as Anthropic's Message."""
-    choice = answer["choices"][0]
-    usage = answer.get("usage") or {}
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {
-        "id": "msg_sim_" + hashlib.sha256(json.dumps(answer).encode()).hexdigest()[:24],
-        "type": "message",
-        "role": "assistant",
-        "model": answer.get("model"),
-        "content": [{"type": "text", "text": choice["message"].get("content") or ""}],
-        "stop_reason": STOP_REASONS.get(choice.get("finish_reason"), "end_turn"),
-        "stop_sequence": None,
-        "usage": {
-            "input_tokens": (usage.get("prompt_tokens") or 0) - cached,
-            "output_tokens": usage.get("completion_tokens") or 0,
-            "cache_read_input_tokens": cached,
-            "cache_creation_input_tokens": 0,
-        },
-    }
-
-
 def anthropic_error(status: int, kind: str, message: str) -> web.Response:
     body = {"type": "error", "error": {"type": kind, "message": message}}
     return web.json_response(body, status=status)
@@ -330,14 +285,14 @@ def anthropic_error(status: int, kind: str, message: str) -> web.Response:
 
 def _unasked() -> dict[str, Any]:
     return {
+        "id": "msg_sim_unasked",
+        "type": "message",
+        "role": "assistant",
         "model": "sim",
-        "choices": [
-            {
-                "message": {"role": "assistant", "content": "an answer to no request"},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 5},
+        "content": [{"type": "text", "text": "an answer to no request"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 5},
     }
 
 

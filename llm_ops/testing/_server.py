@@ -897,7 +897,9 @@ class Simulator:
         """Zero the counters and empty the prefix cache."""
         self.batch_api = BatchesApi(self._answer_line, lambda: self.config)
         self.anthropic.reset()
-        self.anthropic_batch_api = AnthropicBatchesApi(self._answer_line, lambda: self.config)
+        self.anthropic_batch_api = AnthropicBatchesApi(
+            self._answer_line, lambda: self.config, self.anthropic
+        )
         self.gemini_batch_api = GeminiBatchesApi(self._answer_line, lambda: self.config)
         self.requests = 0
         self.by_status: Counter[int] = Counter()
