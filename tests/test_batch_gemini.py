@@ -202,3 +202,10 @@ def test_a_job_killed_while_its_batch_is_created_pays_once_when_rerun(batch, gem
     assert statuses(DF.head(20).pipe(batch)) == {"ok": 20}
     stats = gemini.stats()
     assert (stats["batches"], stats["lines_uploaded"]) == (1, 7)
+
+
+def test_a_batch_asks_for_structured_output_as_a_live_call_does(batch):
+    schema = {"type": "object", "properties": {"mood": {"type": "string"}}, "required": ["mood"]}
+    out = pl.DataFrame({"text": ["great fit", "runs small"]}).pipe(batch, schema=schema)
+    assert out["completion_status"].to_list() == ["ok", "ok"]
+    assert all(isinstance(answer["mood"], str) for answer in out["completion"].to_list())

@@ -15,10 +15,10 @@ and the answers are then a file too (``response.responsesFile``, read at
 ``GET /download/v1beta/files/{id}:download?alt=media``). Requests need ``x-goog-api-key`` (or
 ``?key=``) when the simulator has a key.
 
-Each request is answered by the simulator's reply logic on the OpenAI-shaped body it stands
-for (:func:`openai_body`), and the answer written back as a ``GenerateContentResponse``
-(:func:`gemini_response`). The knobs: ``batch_expire_share`` (the batch ends ``EXPIRED`` with
-the answers it had), ``batch_fail`` (``FAILED``, with the operation's ``error``),
+Each request is checked, translated and answered as a live ``generateContent`` call is
+(:class:`llm_ops.testing._gemini.GenerateContent`: the same refusals, structured output and
+thoughts, the judge, facts and counters). The knobs: ``batch_expire_share`` (the batch ends
+``EXPIRED`` with the answers it had), ``batch_fail`` (``FAILED``, with the operation's ``error``),
 ``batch_duplicate_lines``, ``batch_unknown_lines``, ``batch_drop_lines`` and
 ``batch_create_stall`` as for OpenAI.
 """
@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from ._batches import TERMINAL, Answer, BatchesApi, _Batch
+from ._gemini import GeminiApi, GenerateContent, Refusal
 
 INLINE_BYTES = 20_000_000
 STATES = {
@@ -47,7 +48,6 @@ STATES = {
     "cancelled": "BATCH_STATE_CANCELLED",
     "expired": "BATCH_STATE_EXPIRED",
 }
-FINISH_REASONS = {"stop": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 RPC = {400: (3, "INVALID_ARGUMENT"), 401: (16, "UNAUTHENTICATED"), 403: (7, "PERMISSION_DENIED")}
 RPC.update({404: (5, "NOT_FOUND"), 429: (8, "RESOURCE_EXHAUSTED"), 503: (14, "UNAVAILABLE")})
 BATCH_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch"
@@ -66,8 +66,9 @@ class GeminiBatchesApi(BatchesApi):
         ("GET", "/download/v1beta/files/{id}:download", "download"),
     )
 
-    def __init__(self, answer: Answer, config: Any):
+    def __init__(self, answer: Answer, config: Any, live: GeminiApi):
         super().__init__(answer, config)
+        self.live = live
         self.models: dict[str, str] = {}  # batch id -> its model
         self.names: dict[str, str] = {}  # batch id -> its display name
         self.stored: dict[str, bytes] = {}  # file name -> content (uploads and results)
@@ -200,14 +201,16 @@ class GeminiBatchesApi(BatchesApi):
     # -- the clock's hooks ---------------------------------------------------------------------
 
     def _answer_line(self, batch: _Batch, line: dict[str, Any]) -> None:
-        request = line.get("request") or {}
-        status, body = self.answer(openai_body(self.models.get(batch.id, "models/sim"), request))
-        self._write(batch, line.get("metadata"), status, body)
-
-    def _write(self, batch: _Batch, custom_id: Any, status: int, body: dict[str, Any]) -> None:
-        item: dict[str, Any] = {"metadata": custom_id}
+        model = self.models.get(batch.id, "models/sim").removeprefix("models/")
+        call = GenerateContent(self.live, model)
+        item: dict[str, Any] = {"metadata": line.get("metadata")}
+        try:
+            status, body = self.answer(call.asked(line.get("request") or {}))
+        except Refusal as refusal:
+            said = json.loads(refusal.response.body)  # type: ignore[arg-type]
+            status, body = refusal.response.status, said
         if status == 200:
-            item["response"] = gemini_response(body)
+            item["response"] = call.answer(body)
         else:
             message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
             item["error"] = {"code": RPC.get(status, (13, "INTERNAL"))[0], "message": message}
@@ -224,11 +227,7 @@ class GeminiBatchesApi(BatchesApi):
             batch.output.append(json.dumps(again))
         for number in range(config.batch_unknown_lines):
             made_up = hashlib.sha256(f"{batch.id} unknown {number}".encode()).hexdigest()
-            unasked = {
-                "choices": [{"message": {"content": "an answer to no request"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 5},
-            }
-            item = {"metadata": {"key": f"v1:{made_up}"}, "response": gemini_response(unasked)}
+            item = {"metadata": {"key": f"v1:{made_up}"}, "response": _UNASKED}
             batch.output.append(json.dumps(item))
 
     def _results_file(self, batch: _Batch, answers: Sequence[dict[str, Any]]) -> str:
@@ -293,64 +292,18 @@ def _file_line(answer: dict[str, Any]) -> dict[str, Any]:
     return {**line, **{k: v for k, v in answer.items() if k != "metadata"}}
 
 
-def openai_body(model: str, request: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI-shaped request a ``generateContent`` body stands for."""
-    messages: list[dict[str, Any]] = []
-    system = request.get("systemInstruction") or request.get("system_instruction")
-    if isinstance(system, dict):
-        text = "".join(part.get("text", "") for part in system.get("parts") or [])
-        if text:
-            messages.append({"role": "system", "content": text})
-    for content in request.get("contents") or []:
-        role = "assistant" if content.get("role") == "model" else "user"
-        parts = [_openai_part(part) for part in content.get("parts") or []]
-        if all(part["type"] == "text" for part in parts):
-            messages.append({"role": role, "content": "".join(p["text"] for p in parts)})
-        else:
-            messages.append({"role": role, "content": parts})
-    body: dict[str, Any] = {"model": model.removeprefix("models/"), "messages": messages}
-    config = request.get("generationConfig") or {}
-    if "maxOutputTokens" in config:
-        body["max_tokens"] = config["maxOutputTokens"]
-    if "temperature" in config:
-        body["temperature"] = config["temperature"]
-    return body
-
-
-def _openai_part(part: dict[str, Any]) -> dict[str, Any]:
-    inline = part.get("inlineData") or part.get("inline_data")
-    if isinstance(inline, dict):
-        url = f"data:{inline.get('mimeType')};base64,{inline.get('data')}"
-        if str(inline.get("mimeType")).startswith("image/"):
-            return {"type": "image_url", "image_url": {"url": url}}
-        return {"type": "file", "file": {"file_data": url}}
-    return {"type": "text", "text": part.get("text", "")}
-
-
-def gemini_response(answer: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI-shaped completion as a ``GenerateContentResponse``."""
-    choice = answer["choices"][0]
-    usage = answer.get("usage") or {}
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
-    metadata = {
-        "promptTokenCount": prompt,
-        "candidatesTokenCount": completion,
-        "totalTokenCount": prompt + completion,
-    }
-    if cached:
-        metadata["cachedContentTokenCount"] = cached
-    return {
-        "candidates": [
-            {
-                "content": {"role": "model", "parts": [{"text": choice["message"]["content"]}]},
-                "finishReason": FINISH_REASONS.get(choice.get("finish_reason"), "STOP"),
-                "index": 0,
-            }
-        ],
-        "usageMetadata": metadata,
-        "modelVersion": answer.get("model", "sim"),
-    }
+_UNASKED = {
+    "candidates": [
+        {
+            "content": {"role": "model", "parts": [{"text": "an answer to no request"}]},
+            "finishReason": "STOP",
+            "index": 0,
+        }
+    ],
+    "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 5, "totalTokenCount": 6},
+    "modelVersion": "sim",
+}
+"""What a batch's made-up line answers (``batch_unknown_lines``)."""
 
 
 def gemini_error(status: int, message: str, code: int = 400) -> web.Response:

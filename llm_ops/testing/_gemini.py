@@ -220,7 +220,7 @@ class GeminiApi:
         return google_error(400, KEY_INVALID, [detail])
 
     async def generate_content(self, request: web.Request) -> web.StreamResponse:
-        call = GenerateContent(self, request)
+        call = GenerateContent(self, request.match_info["model"], request)
         return await self.sim.chat_completions(request, call)
 
     async def list_models(self, request: web.Request) -> web.Response:
@@ -310,14 +310,14 @@ class GenerateContent:
     simulator answers (:meth:`read`), and that answer written as Google writes it
     (:meth:`written`)."""
 
-    def __init__(self, api: GeminiApi, request: web.Request):
+    def __init__(self, api: GeminiApi, model: str, request: web.Request | None = None):
         self.api = api
-        self.request = request
-        self.model = request.match_info["model"]
+        self.request = request  # None: a line of a batch, whose batch's key was checked
+        self.model = model
         self.include_thoughts = False
 
     def refuse_key(self) -> web.Response | None:
-        return self.api.refuse_key(self.request)
+        return None if self.request is None else self.api.refuse_key(self.request)
 
     def read(self, raw: bytes) -> dict[str, Any] | web.Response:
         """The OpenAI-shaped body asking what this call asks, or Google's refusal of it."""
@@ -327,7 +327,12 @@ class GenerateContent:
             return refusal.response
 
     def _read(self, raw: bytes) -> dict[str, Any]:
-        body = _fields(_json(raw), REQUEST_FIELDS, "")
+        return self.asked(_json(raw))
+
+    def asked(self, request: Any) -> dict[str, Any]:
+        """The OpenAI-shaped body a ``GenerateContentRequest`` asks for; :class:`Refusal`
+        where Google refuses it."""
+        body = _fields(request, REQUEST_FIELDS, "")
         messages: list[dict[str, Any]] = []
         if "systemInstruction" in body:
             system = _fields(body["systemInstruction"], CONTENT_FIELDS, "system_instruction")
@@ -423,6 +428,10 @@ class GenerateContent:
         return web.json_response(answer)
 
     def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.answer(body)
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The simulator's OpenAI-shaped answer as a ``GenerateContentResponse``."""
         choice = body["choices"][0]
         message = choice["message"]
         usage = body.get("usage") or {}

@@ -900,7 +900,9 @@ class Simulator:
         self.anthropic_batch_api = AnthropicBatchesApi(
             self._answer_line, lambda: self.config, self.anthropic
         )
-        self.gemini_batch_api = GeminiBatchesApi(self._answer_line, lambda: self.config)
+        self.gemini_batch_api = GeminiBatchesApi(
+            self._answer_line, lambda: self.config, self.gemini
+        )
         self.requests = 0
         self.by_status: Counter[int] = Counter()
         self.by_model: Counter[str] = Counter()
