@@ -45,7 +45,6 @@ Anthropic has no embeddings API: :meth:`AnthropicDialect.embeddings_body` refuse
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -54,6 +53,7 @@ from typing import Any
 import orjson
 
 from .base import (
+    MAX_TOKENS_BELIEVED,
     BatchResult,
     ErrorReading,
     HeardLimit,
@@ -63,7 +63,11 @@ from .base import (
     Stop,
     Usage,
     Vectors,
+    error_object,
+    header_count,
+    header_number,
     parse_duration,
+    token_count,
 )
 
 KEY_PREFIX = "v1:"  # a request key: "v1:" and the sha256 hex of its canonical request
@@ -109,7 +113,6 @@ RETRYABLE = frozenset({"api_error", "timeout_error"})
 RATE_KINDS = ("requests", "tokens")
 NO_CREDIT = "credit balance is too low"
 """What Anthropic's 400 says when the account has no credit left: every request would fail."""
-MAX_TOKENS_BELIEVED = 2**31 - 1
 _READ_FAILURES = (ValueError, KeyError, IndexError, TypeError, AttributeError)
 
 
@@ -243,7 +246,7 @@ class AnthropicDialect:
             said = body.get("usage")
             usage = read_usage(said)
             billed = isinstance(said, dict) and usage is not None
-            written = _token_count(said.get("cache_creation_input_tokens")) if billed else 0
+            written = token_count(said.get("cache_creation_input_tokens")) if billed else 0
         except _READ_FAILURES as exc:
             raise MalformedAnswer(str(exc)) from exc
         thinking = "\n\n".join(t for t in thoughts if isinstance(t, str) and t) or None
@@ -279,8 +282,8 @@ class AnthropicDialect:
             spent = remaining is not None and remaining.strip() == "0"
             reset = headers.get(f"anthropic-ratelimit-{kind}-reset") if spent else None
             heard[kind] = HeardLimit(
-                per_minute=_number(limit),
-                remaining=_count(remaining),
+                per_minute=header_number(limit),
+                remaining=header_count(remaining),
                 spent=spent,
                 reset=self._seconds_until(reset) if reset is not None else None,
             )
@@ -303,7 +306,7 @@ class AnthropicDialect:
         sender), a server error to try again (``api_error``, 5xx, 408, 409), an account out
         of credit (Anthropic says so in a 400: the quota), else a rejection
         (``invalid_request_error``, ``not_found_error``, ``request_too_large``)."""
-        error = _error_object(payload)
+        error = error_object(payload)
         kind, message = error.get("type"), error.get("message")
         shown = str(message) if message else None
         if kind in CREDENTIALS or status in (401, 403):
@@ -423,7 +426,7 @@ def read_usage(usage: object) -> Usage | None:
     if not isinstance(usage, dict):
         return None
     counts = [
-        _token_count(usage.get(name))
+        token_count(usage.get(name))
         for name in (
             "input_tokens",
             "output_tokens",
@@ -438,48 +441,6 @@ def read_usage(usage: object) -> Usage | None:
     if prompt > MAX_TOKENS_BELIEVED:
         return None
     return prompt, output, read, 0
-
-
-def _token_count(value: object) -> int | None:
-    """A count as sent, if it can be right: absent (or null) is 0; a negative, fractional or
-    absurd number, or not a number, is ``None``."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float):
-        if not value.is_integer():
-            return None
-        value = int(value)
-    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
-
-
-def _error_object(payload: bytes) -> dict[str, Any]:
-    """The ``error`` object of an error answer, or an empty dict."""
-    try:
-        body = orjson.loads(payload)
-    except ValueError:
-        return {}
-    inner = body.get("error", body) if isinstance(body, dict) else None
-    return inner if isinstance(inner, dict) else {}
-
-
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _count(text: str | None) -> float | None:
-    """A non-negative number of a ``-remaining`` header, else ``None``."""
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 ANTHROPIC = AnthropicDialect()

@@ -16,11 +16,15 @@ so the same prompt to another provider is another key: a dialect's body leaves i
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import quote
+
+import orjson
 
 Stop = Literal["done", "length", "filtered", "unfinished"]
 """Why an answer stopped: ``done`` (it finished), ``length`` (cut at its token limit: the row
@@ -151,6 +155,69 @@ def path_of(template: str, model: str) -> str:
     if "{model}" not in template:
         return template
     return template.replace("{model}", quote(model, safe=""))
+
+
+MAX_TOKENS_BELIEVED = 2**31 - 1
+"""The most tokens a count of an answer's usage may hold and be believed."""
+
+
+# What every dialect reads alike: counts, JSON bodies, error objects and header numbers.
+
+
+def token_count(value: object) -> int | None:
+    """A count of ``usage`` as the endpoint sent it, if it can be right: absent is 0; a
+    negative, fractional or absurd number (at least 2**31), or not a number, is ``None``."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        if not value.is_integer():  # inf and nan too
+            return None
+        value = int(value)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
+
+
+def load(payload: bytes) -> Any:
+    """JSON, as orjson reads it, or as the standard library does what orjson refuses (numbers
+    beyond a double, NaN): an answer must not be lost to one odd number in it."""
+    try:
+        return orjson.loads(payload)
+    except ValueError:
+        return json.loads(payload)
+
+
+def error_object(payload: bytes) -> dict[str, Any]:
+    """The ``error`` object of an error answer, or an empty dict."""
+    try:
+        body = orjson.loads(payload)
+    except ValueError:
+        return {}
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    return inner if isinstance(inner, dict) else {}
+
+
+def header_number(text: str | None) -> float | None:
+    """A number a header holds, else ``None``."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def header_count(text: str | None) -> float | None:
+    """A non-negative number of an rate-limit header's remaining count, else ``None``."""
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 class MalformedAnswer(ValueError):

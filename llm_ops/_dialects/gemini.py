@@ -60,9 +60,10 @@ from .base import (
     Stop,
     Usage,
     Vectors,
+    load,
     parse_duration,
+    token_count,
 )
-from .openai import load, token_count
 
 BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 """Where Google serves the API, as its SDK takes the base URL."""

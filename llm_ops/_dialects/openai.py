@@ -17,8 +17,6 @@ itself, most of a request's CPU.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import orjson
 
 from .base import (
+    MAX_TOKENS_BELIEVED,
     BatchResult,
     ErrorReading,
     HeardLimit,
@@ -35,7 +34,12 @@ from .base import (
     Stop,
     Usage,
     Vectors,
+    error_object,
+    header_count,
+    header_number,
+    load,
     parse_duration,
+    token_count,
 )
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
@@ -47,7 +51,6 @@ FINISHED = frozenset({"stop", "tool_calls", "function_call"})
 """``finish_reason`` values of a finished answer. ``length`` is ``truncated``,
 ``content_filter`` is ``filtered``; anything else (``error``, ``abort``, missing) did not
 finish and is retried."""
-MAX_TOKENS_BELIEVED = 2**31 - 1
 """Above this, a token count in ``usage`` cannot be right (nor fit the cache's INTEGER)."""
 RATE_KINDS = ("requests", "tokens")
 _READ_FAILURES = (ValueError, KeyError, IndexError, TypeError, AttributeError)
@@ -186,8 +189,8 @@ class OpenAIDialect:
             spent = remaining is not None and remaining.strip() == "0"
             reset = headers.get(f"x-ratelimit-reset-{kind}") if spent else None
             heard[kind] = HeardLimit(
-                per_minute=_number(limit),
-                remaining=_count(remaining),
+                per_minute=header_number(limit),
+                remaining=header_count(remaining),
                 spent=spent,
                 reset=parse_duration(reset) if reset is not None else None,
             )
@@ -200,7 +203,7 @@ class OpenAIDialect:
         else a rejection; and whether it asks for ``max_completion_tokens`` instead of
         ``max_tokens`` (HTTP 400, ``param: "max_tokens"``, ``code:
         "unsupported_parameter"``), as OpenAI's reasoning models do."""
-        error = error_body(payload)
+        error = error_object(payload)
         message = error.get("message")
         shown = str(message) if message else None
         said = f"{error.get('code')} {message}"
@@ -295,61 +298,6 @@ def read_usage(usage: object) -> Usage | None:
     cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
     reasoning = token_count(thought.get("reasoning_tokens")) if isinstance(thought, dict) else 0
     return prompt, completion, min(prompt, cached or 0), min(completion, reasoning or 0)
-
-
-def token_count(value: object) -> int | None:
-    """A count of ``usage`` as the endpoint sent it, if it can be right: absent is 0; a
-    negative, fractional or absurd number (at least 2**31), or not a number, is ``None``."""
-    if value is None:
-        return 0
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        if not value.is_integer():  # inf and nan too
-            return None
-        value = int(value)
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if not isinstance(value, int):
-        return None
-    return value if 0 <= value <= MAX_TOKENS_BELIEVED else None
-
-
-def load(payload: bytes) -> Any:
-    """JSON, as orjson reads it, or as the standard library does what orjson refuses (numbers
-    beyond a double, NaN): an answer must not be lost to one odd number in it."""
-    try:
-        return orjson.loads(payload)
-    except ValueError:
-        return json.loads(payload)
-
-
-def error_body(payload: bytes) -> dict[str, Any]:
-    """The ``error`` object of an error answer, or an empty dict."""
-    try:
-        body = orjson.loads(payload)
-    except ValueError:
-        return {}
-    inner = body.get("error", body) if isinstance(body, dict) else None
-    return inner if isinstance(inner, dict) else {}
-
-
-def _number(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _count(text: str | None) -> float | None:
-    """A non-negative number of an ``x-ratelimit-remaining-*`` header, else ``None``."""
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 OPENAI = OpenAIDialect()
