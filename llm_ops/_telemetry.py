@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 INSTRUMENTATION = "llm_ops"
@@ -59,6 +60,36 @@ def tracer() -> Tracer | None:
             return None
         _tracer = trace.get_tracer(INSTRUMENTATION, tracer_provider=_provider)
     return _tracer
+
+
+def current_context() -> Context | None:
+    """The caller's OpenTelemetry context, to carry to a thread that does not inherit it;
+    ``None`` when nothing is emitted."""
+    if tracer() is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+@contextmanager
+def carried(parent: Context | None) -> Iterator[None]:
+    """Run the block in ``parent`` (a :func:`current_context`), unless a span is current
+    already: Polars calls an expression on a thread of its own, where the caller's span is
+    not current, so its jobs would start traces of their own."""
+    if parent is None:
+        yield
+        return
+    from opentelemetry import context, trace
+
+    if trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    token = context.attach(parent)
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def capture_content() -> bool:
@@ -128,7 +159,7 @@ def end_attempt(
     *,
     status: str,
     error_type: str | None = None,
-    finish_reason: str | None = None,
+    stop_reason: str | None = None,
     input_tokens: int | None = None,
     output_tokens: int | None = None,
     answer: str | None = None,
@@ -149,8 +180,8 @@ def end_attempt(
                 }
             )
         )
-        if finish_reason is not None:
-            span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+        if stop_reason is not None:
+            span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
         if answer is not None and capture_content():
             said = {"role": "assistant", "parts": [{"type": "text", "content": answer}]}
             span.set_attribute("gen_ai.output.messages", json.dumps([said]))

@@ -1,12 +1,173 @@
-"""OpenTelemetry: nothing imported where OpenTelemetry is not used."""
+"""OpenTelemetry: a job's span tree under the caller's span, the GenAI conventions' attempt
+spans, nothing imported where OpenTelemetry is not used, and no prompt or key in any span."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
+import polars as pl
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+from llm_ops import Endpoint, Sampling, llm_complete
+from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
+
+SECRET = "sk-telemetry-0123456789abcdef"
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    """llm-ops's spans, kept in memory (a provider of the test's own: the global one can be
+    set once per process)."""
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    telemetry.use_tracer_provider(provider)
+    yield exported
+    telemetry.use_tracer_provider(None)
+
+
+def _caller_tracer() -> trace.Tracer:
+    """The caller's own tracer, on the test's provider, whose spans llm-ops's join."""
+    provider = telemetry._provider
+    assert provider is not None
+    return provider.get_tracer("caller")
+
+
+def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def _one(spans: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
+    (found,) = _named(spans, name)
+    return found
+
+
+def _parent_id(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
+def _id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def test_a_frame_job_is_a_child_of_the_callers_span(exporter, complete):
+    with _caller_tracer().start_as_current_span("caller"):
+        pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    spans = exporter.get_finished_spans()
+    assert _parent_id(_one(spans, "llm_ops.job")) == _id(_one(spans, "caller"))
+
+
+def test_plan_dispatch_and_persist_are_children_of_the_job(exporter, complete):
+    pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    spans = exporter.get_finished_spans()
+    job = _id(_one(spans, "llm_ops.job"))
+    assert _parent_id(_one(spans, "llm_ops.plan")) == job
+    assert _parent_id(_one(spans, "llm_ops.dispatch")) == job
+    assert _parent_id(_one(spans, "llm_ops.persist")) == _id(_one(spans, "llm_ops.dispatch"))
+
+
+def test_each_attempt_is_a_client_span_under_the_dispatch(exporter, complete):
+    pl.DataFrame({"text": ["a", "b", "a"]}).pipe(complete, prompt="{text}")
+    spans = exporter.get_finished_spans()
+    attempts = _named(spans, "chat sim")
+    assert len(attempts) == 2  # one per distinct prompt
+    dispatch = _id(_one(spans, "llm_ops.dispatch"))
+    assert {_parent_id(span) for span in attempts} == {dispatch}
+    assert {span.kind for span in attempts} == {trace.SpanKind.CLIENT}
+
+
+def test_an_attempt_carries_the_genai_conventions_attributes(exporter, complete):
+    sampling = Sampling(max_tokens=50, temperature=0.5)
+    pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", sampling=sampling)
+    attributes = _one(exporter.get_finished_spans(), "chat sim").attributes or {}
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.request.model"] == "sim"
+    assert attributes["gen_ai.request.max_tokens"] == 50
+    assert attributes["gen_ai.request.temperature"] == 0.5
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    assert attributes["gen_ai.usage.output_tokens"] > 0
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert attributes["llm_ops.attempt"] == 1
+    assert attributes["llm_ops.status"] == "ok"
+
+
+def test_a_failed_attempt_names_its_error_type(exporter, complete):
+    prompt = "[[sim:fail_times=1]][[sim:fail_status=503]] hello"
+    pl.DataFrame({"text": [prompt]}).pipe(complete, prompt="{text}")
+    first, second = sorted(
+        _named(exporter.get_finished_spans(), "chat sim"),
+        key=lambda span: (span.attributes or {})["llm_ops.attempt"],
+    )
+    assert (first.attributes or {})["error.type"] == "503"
+    assert first.status.status_code == trace.StatusCode.ERROR
+    assert "error.type" not in (second.attributes or {})
+
+
+def test_the_job_span_counts_rows_requests_and_hits(exporter, complete):
+    frame = pl.DataFrame({"text": ["a", "b", "a"]})
+    frame.pipe(complete, prompt="{text}")
+    exporter.clear()
+    frame.pipe(complete, prompt="{text}")
+    attributes = _one(exporter.get_finished_spans(), "llm_ops.job").attributes or {}
+    assert attributes["llm_ops.rows"] == 3
+    assert attributes["llm_ops.distinct_requests"] == 2
+    assert attributes["llm_ops.cache_hits"] == 2
+    assert attributes["llm_ops.requests_sent"] == 0
+
+
+def test_a_sampled_out_job_exports_nothing(complete):
+    exported = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    telemetry.use_tracer_provider(provider)
+    try:
+        out = pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}")
+    finally:
+        telemetry.use_tracer_provider(None)
+    assert out["completion_status"].to_list() == ["ok"]
+    assert exported.get_finished_spans() == ()
+
+
+def test_no_span_holds_a_prompt_or_an_answer(exporter, complete):
+    out = pl.DataFrame({"text": ["the secret plan"]}).pipe(complete, prompt="{text}")
+    answer = out["completion"][0]
+    values = [str(v) for s in exporter.get_finished_spans() for v in (s.attributes or {}).values()]
+    assert not [value for value in values if "secret plan" in value or answer in value]
+
+
+def test_answers_are_attributes_once_the_user_opts_in(exporter, complete, monkeypatch):
+    monkeypatch.setenv(telemetry.CAPTURE_CONTENT, "true")
+    out = pl.DataFrame({"text": ["hello"]}).pipe(complete, prompt="{text}")
+    attributes = _one(exporter.get_finished_spans(), "chat sim").attributes or {}
+    assert out["completion"][0] in str(attributes["gen_ai.output.messages"])
+
+
+def test_no_span_holds_the_api_key(exporter, cache):
+    with LocalEndpoint(api_key=SECRET) as guarded:
+        pl.DataFrame({"text": ["a", "b"]}).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            endpoint=Endpoint(guarded.base_url, api_key=SECRET),
+            cache=cache,
+        )
+    spans = exporter.get_finished_spans()
+    assert _named(spans, "chat sim")
+    for span in spans:
+        for name, value in (span.attributes or {}).items():
+            assert SECRET not in str(value), name
+            assert not any(word in name for word in ("key", "authorization", "header")), name
 
 
 def _job_in_a_subprocess(endpoint: LocalEndpoint, cache: str | bool, prelude: str) -> str:
