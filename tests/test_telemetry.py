@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from llm_ops import Endpoint, Sampling, llm_complete
+from llm_ops import Client, Endpoint, Sampling, llm_complete
 from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
@@ -199,3 +199,16 @@ def test_a_job_imports_no_opentelemetry_where_the_process_does_not_use_it(endpoi
     # without a cache: opening one imports portalocker, which imports redis where it is
     # installed, and redis imports OpenTelemetry (that is theirs, not llm-ops's)
     assert _job_in_a_subprocess(endpoint, False, "") == "ok False"
+
+
+def test_an_expression_job_is_a_child_of_the_callers_span(exporter, endpoint, cache):
+    with (
+        Client(endpoint=endpoint.base_url, cache=cache) as client,
+        _caller_tracer().start_as_current_span("caller"),
+    ):
+        pl.DataFrame({"text": ["a", "b"]}).lazy().select(
+            pl.col("text").llm.complete("{}", model="sim", client=client)
+        ).collect()
+    spans = exporter.get_finished_spans()
+    jobs = _named(spans, "llm_ops.job")
+    assert jobs and {_parent_id(job) for job in jobs} == {_id(_one(spans, "caller"))}
