@@ -21,6 +21,7 @@ from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
 SECRET = "sk-telemetry-0123456789abcdef"
+HEADER_SECRET = "gateway-token-fedcba9876543210"
 
 
 @pytest.fixture
@@ -153,20 +154,22 @@ def test_answers_are_attributes_once_the_user_opts_in(exporter, complete, monkey
     assert out["completion"][0] in str(attributes["gen_ai.output.messages"])
 
 
-def test_no_span_holds_the_api_key(exporter, cache):
+def test_no_span_holds_the_api_key_or_a_credential_header(exporter, cache):
     with LocalEndpoint(api_key=SECRET) as guarded:
         pl.DataFrame({"text": ["a", "b"]}).pipe(
             llm_complete,
             prompt="{text}",
             model="sim",
-            endpoint=Endpoint(guarded.base_url, api_key=SECRET),
+            endpoint=Endpoint(
+                guarded.base_url, api_key=SECRET, headers={"X-Gateway-Token": HEADER_SECRET}
+            ),
             cache=cache,
         )
     spans = exporter.get_finished_spans()
     assert _named(spans, "chat sim")
     for span in spans:
         for name, value in (span.attributes or {}).items():
-            assert SECRET not in str(value), name
+            assert SECRET not in str(value) and HEADER_SECRET not in str(value), name
             assert not any(word in name for word in ("key", "authorization", "header")), name
 
 
