@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+    from opentelemetry.metrics import Histogram, MeterProvider
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 INSTRUMENTATION = "llm_ops"
@@ -38,8 +40,14 @@ as opposed to Vertex AI's, is ``gcp.gemini``)."""
 
 AttributeValue = str | bool | int | float
 
+# the buckets the GenAI conventions advise for each metric
+TOKEN_BUCKETS = [4**n for n in range(1, 14)]  # 4 to 67,108,864
+SECONDS_BUCKETS = [0.01 * 2**n for n in range(14)]  # 0.01 s to 81.92 s
+
 _tracer: Tracer | None = None
 _provider: TracerProvider | None = None  # None: OpenTelemetry's global tracer provider
+_instruments: tuple[Histogram, Histogram] | None = None
+_meter_provider: MeterProvider | None = None  # None: OpenTelemetry's global meter provider
 
 
 def use_tracer_provider(provider: TracerProvider | None) -> None:
@@ -47,6 +55,13 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
     for tests, since OpenTelemetry lets a process set its global provider only once."""
     global _tracer, _provider
     _provider, _tracer = provider, None
+
+
+def use_meter_provider(provider: MeterProvider | None) -> None:
+    """Measure through ``provider`` rather than the global one (``None``: the global one
+    again); for tests, as :func:`use_tracer_provider`."""
+    global _instruments, _meter_provider
+    _meter_provider, _instruments = provider, None
 
 
 def tracer() -> Tracer | None:
@@ -117,77 +132,147 @@ def record(span: Span | None, attributes: Mapping[str, AttributeValue | None]) -
         span.set_attributes(_present(attributes))
 
 
-def start_attempt(
-    tracing: Tracer,
+class Attempts:
+    """The telemetry of one dispatch's request attempts: a CLIENT span each (GenAI
+    conventions), and the conventions' two metrics. What every attempt shares is built once
+    here; an attempt builds its span's attributes only when the span records."""
+
+    def __init__(
+        self,
+        tracing: Tracer,
+        *,
+        operation: str,
+        dialect: str,
+        model: str,
+        params: Mapping[str, Any],
+        server: tuple[str | None, int | None],
+    ):
+        from opentelemetry.trace import SpanKind, StatusCode
+
+        self._tracer, self._client, self._error = tracing, SpanKind.CLIENT, StatusCode.ERROR
+        self.name = f"{operation} {model}"
+        host, port = server
+        self.common = _present(
+            {
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": PROVIDER_NAMES.get(dialect, dialect),
+                "gen_ai.request.model": model,
+                "server.address": host,
+                "server.port": port,
+            }
+        )
+        max_tokens = params.get("max_tokens", params.get("max_completion_tokens"))
+        self.requested = {
+            **self.common,
+            **_present(
+                {
+                    "gen_ai.request.max_tokens": _number(max_tokens),
+                    "gen_ai.request.temperature": _number(params.get("temperature")),
+                    "gen_ai.request.top_p": _number(params.get("top_p")),
+                    "gen_ai.request.seed": _number(params.get("seed")),
+                }
+            ),
+        }
+        self.input = {**self.common, "gen_ai.token.type": "input"}
+        self.output = {**self.common, "gen_ai.token.type": "output"}
+        self.instruments = instruments()
+
+    def start(self, attempt: int) -> tuple[Span, float]:
+        """The span of attempt number ``attempt``, and when it started (for its duration).
+        Not made current: nothing runs under it."""
+        started = self._tracer.start_span(self.name, kind=self._client)
+        if started.is_recording():
+            started.set_attributes(self.requested)
+            started.set_attribute("llm_ops.attempt", attempt)
+        return started, time.perf_counter()
+
+    def end(
+        self,
+        attempt: tuple[Span, float],
+        *,
+        status: str,
+        error_type: str | None = None,
+        stop_reason: str | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        answer: str | None = None,
+    ) -> None:
+        """End an attempt with what became of it: ``status`` (a row status, or
+        ``retryable``), ``error_type`` when it failed; ``answer`` is an attribute only where
+        the user opted in to content (see :func:`capture_content`)."""
+        span, started = attempt
+        if span.is_recording():
+            span.set_attributes(
+                _present(
+                    {
+                        "llm_ops.status": status,
+                        "error.type": error_type,
+                        "gen_ai.usage.input_tokens": input_tokens,
+                        "gen_ai.usage.output_tokens": output_tokens,
+                    }
+                )
+            )
+            if stop_reason is not None:
+                span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
+            if answer is not None and capture_content():
+                said = {"role": "assistant", "parts": [{"type": "text", "content": answer}]}
+                span.set_attribute("gen_ai.output.messages", json.dumps([said]))
+            if error_type is not None:
+                span.set_status(self._error, error_type)
+        span.end()
+        if self.instruments is not None:
+            usage, duration = self.instruments
+            failed = (
+                self.common if error_type is None else {**self.common, "error.type": error_type}
+            )
+            duration.record(time.perf_counter() - started, failed)
+            if input_tokens is not None:
+                usage.record(input_tokens, self.input)
+            if output_tokens is not None:
+                usage.record(output_tokens, self.output)
+
+
+def attempts(
     *,
     operation: str,
     dialect: str,
     model: str,
     params: Mapping[str, Any],
-    attempt: int,
     server: tuple[str | None, int | None],
-) -> Span:
-    """The CLIENT span of one attempt to send a request, its request attributes set when it
-    records (a sampled-out attempt builds none). Not made current: nothing runs under it."""
-    from opentelemetry.trace import SpanKind
+) -> Attempts | None:
+    """The telemetry of a dispatch's attempts; ``None`` (no work at all on the hot path)
+    while OpenTelemetry is not imported in this process."""
+    tracing = tracer()
+    if tracing is None:
+        return None
+    return Attempts(
+        tracing, operation=operation, dialect=dialect, model=model, params=params, server=server
+    )
 
-    started = tracing.start_span(f"{operation} {model}", kind=SpanKind.CLIENT)
-    if started.is_recording():
-        max_tokens = params.get("max_tokens", params.get("max_completion_tokens"))
-        host, port = server
-        started.set_attributes(
-            _present(
-                {
-                    "gen_ai.operation.name": operation,
-                    "gen_ai.provider.name": PROVIDER_NAMES.get(dialect, dialect),
-                    "gen_ai.request.model": model,
-                    "gen_ai.request.max_tokens": _number(max_tokens),
-                    "gen_ai.request.temperature": _number(params.get("temperature")),
-                    "gen_ai.request.top_p": _number(params.get("top_p")),
-                    "gen_ai.request.seed": _number(params.get("seed")),
-                    "server.address": host,
-                    "server.port": port,
-                    "llm_ops.attempt": attempt,
-                }
-            )
+
+def instruments() -> tuple[Histogram, Histogram] | None:
+    """The GenAI conventions' client metrics, ``gen_ai.client.token.usage`` and
+    ``gen_ai.client.operation.duration``, made once per meter provider; ``None`` while
+    OpenTelemetry is not imported."""
+    global _instruments
+    if _instruments is None and tracer() is not None:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter(INSTRUMENTATION, meter_provider=_meter_provider)
+        usage = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
         )
-    return started
-
-
-def end_attempt(
-    span: Span,
-    *,
-    status: str,
-    error_type: str | None = None,
-    stop_reason: str | None = None,
-    input_tokens: int | None = None,
-    output_tokens: int | None = None,
-    answer: str | None = None,
-) -> None:
-    """End an attempt's span with what became of it: ``status`` (a row status, or
-    ``retryable``), ``error_type`` when it failed; ``answer`` is set only where the user opted
-    in to content (see :func:`capture_content`)."""
-    if span.is_recording():
-        from opentelemetry.trace import StatusCode
-
-        span.set_attributes(
-            _present(
-                {
-                    "llm_ops.status": status,
-                    "error.type": error_type,
-                    "gen_ai.usage.input_tokens": input_tokens,
-                    "gen_ai.usage.output_tokens": output_tokens,
-                }
-            )
+        duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
-        if stop_reason is not None:
-            span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
-        if answer is not None and capture_content():
-            said = {"role": "assistant", "parts": [{"type": "text", "content": answer}]}
-            span.set_attribute("gen_ai.output.messages", json.dumps([said]))
-        if error_type is not None:
-            span.set_status(StatusCode.ERROR, error_type)
-    span.end()
+        _instruments = (usage, duration)
+    return _instruments
 
 
 def _number(value: Any) -> int | float | None:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import polars as pl
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -34,6 +36,30 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     telemetry.use_tracer_provider(provider)
     yield exported
     telemetry.use_tracer_provider(None)
+
+
+@pytest.fixture
+def metrics() -> Iterator[InMemoryMetricReader]:
+    """llm-ops's metrics, read in memory (a meter provider of the test's own)."""
+    reader = InMemoryMetricReader()
+    telemetry.use_meter_provider(MeterProvider(metric_readers=[reader]))
+    yield reader
+    telemetry.use_meter_provider(None)
+
+
+def _points(reader: InMemoryMetricReader, name: str) -> list[HistogramDataPoint]:
+    """The histogram points of metric ``name``."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+        if isinstance(point, HistogramDataPoint)
+    ]
 
 
 def _caller_tracer() -> trace.Tracer:
@@ -215,3 +241,21 @@ def test_an_expression_job_is_a_child_of_the_callers_span(exporter, endpoint, ca
     spans = exporter.get_finished_spans()
     jobs = _named(spans, "llm_ops.job")
     assert jobs and {_parent_id(job) for job in jobs} == {_id(_one(spans, "caller"))}
+
+
+def test_token_usage_is_measured_by_token_type(metrics, complete):
+    pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    points = _points(metrics, "gen_ai.client.token.usage")
+    by_type = {point.attributes["gen_ai.token.type"]: point for point in points}
+    assert set(by_type) == {"input", "output"}
+    assert by_type["input"].count == 2 and by_type["input"].sum > 0
+    assert by_type["output"].attributes["gen_ai.request.model"] == "sim"
+
+
+def test_each_attempt_has_a_duration_and_a_failed_one_its_error_type(metrics, complete):
+    prompt = "[[sim:fail_times=1]][[sim:fail_status=503]] hello"
+    pl.DataFrame({"text": [prompt]}).pipe(complete, prompt="{text}")
+    points = _points(metrics, "gen_ai.client.operation.duration")
+    errors = sorted(str(point.attributes.get("error.type")) for point in points)
+    assert errors == ["503", "None"]
+    assert all(point.count == 1 for point in points)

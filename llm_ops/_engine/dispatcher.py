@@ -27,7 +27,7 @@ from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text
 from .._pack import PACK_OUTPUT, PACK_SCHEMA
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
-from .._telemetry import end_attempt, start_attempt, tracer
+from .._telemetry import attempts
 from .._wire import HttpAnswer
 from ..exceptions import ConfigError, JobAbortedError, JobInterruptedError, setting
 from .answers import (
@@ -127,7 +127,14 @@ class Dispatcher:
         )
         self.url = engine.url(self.path())
         self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
-        self._tracer = tracer()  # None: no span, and no work for one, on the hot path
+        # None: no span or metric, and no work for one, on the hot path
+        self._telemetry = attempts(
+            operation=self.operation,
+            dialect=engine.dialect.name,
+            model=model,
+            params=self.params,
+            server=(self.url.host, self.url.port),
+        )
 
     def path(self) -> str:
         """Where requests go, under the base URL: the dialect's completions (of the model,
@@ -308,7 +315,7 @@ class Dispatcher:
             try:
                 outcome = await (
                     self._attempt(request, messages, estimate)
-                    if self._tracer is None
+                    if self._telemetry is None
                     else self._traced_attempt(request, messages, estimate, attempt)
                 )
             except Retryable as exc:
@@ -467,31 +474,26 @@ class Dispatcher:
     ) -> Outcome:
         """:meth:`_attempt` in a CLIENT span of its own (GenAI conventions), started here, on
         the dispatch's loop, so that its parent is the dispatch's span."""
-        assert self._tracer is not None
-        span = start_attempt(
-            self._tracer,
-            operation=self.operation,
-            dialect=self.engine.dialect.name,
-            model=self.model,
-            params=self.params,
-            attempt=attempt,
-            server=(self.url.host, self.url.port),
-        )
+        telemetry = self._telemetry
+        assert telemetry is not None
+        span = telemetry.start(attempt)
         try:
             outcome = await self._attempt(request, messages, estimate)
         except Retryable as exc:
             why = "malformed" if exc.malformed else "retryable"
-            end_attempt(span, status="retryable", error_type=_error_type(exc, exc.http_status, why))
+            telemetry.end(
+                span, status="retryable", error_type=_error_type(exc, exc.http_status, why)
+            )
             raise
         except Final as exc:
             error_type = _error_type(exc, exc.http_status, exc.status)
-            end_attempt(span, status=exc.status, error_type=error_type)
+            telemetry.end(span, status=exc.status, error_type=error_type)
             raise
         except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM's drain) or a bug
-            end_attempt(span, status="aborted", error_type=type(exc).__qualname__)
+            telemetry.end(span, status="aborted", error_type=type(exc).__qualname__)
             raise
         answered = outcome.status in ("ok", "truncated")
-        end_attempt(
+        telemetry.end(
             span,
             status=outcome.status,
             error_type=None if answered else outcome.status,
