@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from llm_ops import Client, Endpoint, Sampling, llm_complete
+from llm_ops import BatchMode, Client, Endpoint, Sampling, llm_complete
 from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
@@ -259,3 +259,21 @@ def test_each_attempt_has_a_duration_and_a_failed_one_its_error_type(metrics, co
     errors = sorted(str(point.attributes.get("error.type")) for point in points)
     assert errors == ["503", "None"]
     assert all(point.count == 1 for point in points)
+
+
+def test_a_batch_jobs_spans_are_children_of_the_callers_span(exporter, endpoint, cache):
+    endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
+    with _caller_tracer().start_as_current_span("caller"):
+        pl.DataFrame({"text": ["a", "b"]}).pipe(
+            llm_complete,
+            prompt="{text}",
+            model="sim",
+            endpoint=endpoint.base_url,
+            batch=BatchMode(poll_seconds=0.05),
+            cache=cache,
+        )
+    spans = exporter.get_finished_spans()
+    job = _one(spans, "llm_ops.job")
+    assert _parent_id(job) == _id(_one(spans, "caller"))
+    assert (job.attributes or {})["llm_ops.mode"] == "batch"
+    assert _parent_id(_one(spans, "llm_ops.dispatch")) == _id(job)
