@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -176,14 +176,22 @@ class Attempts:
         self.input = {**self.common, "gen_ai.token.type": "input"}
         self.output = {**self.common, "gen_ai.token.type": "output"}
         self.instruments = instruments()
+        self.capture = capture_content()  # read once a dispatch, not once an attempt
 
-    def start(self, attempt: int) -> tuple[Span, float]:
-        """The span of attempt number ``attempt``, and when it started (for its duration).
-        Not made current: nothing runs under it."""
+    def start(self, attempt: int, prompt: Sequence[tuple[str, str]] = ()) -> tuple[Span, float]:
+        """The span of attempt number ``attempt``, and when it started (for its duration);
+        ``prompt`` (each message's role and text) is an attribute only where the user opted in
+        to content (:attr:`capture`). Not made current: nothing runs under it."""
         started = self._tracer.start_span(self.name, kind=self._client)
         if started.is_recording():
             started.set_attributes(self.requested)
             started.set_attribute("llm_ops.attempt", attempt)
+            if prompt and self.capture:
+                asked = [
+                    {"role": role, "parts": [{"type": "text", "content": text}]}
+                    for role, text in prompt
+                ]
+                started.set_attribute("gen_ai.input.messages", json.dumps(asked))
         return started, time.perf_counter()
 
     def end(
@@ -214,7 +222,7 @@ class Attempts:
             )
             if stop_reason is not None:
                 span.set_attribute("gen_ai.response.finish_reasons", [stop_reason])
-            if answer is not None and capture_content():
+            if answer is not None and self.capture:
                 said = {"role": "assistant", "parts": [{"type": "text", "content": answer}]}
                 span.set_attribute("gen_ai.output.messages", json.dumps([said]))
             if error_type is not None:

@@ -173,10 +173,11 @@ def test_no_span_holds_a_prompt_or_an_answer(exporter, complete):
     assert not [value for value in values if "secret plan" in value or answer in value]
 
 
-def test_answers_are_attributes_once_the_user_opts_in(exporter, complete, monkeypatch):
+def test_prompts_and_answers_are_attributes_once_the_user_opts_in(exporter, complete, monkeypatch):
     monkeypatch.setenv(telemetry.CAPTURE_CONTENT, "true")
-    out = pl.DataFrame({"text": ["hello"]}).pipe(complete, prompt="{text}")
+    out = pl.DataFrame({"text": ["hello"]}).pipe(complete, prompt="Say {text}")
     attributes = _one(exporter.get_finished_spans(), "chat sim").attributes or {}
+    assert "Say hello" in str(attributes["gen_ai.input.messages"])
     assert out["completion"][0] in str(attributes["gen_ai.output.messages"])
 
 

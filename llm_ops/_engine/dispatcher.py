@@ -476,7 +476,8 @@ class Dispatcher:
         the dispatch's loop, so that its parent is the dispatch's span."""
         telemetry = self._telemetry
         assert telemetry is not None
-        span = telemetry.start(attempt)
+        prompt = [(m["role"], text_of(m["content"])) for m in messages] if telemetry.capture else ()
+        span = telemetry.start(attempt, prompt)
         try:
             outcome = await self._attempt(request, messages, estimate)
         except Retryable as exc:
