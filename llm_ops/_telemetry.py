@@ -249,13 +249,31 @@ def attempts(
     server: tuple[str | None, int | None],
 ) -> Attempts | None:
     """The telemetry of a dispatch's attempts; ``None`` (no work at all on the hot path)
-    while OpenTelemetry is not imported in this process."""
+    while OpenTelemetry is not imported in this process, or no tracer or meter provider is
+    set yet (one set later counts from the next dispatch)."""
     tracing = tracer()
-    if tracing is None:
+    if tracing is None or not _providers_set():
         return None
     return Attempts(
         tracing, operation=operation, dialect=dialect, model=model, params=params, server=server
     )
+
+
+def _providers_set() -> bool:
+    """Whether a tracer or meter provider is set (here, or as OpenTelemetry's global one):
+    without one, an attempt's no-op span and measurements would still cost a few
+    microseconds each, for nothing."""
+    if _provider is not None or _meter_provider is not None:
+        return True
+    from opentelemetry import metrics, trace
+
+    tracing, measuring = trace.get_tracer_provider(), metrics.get_meter_provider()
+    idle_tracing = isinstance(tracing, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    # the API's stand-in until a meter provider is set has no public name
+    idle_measuring = isinstance(measuring, metrics.NoOpMeterProvider) or (
+        type(measuring).__name__ == "_ProxyMeterProvider"
+    )
+    return not (idle_tracing and idle_measuring)
 
 
 def instruments() -> tuple[Histogram, Histogram] | None:
