@@ -1,13 +1,13 @@
-"""OpenTelemetry spans of a job and of each request attempt, emitted only where the process
-uses OpenTelemetry.
+"""OpenTelemetry spans of a job and of each request attempt, and the GenAI client metrics,
+emitted only where the process uses OpenTelemetry.
 
 OpenTelemetry is an optional extra (``pip install 'llm-ops[otel]'``). This module never
 imports it on its own: it looks for it in :data:`sys.modules`, where anything that configures
 a tracer provider (the SDK, ``opentelemetry-instrument``, Logfire, Prefect) has put it. A
-process that does not use OpenTelemetry therefore imports none of it and pays one dictionary
-lookup a job; a process that imports it without a tracer provider gets OpenTelemetry's no-op
-tracer, whose spans record nothing, and the request attempts check
-:meth:`~opentelemetry.trace.Span.is_recording` before building any attribute.
+process that does not use OpenTelemetry therefore imports none of it and pays a dictionary
+lookup a stage of a job. Where it is imported but no tracer or meter provider is set, a job's
+few spans are OpenTelemetry's no-op ones and a dispatch builds nothing per attempt; where one
+is, an attempt whose span is sampled out builds none of its attributes.
 
 Spans follow the OpenTelemetry GenAI semantic conventions (status: development) for the
 request attempts (``chat {model}``, kind CLIENT, ``gen_ai.*`` attributes); llm-ops's own facts
