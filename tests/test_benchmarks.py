@@ -214,3 +214,24 @@ def test_set_operators_benchmark_prints_a_section_beside_its_naive_plan() -> Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| all_pairs |" in done.stdout and "| blocking |" in done.stdout
+
+
+def test_telemetry_benchmark_prints_each_modes_cpu_per_request() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "telemetry.py"),
+            "--requests",
+            "20",
+            "--repeats",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for mode in ("off", "imported", "none sampled", "all sampled", "all sampled + metrics"):
+        assert f"\n| {mode} | " in done.stdout

@@ -149,6 +149,8 @@ KEPT = {
     # their SQL (the module's docstring says so too); the row written to it names it.
     ("_cache/_migrations.py", "finish_reason"),
     ("_pipeline/persist.py", "finish_reason"),
+    # OpenTelemetry's GenAI conventions name the attribute gen_ai.response.finish_reasons
+    ("_telemetry.py", "finish_reason"),
 }
 
 

@@ -27,6 +27,7 @@ from .._outcome import Counters, EmbeddingsRequest, Outcome, Pack, Request, text
 from .._pack import PACK_OUTPUT, PACK_SCHEMA
 from .._pricing import SpendingCap, approx_tokens
 from .._signals import stopped_by_signals
+from .._telemetry import attempts
 from .._wire import HttpAnswer
 from ..exceptions import ConfigError, JobAbortedError, JobInterruptedError, setting
 from .answers import (
@@ -80,6 +81,8 @@ class Dispatcher:
     an earlier model of a cascade, whose refused rows go on to the next one.
     """
 
+    operation = "chat"  # gen_ai.operation.name of its attempts' spans
+
     def __init__(
         self,
         engine: Engine,
@@ -124,6 +127,14 @@ class Dispatcher:
         )
         self.url = engine.url(self.path())
         self.recent = RecentAnswers()  # a copy of one of them is no answer (see transport)
+        # None: no span or metric, and no work for one, on the hot path
+        self._telemetry = attempts(
+            operation=self.operation,
+            dialect=engine.dialect.name,
+            model=model,
+            params=self.params,
+            server=(self.url.host, self.url.port),
+        )
 
     def path(self) -> str:
         """Where requests go, under the base URL: the dialect's completions (of the model,
@@ -302,7 +313,11 @@ class Dispatcher:
             if self.budget is not None and not self.budget.reserve(*expected):
                 return self._over_budget(request, attempt - 1, self.budget)
             try:
-                outcome = await self._attempt(request, messages, estimate)
+                outcome = await (
+                    self._attempt(request, messages, estimate)
+                    if self._telemetry is None
+                    else self._traced_attempt(request, messages, estimate, attempt)
+                )
             except Retryable as exc:
                 self._bill(expected, None)
                 failure = exc
@@ -453,6 +468,42 @@ class Dispatcher:
                 functools.partial(self._send_unless_aborted, request, body, estimate)
             )
         )
+
+    async def _traced_attempt(
+        self, request: Request, messages: list[dict[str, str]], estimate: int, attempt: int
+    ) -> Outcome:
+        """:meth:`_attempt` in a CLIENT span of its own (GenAI conventions), started here, on
+        the dispatch's loop, so that its parent is the dispatch's span."""
+        telemetry = self._telemetry
+        assert telemetry is not None
+        prompt = [(m["role"], text_of(m["content"])) for m in messages] if telemetry.capture else ()
+        span = telemetry.start(attempt, prompt)
+        try:
+            outcome = await self._attempt(request, messages, estimate)
+        except Retryable as exc:
+            why = "malformed" if exc.malformed else "retryable"
+            telemetry.end(
+                span, status="retryable", error_type=_error_type(exc, exc.http_status, why)
+            )
+            raise
+        except Final as exc:
+            error_type = _error_type(exc, exc.http_status, exc.status)
+            telemetry.end(span, status=exc.status, error_type=error_type)
+            raise
+        except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM's drain) or a bug
+            telemetry.end(span, status="aborted", error_type=type(exc).__qualname__)
+            raise
+        answered = outcome.status in ("ok", "truncated")
+        telemetry.end(
+            span,
+            status=outcome.status,
+            error_type=None if answered else outcome.status,
+            stop_reason=outcome.stop_reason,
+            input_tokens=outcome.prompt_tokens if outcome.usage_known else None,
+            output_tokens=outcome.completion_tokens if outcome.usage_known else None,
+            answer=outcome.text,
+        )
+        return outcome
 
     async def _send_unless_aborted(self, request: Request, body: bytes, estimate: int) -> Outcome:
         if self._aborted is not None:  # the request that went first was refused
@@ -630,6 +681,14 @@ class Dispatcher:
         )
 
 
+def _error_type(exc: Exception, http_status: int | None, otherwise: str) -> str:
+    """``error.type`` of a failed attempt: the HTTP status the endpoint answered with, else
+    the transport's failure (``TimedOut``, ``CouldNotConnect``), else ``otherwise``."""
+    if http_status is not None:
+        return str(http_status)
+    return otherwise if exc.__cause__ is None else type(exc.__cause__).__qualname__
+
+
 async def _nothing(request: Request, outcome: Outcome) -> None:
     """No one to tell of an outcome (before :meth:`Dispatcher.run` names someone)."""
 
@@ -637,6 +696,8 @@ async def _nothing(request: Request, outcome: Outcome) -> None:
 class EmbeddingDispatcher(Dispatcher):
     """Sends :class:`EmbeddingsRequest` requests to the dialect's embeddings; an outcome
     carries one vector per input."""
+
+    operation = "embeddings"
 
     def __init__(self, engine: Engine, **options: Any) -> None:
         # a dialect whose API has none says so (Dialect.embeddings): before anything is sent

@@ -37,6 +37,7 @@ from .._progress import resolve_progress
 from .._report import RunReport
 from .._spec import EmbeddingSpec
 from .._status import FAILED
+from .._telemetry import carried, current_context
 from ..exceptions import ConfigError, RowsFailedError, TemplateError
 from .asks import Ask, Output, shaped, shaped_dtype
 from .reports import Reports, in_order, nothing_done, record_unrecorded
@@ -180,6 +181,9 @@ class ExprBatchFunction:
         self.reports = Reports(client)
         self._memo: pl.DataFrame | None = None  # without a cache: what earlier batches got
         self.warned = False  # a RowsFailedWarning was given for a batch
+        # the span current where the expression is made is its jobs' parent: Polars runs
+        # the batches on threads of its own, where the caller's span is not current
+        self.parent = current_context()
 
     def over(self, expr: pl.Expr) -> pl.Expr:
         return expr.map_batches(self, return_dtype=self.dtype, is_elementwise=True)
@@ -236,7 +240,8 @@ class ExprBatchFunction:
         reports: list[RunReport] = []
 
         async def on_loop() -> T:
-            return await work(await self.runtime.backend(), reports.append)
+            with carried(self.parent):
+                return await work(await self.runtime.backend(), reports.append)
 
         try:
             return self.runtime.run(on_loop()), reports

@@ -24,6 +24,7 @@ from .._failures import failure_reasons
 from .._options import Job
 from .._pricing import SpendingCap
 from .._report import RunFacts, RunReport
+from .._telemetry import record, span
 from .backend import Backend
 from .dispatch import DispatchResult, dispatch, rows_of
 from .join import join, results_frame, status_counts
@@ -72,8 +73,27 @@ class ModelPass:
 async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass:
     """Plan, look up both cache tiers, send the misses and join back, for ``job.spec.model``."""
     started_at, clock = datetime.now(UTC), time.perf_counter()
-    planned = await plan(frame, job.spec, backend.cache, reasoning=job.columns.reasoning)
-    done = await answer_misses(planned.misses, job, backend, rows=frame.height)
+    with span("llm_ops.plan", {"llm_ops.rows": frame.height}) as planning:
+        planned = await plan(frame, job.spec, backend.cache, reasoning=job.columns.reasoning)
+        record(
+            planning,
+            {
+                "llm_ops.distinct_requests": planned.distinct.height,
+                "llm_ops.cache_hits": planned.hits.height,
+                "llm_ops.misses": planned.misses.height,
+            },
+        )
+    with span("llm_ops.dispatch", {"llm_ops.requests": planned.misses.height}) as dispatching:
+        done = await answer_misses(planned.misses, job, backend, rows=frame.height)
+        record(
+            dispatching,
+            {
+                "llm_ops.requests_sent": done.counters.sent,
+                "llm_ops.retries": done.counters.retries,
+                "llm_ops.rate_limited": done.counters.rate_limited,
+                "llm_ops.concurrency": done.counters.concurrency,
+            },
+        )
     results = results_frame([planned.hits, done.settled], done.outcomes)
     columns = await join(
         planned.groups, results, job.columns, job.spec.schema, row_group=planned.row_group

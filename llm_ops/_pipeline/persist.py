@@ -20,6 +20,7 @@ from .._options import Job
 from .._outcome import STOPS, Outcome, Request
 from .._progress import ProgressCallback, TerminalDisplay, Tracker
 from .._status import CACHEABLE
+from .._telemetry import span
 from .backend import Backend
 
 MERGE_WAIT = 1.0  # seconds a background merge waits for the file before trying later
@@ -191,5 +192,6 @@ async def dispatch_durably(
         if isinstance(progress, TerminalDisplay):
             progress.close()
         if cache_writer is not None:
-            await cache_writer.close()
+            with span("llm_ops.persist"):
+                await cache_writer.close()
     return stopped
