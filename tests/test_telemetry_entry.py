@@ -153,6 +153,8 @@ def traced_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A local Ray cluster of two workers whose spans go to files in the folder yielded."""
     ray = pytest.importorskip("ray")
     folder = tmp_path_factory.mktemp("worker-spans")
+    if ray.is_initialized():  # another module's cluster, whose workers export nothing
+        ray.shutdown()
     ray.init(
         num_cpus=2,
         include_dashboard=False,
