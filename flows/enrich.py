@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -30,15 +31,25 @@ from pydantic import Field
 from llm_ops import (
     JobAbortedError,
     LlmOpsError,
+    Progress,
     RunReport,
     parse_settings,
     settings_parser,
     with_settings,
 )
 from llm_ops.exceptions import said_in
-from llm_ops.tables import BatchPart, Counters, Table, TablePlan, TableSettings, Written
+from llm_ops.tables import (
+    BatchPart,
+    Counters,
+    Table,
+    TablePlan,
+    TableSettings,
+    Written,
+    table_of_settings,
+)
 
 STARTUP_SECONDS = 180  # for Prefect's temporary API server, when the main job starts one
+LOG_EVERY_SECONDS = 30.0  # a chunk's progress line at least this often, for whoever watches
 
 
 @with_settings(
@@ -71,9 +82,75 @@ class EnrichConfig(TableSettings):
 PARAMETER_WORDS = EnrichConfig.words()
 
 
-def open_table(config: EnrichConfig) -> Table:
-    """The job the config describes; raises ``ConfigError`` for what can be checked first."""
-    return config.table()
+def open_table(config: EnrichConfig, progress: Callable[[Progress], None] | None = None) -> Table:
+    """The job the config describes; raises ``ConfigError`` for what can be checked first.
+    ``progress`` hears the job's :class:`~llm_ops.Progress` snapshots while a chunk is sent."""
+    if progress is None:
+        return config.table()
+    return table_of_settings(
+        {**config.settings(), "progress": progress},
+        config.input,
+        config.output,
+        prompt=config.prompt,
+        rows_per_read=config.rows_per_read,
+        chunk_size=config.chunk_size,
+    )
+
+
+class ProgressLog:
+    """A chunk's progress as log lines: the library's snapshots come twice a second, a line
+    goes out once every ``every`` seconds (a flow's log is read, not watched), and
+    :meth:`end` writes the last snapshot unless it was just written.
+
+    Examples
+    --------
+    >>> from llm_ops import Progress
+    >>> now = [0.0]
+    >>> log = ProgressLog(print, "chunk 1/2", every=30, clock=lambda: now[0])
+    >>> def at(seconds, done):
+    ...     now[0] = seconds
+    ...     log(Progress(rows=1000, rows_done=done, requests=1000, requests_done=done, sent=done,
+    ...                  retries=0, rate_limited=0, timeouts=0, prompt_tokens=0,
+    ...                  completion_tokens=0, concurrency=8, elapsed=seconds, failed=2))
+    >>> at(0.5, 10); at(29.5, 590); at(30.0, 600); at(45.0, 900)
+    chunk 1/2: 600/1000 rows, 600/1000 requests (20/s), 2 failed, 0 rate limited, 0 timeouts, 0 retries, cost unknown
+    >>> log.end()
+    chunk 1/2: 900/1000 rows, 900/1000 requests (20/s), 2 failed, 0 rate limited, 0 timeouts, 0 retries, cost unknown
+    """  # noqa: E501
+
+    def __init__(
+        self,
+        log: Callable[[str], None],
+        what: str,
+        *,
+        every: float = LOG_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.log, self.what, self.every, self.clock = log, what, every, clock
+        self.last_line = clock()  # the first line comes ``every`` seconds after the start
+        self.unsaid: Progress | None = None  # the latest snapshot, if no line said it
+
+    def __call__(self, progress: Progress) -> None:
+        self.unsaid = progress
+        if self.clock() - self.last_line >= self.every:
+            self._say()
+
+    def end(self) -> None:
+        """Write the last snapshot, if it came after the last line."""
+        if self.unsaid is not None:
+            self._say()
+
+    def _say(self) -> None:
+        progress, self.unsaid, self.last_line = self.unsaid, None, self.clock()
+        assert progress is not None
+        rate = progress.requests_done / progress.elapsed if progress.elapsed > 0 else 0.0
+        cost = "cost unknown" if progress.cost is None else f"${progress.cost:,.4f} so far"
+        self.log(
+            f"{self.what}: {progress.rows_done}/{progress.rows} rows, "
+            f"{progress.requests_done}/{progress.requests} requests ({rate:,.0f}/s), "
+            f"{progress.failed} failed, {progress.rate_limited} rate limited, "
+            f"{progress.timeouts} timeouts, {progress.retries} retries, {cost}"
+        )
 
 
 def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
@@ -90,8 +167,16 @@ def plan_requests(config: EnrichConfig) -> TablePlan:
 @task(name="send-chunk", task_run_name="send-chunk-{number}", cache_policy=NO_CACHE, retries=2,
       retry_delay_seconds=2, retry_condition_fn=_retry_unless_aborted)  # fmt: skip
 @said_in(PARAMETER_WORDS)
-def send_chunk(config: EnrichConfig, chunk: str, number: int, spent: Counters) -> Counters:
-    return open_table(config).run_chunk(chunk, spent=spent)
+def send_chunk(
+    config: EnrichConfig, chunk: str, number: int, chunks: int, spent: Counters
+) -> Counters:
+    # the snapshots come on the client's thread, where Prefect's run context is not: the
+    # task's logger is taken here
+    logged = ProgressLog(get_run_logger().info, f"chunk {number}/{chunks}")
+    try:
+        return open_table(config, progress=logged).run_chunk(chunk, spent=spent)
+    finally:
+        logged.end()
 
 
 @task(name="cascade", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_retry_unless_aborted)
@@ -163,7 +248,7 @@ def _enrich_table(config: EnrichConfig) -> dict[str, Any]:
     if config.ray_address is not None:
         counters = send_chunks_on_ray(config, chunks, progress)
     for number, chunk in enumerate(chunks if config.ray_address is None else [], start=1):
-        counters.add(send_chunk(config, chunk, number, counters))
+        counters.add(send_chunk(config, chunk, number, len(chunks), counters))
         progressed(progress, 100.0 * number / len(chunks))
         logger.info(f"chunk {number}/{len(chunks)} done: {counters.sent} requests sent so far")
     report = table.finish(plan, counters, write_output(config), started_at=started_at)

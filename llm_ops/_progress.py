@@ -88,6 +88,7 @@ class Progress:
     chunks: int | None = None
     cost: float | None = None
     note: str | None = None
+    failed: int = 0
 
     @property
     def eta(self) -> float | None:
@@ -125,6 +126,11 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
+
+
+def failed_requests(counters: Counters) -> int:
+    """The requests of ``counters`` settled with a failed status."""
+    return sum(n for status, n in counters.by_status.items() if status in FAILED)
 
 
 class Tracker:
@@ -176,6 +182,7 @@ class Tracker:
             retries=counters.retries,
             rate_limited=counters.rate_limited,
             timeouts=counters.timeouts,
+            failed=failed_requests(counters),
             prompt_tokens=counters.prompt_tokens,
             completion_tokens=counters.completion_tokens,
             concurrency=self.engine.concurrency.limit,
@@ -287,6 +294,7 @@ class ChunkedProgress:
                 retries=spent.retries + progress.retries,
                 rate_limited=spent.rate_limited + progress.rate_limited,
                 timeouts=spent.timeouts + progress.timeouts,
+                failed=failed_requests(spent) + progress.failed,
                 prompt_tokens=spent.prompt_tokens + progress.prompt_tokens,
                 completion_tokens=spent.completion_tokens + progress.completion_tokens,
                 concurrency=progress.concurrency,

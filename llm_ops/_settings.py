@@ -200,7 +200,7 @@ _OPTIONS = (
         help="`null`: failed rows get a null answer; `raise`: fail once every answer is cached "
         "(and, for a job on files, the output written)"),
     Setting("progress", "progress", cli=False, flow=False, default="on in a terminal",
-        given="`--no-progress`; a flow reports in its artifacts",
+        given="`--no-progress`; a flow reports in its artifacts and logs",
         help="on or off, or a callable receiving a `Progress` snapshot twice a second"),
     _python("return_report", help="return `(frame, RunReport)`", default="`False`"),
 )

@@ -310,3 +310,35 @@ def _number(value: Any) -> int | float | None:
 
 def _present(attributes: Mapping[str, AttributeValue | None]) -> dict[str, AttributeValue]:
     return {name: value for name, value in attributes.items() if value is not None}
+
+
+def carrier() -> dict[str, str] | None:
+    """The caller's span as W3C trace-context headers (OpenTelemetry's configured
+    propagator), to send along with work that runs in another process, such as a Ray
+    worker; ``None`` when nothing is emitted here or no span is current."""
+    if tracer() is None:
+        return None
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers or None
+
+
+@contextmanager
+def joined(headers: Mapping[str, str] | None) -> Iterator[None]:
+    """Run the block under the span that :func:`carrier` carried from another process, so
+    that the spans made here are its children; with no headers, as it is."""
+    if not headers:
+        yield
+        return
+    try:
+        from opentelemetry import context, propagate
+    except ImportError:  # the driver traces, this worker cannot: its work runs untraced
+        yield
+        return
+    token = context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        context.detach(token)

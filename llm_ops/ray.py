@@ -35,6 +35,7 @@ What is shared, and how:
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -44,6 +45,7 @@ from typing import Any
 from ._client import Client
 from ._dialects import HeardLimits
 from ._report import RunReport
+from ._telemetry import carrier, joined, record, span
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
 
@@ -212,6 +214,7 @@ def send_chunks(
         flush_seconds=table.cache.flush_seconds,
         max_age=table.cache.max_age,
         quota=quota,
+        trace_headers=carrier(),
     )
     task = ray.remote(_send_chunk).options(num_cpus=1, max_retries=2)
     limit = workers or max(1, int(ray.available_resources().get("CPU", 1)))
@@ -263,6 +266,8 @@ class _Work:
     flush_seconds: float
     max_age: timedelta | None
     quota: Any  # the Quota actor's handle
+    # the span current on the driver, as W3C trace-context headers: the workers' spans join it
+    trace_headers: dict[str, str] | None = None
 
 
 def _send_chunk(work: _Work, chunk: str) -> Counters:
@@ -270,7 +275,27 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
     cluster's quota. Ray cancels a task with a KeyboardInterrupt in the main thread: the
     chunk then stops as on SIGTERM (see :meth:`Client.call_stopped_gently`), so what is in
     flight is answered and journalled within the drain time the driver waits before it
-    kills the worker."""
+    kills the worker.
+
+    With the driver's span in ``work.trace_headers``, the chunk is an ``llm_ops.chunk`` span
+    under it, and its requests' spans under that."""
+    with (
+        joined(work.trace_headers),
+        span("llm_ops.chunk", {"llm_ops.chunk": Path(chunk).name}) as traced,
+    ):
+        counters = _send_chunk_here(work, chunk)
+        record(
+            traced,
+            {
+                "llm_ops.requests_sent": counters.sent,
+                "llm_ops.retries": counters.retries,
+                "llm_ops.rate_limited": counters.rate_limited,
+            },
+        )
+        return counters
+
+
+def _send_chunk_here(work: _Work, chunk: str) -> Counters:
     client = Client(quota=_QuotaOfTheCluster(work.quota), **work.client_options)
     store = WorkerStore(
         Path(work.answers),
@@ -278,8 +303,12 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
         flush_seconds=work.flush_seconds,
         max_age=work.max_age,
     )
+    # the chunk's span is current here, not on the thread call_stopped_gently sends from
+    here = contextvars.copy_context()
     with client:
-        return client.call_stopped_gently(lambda: send_chunk(client, work.job, store, chunk))
+        return client.call_stopped_gently(
+            lambda: here.run(send_chunk, client, work.job, store, chunk)
+        )
 
 
 class Quota(SharedQuota):
