@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.metrics import Histogram, MeterProvider
+    from opentelemetry.metrics import Histogram, Meter, MeterProvider
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 INSTRUMENTATION = "llm_ops"
@@ -48,6 +48,7 @@ _tracer: Tracer | None = None
 _provider: TracerProvider | None = None  # None: OpenTelemetry's global tracer provider
 _instruments: tuple[Histogram, Histogram] | None = None
 _meter_provider: MeterProvider | None = None  # None: OpenTelemetry's global meter provider
+_client_metrics: ClientMetrics | None = None
 
 
 def use_tracer_provider(provider: TracerProvider | None) -> None:
@@ -60,8 +61,8 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
 def use_meter_provider(provider: MeterProvider | None) -> None:
     """Measure through ``provider`` rather than the global one (``None``: the global one
     again); for tests, as :func:`use_tracer_provider`."""
-    global _instruments, _meter_provider
-    _meter_provider, _instruments = provider, None
+    global _instruments, _meter_provider, _client_metrics
+    _meter_provider, _instruments, _client_metrics = provider, None, None
 
 
 def tracer() -> Tracer | None:
@@ -176,7 +177,29 @@ class Attempts:
         self.input = {**self.common, "gen_ai.token.type": "input"}
         self.output = {**self.common, "gen_ai.token.type": "output"}
         self.instruments = instruments()
+        self.client = client_metrics()
+        # the limit is the engine's, whatever the model: by provider and server only
+        self.engine: dict[str, AttributeValue] = {
+            name: self.common[name]
+            for name in ("gen_ai.provider.name", "server.address", "server.port")
+            if name in self.common
+        }
         self.capture = capture_content()  # read once a dispatch, not once an attempt
+
+    def in_flight(self, change: int) -> None:
+        """A request sent (``+1``) or answered, or given up (``-1``)."""
+        if self.client is not None:
+            self.client.in_flight.add(change, self.common)
+
+    def limit(self, limit: int) -> None:
+        """The knee controller set the engine's limit on requests in flight to ``limit``."""
+        if self.client is not None:
+            self.client.limit.set(limit, self.engine)
+
+    def rate_limited(self, status: int) -> None:
+        """An answer said the client was over a rate limit (HTTP ``status``)."""
+        if self.client is not None:
+            self.client.rate_limited.add(1, {**self.common, "http.response.status_code": status})
 
     def start(self, attempt: int, prompt: Sequence[tuple[str, str]] = ()) -> tuple[Span, float]:
         """The span of attempt number ``attempt``, and when it started (for its duration);
@@ -299,6 +322,128 @@ def instruments() -> tuple[Histogram, Histogram] | None:
         )
         _instruments = (usage, duration)
     return _instruments
+
+
+class BatchSpans:
+    """The spans of a batch runner's provider batches: one ``llm_ops.batch`` span per part,
+    from its submission (or its resumption by a rerun) to its collection, a child of the span
+    current where it starts (the dispatch's). A poll is counted, not a span of its own: a
+    batch may be polled for hours; each state the provider reports is an event. Without a
+    tracer every method does nothing."""
+
+    def __init__(self, *, dialect: str, model: str):
+        self._tracer = tracer()
+        self._common = {
+            "gen_ai.provider.name": PROVIDER_NAMES.get(dialect, dialect),
+            "gen_ai.request.model": model,
+        }
+        self._open: dict[str, tuple[Span, list[int]]] = {}  # by part label: span, polls
+
+    def start(self, label: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Start the span of the part labelled ``label``, unless one is open already."""
+        if self._tracer is None or label in self._open:
+            return
+        started = self._tracer.start_span(
+            "llm_ops.batch", attributes=_present({**self._common, **attributes})
+        )
+        self._open[label] = (started, [0])
+
+    def record(self, label: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Set ``attributes`` on the part's span."""
+        opened = self._open.get(label)
+        if opened is not None:
+            record(opened[0], attributes)
+
+    def event(self, label: str, name: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Note ``name`` on the part's span, with ``attributes``."""
+        opened = self._open.get(label)
+        if opened is not None and opened[0].is_recording():
+            opened[0].add_event(name, _present(attributes))
+
+    def polled(self, label: str) -> None:
+        """Count a poll of the part's batch."""
+        opened = self._open.get(label)
+        if opened is not None:
+            opened[1][0] += 1
+
+    def end(
+        self,
+        label: str,
+        attributes: Mapping[str, AttributeValue | None],
+        *,
+        error_type: str | None = None,
+    ) -> None:
+        """End the part's span with ``attributes`` and its poll count; ``error_type`` marks
+        it failed."""
+        opened = self._open.pop(label, None)
+        if opened is None:
+            return
+        ended, polls = opened
+        if ended.is_recording():
+            ended.set_attributes(
+                _present({**attributes, "llm_ops.batch.polls": polls[0], "error.type": error_type})
+            )
+            if error_type is not None:
+                from opentelemetry.trace import StatusCode
+
+                ended.set_status(StatusCode.ERROR, error_type)
+        ended.end()
+
+    def end_all(self, error_type: str | None) -> None:
+        """End the spans still open (the runner stopped before collecting their parts)."""
+        for label in list(self._open):
+            self.end(label, {}, error_type=error_type)
+
+
+class ClientMetrics:
+    """llm-ops's own client metrics beside the GenAI conventions' two: requests in flight,
+    the knee controller's limit, rate-limited answers and cost (see :func:`client_metrics`)."""
+
+    def __init__(self, meter: Meter):
+        self.in_flight = meter.create_up_down_counter(
+            "llm_ops.client.requests_in_flight",
+            unit="{request}",
+            description="Requests sent and not yet answered.",
+        )
+        self.limit = meter.create_gauge(
+            "llm_ops.client.concurrency_limit",
+            unit="{request}",
+            description="The most requests in flight the concurrency controller allows.",
+        )
+        self.rate_limited = meter.create_counter(
+            "llm_ops.client.rate_limited",
+            unit="{response}",
+            description="Answers that said the client was over a rate limit (a 429, or an "
+            "overload such as Anthropic's 529).",
+        )
+        self.cost = meter.create_counter(
+            "llm_ops.cost",
+            unit="USD",
+            description="What the jobs' requests cost, at the prices known, when each job ends.",
+        )
+
+
+def client_metrics() -> ClientMetrics | None:
+    """llm-ops's own client metrics, made once per meter provider; ``None`` (nothing built)
+    while OpenTelemetry is not imported or no tracer or meter provider is set."""
+    global _client_metrics
+    if tracer() is None or not _providers_set():
+        return None
+    if _client_metrics is None:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter(INSTRUMENTATION, meter_provider=_meter_provider)
+        _client_metrics = ClientMetrics(meter)
+    return _client_metrics
+
+
+def count_cost(dollars: float | None, attributes: Mapping[str, AttributeValue | None]) -> None:
+    """Add a finished job's cost to ``llm_ops.cost`` (nothing when it is unknown or zero)."""
+    if not dollars:
+        return
+    measuring = client_metrics()
+    if measuring is not None:
+        measuring.cost.add(dollars, _present(attributes))
 
 
 def _number(value: Any) -> int | float | None:

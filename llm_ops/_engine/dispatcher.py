@@ -154,6 +154,10 @@ class Dispatcher:
         """
         await self.engine.hosted(self.engine.check_models((self.model,)))
         self._work, self._on_outcome = iter(requests), on_outcome
+        concurrency = self.engine.concurrency
+        concurrency.on_limit = None if self._telemetry is None else self._telemetry.limit
+        if self._telemetry is not None:
+            self._telemetry.limit(concurrency.limit)
         self._staff()
         with stopped_by_signals(self):
             try:
@@ -516,6 +520,9 @@ class Dispatcher:
         await engine.limiter.admit(estimate)
         setting = await engine.concurrency.acquire()
         self.counters.sent += 1
+        telemetry = self._telemetry
+        if telemetry is not None:
+            telemetry.in_flight(1)
         sent_at = time.monotonic()
         try:
             answer = await engine.http.request(
@@ -530,6 +537,8 @@ class Dispatcher:
             raise self._no_answer(exc) from exc
         finally:
             engine.concurrency.release()
+            if telemetry is not None:
+                telemetry.in_flight(-1)
         engine.connect_failures = 0
         dialect = engine.dialect
         error = dialect.read_error(answer.status, answer.body) if answer.status >= 400 else None
@@ -652,6 +661,8 @@ class Dispatcher:
         limited = limited or status == 429
         if limited:
             self.counters.rate_limited += 1
+            if self._telemetry is not None:
+                self._telemetry.rate_limited(status)
         if wait is not None and wait > self.settings.max_retry_after:
             return self._too_long_a_wait(status, wait, message)
         if limited:
