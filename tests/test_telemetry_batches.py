@@ -4,7 +4,10 @@ llm-ops's own client metrics (requests in flight, the concurrency limit, 429s, c
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -19,6 +22,7 @@ from llm_ops import BatchMode, Endpoint, Price, llm_complete
 from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
+REPO = Path(__file__).resolve().parent.parent
 SECRET = "sk-batch-telemetry-0123456789abcdef"
 
 
@@ -213,3 +217,27 @@ def test_a_jobs_cost_is_counted_in_dollars_when_it_ends(metrics, complete):
     (point,) = _points(metrics, "llm_ops.cost")
     assert report.cost and point.value == pytest.approx(report.cost)
     assert point.attributes == {"gen_ai.request.model": "sim", "llm_ops.mode": report.mode}
+
+
+# -- what tracing costs, in the benchmark -----------------------------------------------------
+
+
+def test_the_quick_benchmark_shows_tracing_sampled_and_not_beside_off(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "run.py"),
+            *("--quick", "--scale", "0.02", "--reps", "1", "--only", "telemetry"),
+            *("--out", str(tmp_path / "r.md")),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "## 11. telemetry\n" in done.stdout
+    assert "\n| off | no | " in done.stdout  # not even imported
+    for mode in ("none sampled", "all sampled", "all sampled + metrics"):
+        assert f"\n| {mode} | yes | " in done.stdout
