@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llm_ops import BatchMode, Endpoint, Price, llm_complete
+from llm_ops import BatchMode, Client, Endpoint, Price, llm_complete
 from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
@@ -154,6 +154,21 @@ def test_an_expired_batchs_resubmission_is_a_span_of_its_own(exporter, batch, en
     assert expired["llm_ops.batch.resubmitted_requests"] == expired["llm_ops.batch.unanswered"]
     assert resubmitted["llm_ops.batch.resubmitted"] is True
     assert resubmitted["llm_ops.batch.requests"] == expired["llm_ops.batch.unanswered"]
+
+
+def test_a_submitted_batch_collected_by_a_later_job_is_a_span_in_each(exporter, endpoint, cache):
+    endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05)
+    frame = pl.DataFrame({"text": ["a", "b"]})
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.submit(frame, prompt="Say {text}", model="sim")
+        submitted = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+        exporter.clear()
+        client.complete(frame, prompt="Say {text}", model="sim", batch=BatchMode(poll_seconds=0.05))
+    collected = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+    assert submitted["llm_ops.batch.polls"] == 0
+    assert collected["llm_ops.batch.resumed"] is True
+    assert collected["llm_ops.batch.id"] == submitted["llm_ops.batch.id"]
+    assert collected["llm_ops.batch.state"] == "completed"
 
 
 def test_no_batch_span_holds_the_api_key_or_a_prompt(exporter, cache):

@@ -174,14 +174,16 @@ class BatchRunner:
         """Submit what no live batch carries, then wait for every batch carrying these
         requests and collect their answers, calling ``on_outcome`` for each."""
         wanted = {request.key: request for request in requests}
-        with stopped_by_signals(self), self.provider_errors(), self._spans_ended():
+        with stopped_by_signals(self), self.provider_errors(), self.spans_ended():
             parts = await self.submit(wanted, on_outcome)
             await self.wait(parts, wanted, on_outcome)
 
     @contextmanager
-    def _spans_ended(self) -> Iterator[None]:
-        """End the spans of the parts not collected when the runner stops (SIGTERM, an
-        error): they go on at the provider, and a rerun's spans pick them up."""
+    def spans_ended(self) -> Iterator[None]:
+        """End the spans of the parts not collected when the block ends: submitted without
+        waiting (``Client.submit``), or stopped (SIGTERM, an error; with the exception's name
+        as ``error.type``). The batches go on at the provider; what collects them has spans
+        of its own."""
         try:
             yield
         except BaseException as exc:
@@ -368,7 +370,7 @@ class BatchRunner:
     async def resume(self, parts: list[BatchPart], on_outcome: OnOutcome) -> None:
         """Pick ``parts`` up where they stopped and collect them (with no job's frame at
         hand: answers go to the cache under the requests read back from the input files)."""
-        with stopped_by_signals(self), self.provider_errors(), self._spans_ended():
+        with stopped_by_signals(self), self.provider_errors(), self.spans_ended():
             live = [p for p in parts if p.state != "collected" and await self._resume(p)]
             await self.wait(live, {}, on_outcome)
 
