@@ -132,8 +132,6 @@ class Concurrency:
         self.why = f"{AT_THE_CAP}{cap}" if given else "starting"
         self.history: deque[tuple[int, str]] = deque([(self.limit, self.why)], maxlen=100)
         """The limits set, with why, the last 100 (the first where the job started)."""
-        self.on_limit: Callable[[int], None] | None = None
-        """Told each new limit (the telemetry's gauge, while a dispatch measures)."""
         self.best: Measure | None = None
         self._warm = False
         self._step = 2.0
@@ -166,8 +164,6 @@ class Concurrency:
             self.why = "where the last job on this endpoint settled"
             self.history.append((self.limit, self.why))
             self._climbing, self._step = False, PROBE_STEP  # near the knee already
-            if self.on_limit is not None:
-                self.on_limit(self.limit)
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -402,8 +398,6 @@ class Concurrency:
         self.limit = limit
         self._read_again = False
         self.history.append((limit, self.why))
-        if self.on_limit is not None:
-            self.on_limit(limit)
         self._measure_again()
         self._wake()
 

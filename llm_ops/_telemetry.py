@@ -18,17 +18,20 @@ header, key or URL with credentials is ever one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.metrics import Histogram, Meter, MeterProvider
+    from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 INSTRUMENTATION = "llm_ops"
@@ -186,15 +189,10 @@ class Attempts:
         }
         self.capture = capture_content()  # read once a dispatch, not once an attempt
 
-    def in_flight(self, change: int) -> None:
-        """A request sent (``+1``) or answered, or given up (``-1``)."""
+    def watch(self, slots: Slots) -> None:
+        """Report the engine's requests in flight and limit (``slots``, its concurrency)."""
         if self.client is not None:
-            self.client.in_flight.add(change, self.common)
-
-    def limit(self, limit: int) -> None:
-        """The knee controller set the engine's limit on requests in flight to ``limit``."""
-        if self.client is not None:
-            self.client.limit.set(limit, self.engine)
+            self.client.watch(slots, self.engine)
 
     def rate_limited(self, status: int) -> None:
         """An answer said the client was over a rate limit (HTTP ``status``)."""
@@ -395,18 +393,35 @@ class BatchSpans:
             self.end(label, {}, error_type=error_type)
 
 
+class Slots(Protocol):
+    """An engine's concurrency, as its metrics read it."""
+
+    in_flight: int
+    limit: int
+
+
 class ClientMetrics:
     """llm-ops's own client metrics beside the GenAI conventions' two: requests in flight,
-    the knee controller's limit, rate-limited answers and cost (see :func:`client_metrics`)."""
+    the knee controller's limit, rate-limited answers and cost (see :func:`client_metrics`).
+
+    The first two are read from each engine's concurrency when the meter provider collects,
+    so that no request pays for them: an engine is watched (weakly) from its first measured
+    dispatch on."""
 
     def __init__(self, meter: Meter):
-        self.in_flight = meter.create_up_down_counter(
+        self._watched: weakref.WeakKeyDictionary[Slots, dict[str, AttributeValue]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # collected on the reader's thread
+        meter.create_observable_up_down_counter(
             "llm_ops.client.requests_in_flight",
+            callbacks=[functools.partial(self._observe, "in_flight")],
             unit="{request}",
             description="Requests sent and not yet answered.",
         )
-        self.limit = meter.create_gauge(
+        meter.create_observable_gauge(
             "llm_ops.client.concurrency_limit",
+            callbacks=[functools.partial(self._observe, "limit")],
             unit="{request}",
             description="The most requests in flight the concurrency controller allows.",
         )
@@ -421,6 +436,25 @@ class ClientMetrics:
             unit="USD",
             description="What the jobs' requests cost, at the prices known, when each job ends.",
         )
+
+    def watch(self, slots: Slots, attributes: dict[str, AttributeValue]) -> None:
+        """Report ``slots``'s requests in flight and limit, with ``attributes``, while it
+        lives."""
+        with self._lock:
+            self._watched[slots] = attributes
+
+    def _observe(self, figure: str, options: CallbackOptions) -> Iterator[Observation]:
+        """Each watched endpoint's ``figure`` (summed over the engines that share it)."""
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            watched = list(self._watched.items())
+        totals: dict[tuple[tuple[str, AttributeValue], ...], int] = {}
+        for slots, attributes in watched:
+            named = tuple(sorted(attributes.items()))
+            totals[named] = totals.get(named, 0) + getattr(slots, figure)
+        for named, total in totals.items():
+            yield Observation(total, dict(named))
 
 
 def client_metrics() -> ClientMetrics | None:

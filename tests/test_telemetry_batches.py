@@ -4,6 +4,7 @@ llm-ops's own client metrics (requests in flight, the concurrency limit, 429s, c
 from __future__ import annotations
 
 import functools
+import gc
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -208,21 +209,30 @@ def test_a_429_is_counted(metrics, complete):
     assert point.attributes["gen_ai.request.model"] == "sim"
 
 
-def test_requests_in_flight_are_back_to_none_when_the_job_ends(metrics, complete):
-    pl.DataFrame({"text": ["a", "b", "c"]}).pipe(complete, prompt="{text}")
-    (point,) = _points(metrics, "llm_ops.client.requests_in_flight")
-    assert point.value == 0
-    assert point.attributes["gen_ai.request.model"] == "sim"
+def test_requests_in_flight_are_read_from_the_endpoints_engine(metrics, endpoint, cache):
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.complete(pl.DataFrame({"text": ["a", "b", "c"]}), prompt="{text}", model="sim")
+        (point,) = _points(metrics, "llm_ops.client.requests_in_flight")
+    assert point.value == 0  # all answered
+    assert point.attributes["gen_ai.provider.name"] == "openai"
+    assert point.attributes["server.address"] == "127.0.0.1"
 
 
-def test_the_concurrency_limit_is_a_gauge_of_the_endpoint(metrics, complete):
-    _, report = pl.DataFrame({"text": ["a", "b"]}).pipe(
-        complete, prompt="{text}", concurrency=3, return_report=True
-    )
-    (point,) = _points(metrics, "llm_ops.client.concurrency_limit")
-    assert point.value == report.concurrency == 3
+def test_the_concurrency_limit_is_a_gauge_of_the_endpoint(metrics, endpoint, cache):
+    with Client(endpoint=endpoint.base_url, cache=cache, concurrency=3) as client:
+        client.complete(pl.DataFrame({"text": ["a", "b"]}), prompt="{text}", model="sim")
+        (point,) = _points(metrics, "llm_ops.client.concurrency_limit")
+    assert point.value == 3
     assert point.attributes["gen_ai.provider.name"] == "openai"
     assert "gen_ai.request.model" not in point.attributes
+
+
+def test_an_engine_no_longer_used_is_no_longer_reported(metrics, endpoint, cache):
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        client.complete(pl.DataFrame({"text": ["a"]}), prompt="{text}", model="sim")
+    del client
+    gc.collect()
+    assert _points(metrics, "llm_ops.client.concurrency_limit") == []
 
 
 def test_a_jobs_cost_is_counted_in_dollars_when_it_ends(metrics, complete):

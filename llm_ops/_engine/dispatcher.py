@@ -154,10 +154,8 @@ class Dispatcher:
         """
         await self.engine.hosted(self.engine.check_models((self.model,)))
         self._work, self._on_outcome = iter(requests), on_outcome
-        concurrency = self.engine.concurrency
-        concurrency.on_limit = None if self._telemetry is None else self._telemetry.limit
         if self._telemetry is not None:
-            self._telemetry.limit(concurrency.limit)
+            self._telemetry.watch(self.engine.concurrency)
         self._staff()
         with stopped_by_signals(self):
             try:
@@ -520,9 +518,6 @@ class Dispatcher:
         await engine.limiter.admit(estimate)
         setting = await engine.concurrency.acquire()
         self.counters.sent += 1
-        telemetry = self._telemetry
-        if telemetry is not None:
-            telemetry.in_flight(1)
         sent_at = time.monotonic()
         try:
             answer = await engine.http.request(
@@ -537,8 +532,6 @@ class Dispatcher:
             raise self._no_answer(exc) from exc
         finally:
             engine.concurrency.release()
-            if telemetry is not None:
-                telemetry.in_flight(-1)
         engine.connect_failures = 0
         dialect = engine.dialect
         error = dialect.read_error(answer.status, answer.body) if answer.status >= 400 else None
