@@ -71,6 +71,7 @@ SCENARIOS = (
     "send order",
     "sporadic hangs",
     "dialects",
+    "telemetry",
 )
 Result = dict[str, Any]
 
@@ -164,6 +165,10 @@ HANGS = {  # 2.5% each of 500, 503, dropped connections and malformed bodies; 5%
     "latency": 0.05,
 }
 HANG_TIMEOUT = 10.0
+TRACING_MODES = ("off", "none sampled", "all sampled", "all sampled + metrics")
+"""The telemetry scenario's sides: OpenTelemetry not imported; the SDK's tracer provider with
+a sampler that keeps nothing; every span kept (by an exporter that drops them: the SDK's
+processing, not a network's); and that with the SDK's meter provider too."""
 SLOW_SCENARIO_REPS = (
     2  # faults, memory, sporadic hangs: at most this many repetitions (keeps full < 15 min)
 )
@@ -319,9 +324,35 @@ async def hammer(base_url: str, bodies: Sequence[bytes], concurrency: int) -> in
     return sum(counts)
 
 
+def configure_tracing(mode: str) -> None:
+    """Set OpenTelemetry's global providers as ``mode`` (one of :data:`TRACING_MODES`) says;
+    llm-ops emits through them from its next job on."""
+    if mode == "off":
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(sampler=ALWAYS_OFF if mode == "none sampled" else ALWAYS_ON)
+    provider.add_span_processor(SimpleSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+    if mode.endswith("metrics"):
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+
+
 def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
     if scenario == "send order":
         return send_order_worker(side, params)
+    configure_tracing(params.get("tracing", "off"))
     frame = workload(params["rows"], params.get("distinct"), params.get("seed", 0))
     texts = frame["text"]
     result: Result = {
@@ -330,6 +361,7 @@ def run_worker(scenario: str, side: str, params: dict[str, Any]) -> Result:
         "rows": frame.height,
         "distinct": texts.n_unique(),
         "llm_ops": str(Path(sys.modules["llm_ops"].__file__ or "").parent),
+        "opentelemetry": "opentelemetry" in sys.modules,
     }
     bodies = (
         [
@@ -1389,6 +1421,50 @@ def scenario_dialects(bench: Bench, sizes: Sizes) -> Section:
     return Section("10. dialects", text)
 
 
+def scenario_telemetry(bench: Bench, sizes: Sizes) -> Section:
+    """The overhead scenario's job (cache off) with OpenTelemetry off and with tracing on,
+    every span sampled or none: the client's CPU per request beside off (issue 50)."""
+    rows = sizes.overhead_rows
+    params = {"rows": rows, "concurrency": CONCURRENCY}
+    runs = bench.alternate(
+        [
+            (mode, bench.later("telemetry", "llm_ops", {**params, "tracing": mode}, {}))
+            for mode in TRACING_MODES
+        ]
+    )
+    off = median(runs["off"], "cpu_ms_per_request")
+    headers = [
+        "OpenTelemetry",
+        "imported",
+        "rows",
+        "wall s",
+        "client CPU ms/request",
+        "vs off",
+        "correct rows",
+    ]
+    body = [
+        [
+            mode,
+            "yes" if all(r["opentelemetry"] for r in results) else "no",
+            fmt(median(results, "rows")),
+            fmt(median(results, "wall"), 2),
+            fmt(median(results, "cpu_ms_per_request"), 3),
+            ratio(median(results, "cpu_ms_per_request"), off),
+            fmt(median(results, "correct")),
+        ]
+        for mode, results in runs.items()
+    ]
+    text = (
+        f"Zero-latency endpoint, {rows:,} distinct rows, concurrency {CONCURRENCY}, cache off; "
+        "each side sets OpenTelemetry's global providers in its worker before the job: none "
+        "(`off`, OpenTelemetry not imported), the SDK's tracer provider with a sampler keeping "
+        "no span (`none sampled`) or every span, handed to an exporter that drops them (`all "
+        "sampled`), and that with the SDK's meter provider (`+ metrics`). Client CPU as in "
+        "scenario 1.\n\n" + table(headers, body)
+    )
+    return Section("11. telemetry", text)
+
+
 RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "overhead": scenario_overhead,
     "latency-bound": scenario_latency,
@@ -1400,6 +1476,7 @@ RUNNERS: dict[str, Callable[[Bench, Sizes], Section]] = {
     "send order": scenario_send_order,
     "sporadic hangs": scenario_sporadic_hangs,
     "dialects": scenario_dialects,
+    "telemetry": scenario_telemetry,
 }
 
 

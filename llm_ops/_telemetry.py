@@ -18,17 +18,20 @@ header, key or URL with credentials is ever one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.metrics import Histogram, MeterProvider
+    from opentelemetry.metrics import CallbackOptions, Histogram, Meter, MeterProvider, Observation
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 INSTRUMENTATION = "llm_ops"
@@ -48,6 +51,7 @@ _tracer: Tracer | None = None
 _provider: TracerProvider | None = None  # None: OpenTelemetry's global tracer provider
 _instruments: tuple[Histogram, Histogram] | None = None
 _meter_provider: MeterProvider | None = None  # None: OpenTelemetry's global meter provider
+_client_metrics: ClientMetrics | None = None
 
 
 def use_tracer_provider(provider: TracerProvider | None) -> None:
@@ -60,8 +64,8 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
 def use_meter_provider(provider: MeterProvider | None) -> None:
     """Measure through ``provider`` rather than the global one (``None``: the global one
     again); for tests, as :func:`use_tracer_provider`."""
-    global _instruments, _meter_provider
-    _meter_provider, _instruments = provider, None
+    global _instruments, _meter_provider, _client_metrics
+    _meter_provider, _instruments, _client_metrics = provider, None, None
 
 
 def tracer() -> Tracer | None:
@@ -176,7 +180,24 @@ class Attempts:
         self.input = {**self.common, "gen_ai.token.type": "input"}
         self.output = {**self.common, "gen_ai.token.type": "output"}
         self.instruments = instruments()
+        self.client = client_metrics()
+        # the limit is the engine's, whatever the model: by provider and server only
+        self.engine: dict[str, AttributeValue] = {
+            name: self.common[name]
+            for name in ("gen_ai.provider.name", "server.address", "server.port")
+            if name in self.common
+        }
         self.capture = capture_content()  # read once a dispatch, not once an attempt
+
+    def watch(self, slots: Slots) -> None:
+        """Report the engine's requests in flight and limit (``slots``, its concurrency)."""
+        if self.client is not None:
+            self.client.watch(slots, self.engine)
+
+    def rate_limited(self, status: int) -> None:
+        """An answer said the client was over a rate limit (HTTP ``status``)."""
+        if self.client is not None:
+            self.client.rate_limited.add(1, {**self.common, "http.response.status_code": status})
 
     def start(self, attempt: int, prompt: Sequence[tuple[str, str]] = ()) -> tuple[Span, float]:
         """The span of attempt number ``attempt``, and when it started (for its duration);
@@ -299,6 +320,164 @@ def instruments() -> tuple[Histogram, Histogram] | None:
         )
         _instruments = (usage, duration)
     return _instruments
+
+
+class BatchSpans:
+    """The spans of a batch runner's provider batches: one ``llm_ops.batch`` span per part,
+    from its submission (or its resumption by a rerun) to its collection, a child of the span
+    current where it starts (the dispatch's). A poll is counted, not a span of its own: a
+    batch may be polled for hours; each state the provider reports is an event. Without a
+    tracer every method does nothing."""
+
+    def __init__(self, *, dialect: str, model: str):
+        self._tracer = tracer()
+        self._common = {
+            "gen_ai.provider.name": PROVIDER_NAMES.get(dialect, dialect),
+            "gen_ai.request.model": model,
+        }
+        self._open: dict[str, tuple[Span, list[int]]] = {}  # by part label: span, polls
+
+    def start(self, label: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Start the span of the part labelled ``label``, unless one is open already."""
+        if self._tracer is None or label in self._open:
+            return
+        started = self._tracer.start_span(
+            "llm_ops.batch", attributes=_present({**self._common, **attributes})
+        )
+        self._open[label] = (started, [0])
+
+    def record(self, label: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Set ``attributes`` on the part's span."""
+        opened = self._open.get(label)
+        if opened is not None:
+            record(opened[0], attributes)
+
+    def event(self, label: str, name: str, attributes: Mapping[str, AttributeValue | None]) -> None:
+        """Note ``name`` on the part's span, with ``attributes``."""
+        opened = self._open.get(label)
+        if opened is not None and opened[0].is_recording():
+            opened[0].add_event(name, _present(attributes))
+
+    def polled(self, label: str) -> None:
+        """Count a poll of the part's batch."""
+        opened = self._open.get(label)
+        if opened is not None:
+            opened[1][0] += 1
+
+    def end(
+        self,
+        label: str,
+        attributes: Mapping[str, AttributeValue | None],
+        *,
+        error_type: str | None = None,
+    ) -> None:
+        """End the part's span with ``attributes`` and its poll count; ``error_type`` marks
+        it failed."""
+        opened = self._open.pop(label, None)
+        if opened is None:
+            return
+        ended, polls = opened
+        if ended.is_recording():
+            ended.set_attributes(
+                _present({**attributes, "llm_ops.batch.polls": polls[0], "error.type": error_type})
+            )
+            if error_type is not None:
+                from opentelemetry.trace import StatusCode
+
+                ended.set_status(StatusCode.ERROR, error_type)
+        ended.end()
+
+    def end_all(self, error_type: str | None) -> None:
+        """End the spans still open (the runner stopped before collecting their parts)."""
+        for label in list(self._open):
+            self.end(label, {}, error_type=error_type)
+
+
+class Slots(Protocol):
+    """An engine's concurrency, as its metrics read it."""
+
+    in_flight: int
+    limit: int
+
+
+class ClientMetrics:
+    """llm-ops's own client metrics beside the GenAI conventions' two: requests in flight,
+    the knee controller's limit, rate-limited answers and cost (see :func:`client_metrics`).
+
+    The first two are read from each engine's concurrency when the meter provider collects,
+    so that no request pays for them: an engine is watched (weakly) from its first measured
+    dispatch on."""
+
+    def __init__(self, meter: Meter):
+        self._watched: weakref.WeakKeyDictionary[Slots, dict[str, AttributeValue]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()  # collected on the reader's thread
+        meter.create_observable_up_down_counter(
+            "llm_ops.client.requests_in_flight",
+            callbacks=[functools.partial(self._observe, "in_flight")],
+            unit="{request}",
+            description="Requests sent and not yet answered.",
+        )
+        meter.create_observable_gauge(
+            "llm_ops.client.concurrency_limit",
+            callbacks=[functools.partial(self._observe, "limit")],
+            unit="{request}",
+            description="The most requests in flight the concurrency controller allows.",
+        )
+        self.rate_limited = meter.create_counter(
+            "llm_ops.client.rate_limited",
+            unit="{response}",
+            description="Answers that said the client was over a rate limit (a 429, or an "
+            "overload such as Anthropic's 529).",
+        )
+        self.cost = meter.create_counter(
+            "llm_ops.cost",
+            unit="USD",
+            description="What the jobs' requests cost, at the prices known, when each job ends.",
+        )
+
+    def watch(self, slots: Slots, attributes: dict[str, AttributeValue]) -> None:
+        """Report ``slots``'s requests in flight and limit, with ``attributes``, while it
+        lives."""
+        with self._lock:
+            self._watched[slots] = attributes
+
+    def _observe(self, figure: str, options: CallbackOptions) -> Iterator[Observation]:
+        """Each watched endpoint's ``figure`` (summed over the engines that share it)."""
+        from opentelemetry.metrics import Observation
+
+        with self._lock:
+            watched = list(self._watched.items())
+        totals: dict[tuple[tuple[str, AttributeValue], ...], int] = {}
+        for slots, attributes in watched:
+            named = tuple(sorted(attributes.items()))
+            totals[named] = totals.get(named, 0) + getattr(slots, figure)
+        for named, total in totals.items():
+            yield Observation(total, dict(named))
+
+
+def client_metrics() -> ClientMetrics | None:
+    """llm-ops's own client metrics, made once per meter provider; ``None`` (nothing built)
+    while OpenTelemetry is not imported or no tracer or meter provider is set."""
+    global _client_metrics
+    if tracer() is None or not _providers_set():
+        return None
+    if _client_metrics is None:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter(INSTRUMENTATION, meter_provider=_meter_provider)
+        _client_metrics = ClientMetrics(meter)
+    return _client_metrics
+
+
+def count_cost(dollars: float | None, attributes: Mapping[str, AttributeValue | None]) -> None:
+    """Add a finished job's cost to ``llm_ops.cost`` (nothing when it is unknown or zero)."""
+    if not dollars:
+        return
+    measuring = client_metrics()
+    if measuring is not None:
+        measuring.cost.add(dollars, _present(attributes))
 
 
 def _number(value: Any) -> int | float | None:

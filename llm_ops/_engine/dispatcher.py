@@ -154,6 +154,8 @@ class Dispatcher:
         """
         await self.engine.hosted(self.engine.check_models((self.model,)))
         self._work, self._on_outcome = iter(requests), on_outcome
+        if self._telemetry is not None:
+            self._telemetry.watch(self.engine.concurrency)
         self._staff()
         with stopped_by_signals(self):
             try:
@@ -652,6 +654,8 @@ class Dispatcher:
         limited = limited or status == 429
         if limited:
             self.counters.rate_limited += 1
+            if self._telemetry is not None:
+                self._telemetry.rate_limited(status)
         if wait is not None and wait > self.settings.max_retry_after:
             return self._too_long_a_wait(status, wait, message)
         if limited:

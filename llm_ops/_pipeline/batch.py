@@ -58,7 +58,7 @@ from collections.abc import (
     Iterator,
     Mapping,
 )
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict
 from typing import Any, TypeVar, cast
 
@@ -75,6 +75,7 @@ from .._outcome import Outcome, Request
 from .._pricing import SpendingCap
 from .._schema import output_schema
 from .._signals import stopped_by_signals
+from .._telemetry import BatchSpans
 from ..exceptions import ConfigError, JobInterruptedError
 from .backend import Backend
 from .batch_anthropic import AnthropicBatches
@@ -162,6 +163,8 @@ class BatchRunner:
         # keys whose line the model refused for max_tokens, asking for max_completion_tokens
         self._refused_max_tokens: set[str] = set()
         self._stopping = False
+        # a span per part, submitted (or resumed) to collected
+        self.spans = BatchSpans(dialect=self.dialect.name, model=job.spec.model)
 
     def stop(self) -> None:
         """SIGTERM: stop waiting (the batches go on at the provider; a rerun collects them)."""
@@ -171,9 +174,22 @@ class BatchRunner:
         """Submit what no live batch carries, then wait for every batch carrying these
         requests and collect their answers, calling ``on_outcome`` for each."""
         wanted = {request.key: request for request in requests}
-        with stopped_by_signals(self), self.provider_errors():
+        with stopped_by_signals(self), self.provider_errors(), self.spans_ended():
             parts = await self.submit(wanted, on_outcome)
             await self.wait(parts, wanted, on_outcome)
+
+    @contextmanager
+    def spans_ended(self) -> Iterator[None]:
+        """End the spans of the parts not collected when the block ends: submitted without
+        waiting (``Client.submit``), or stopped (SIGTERM, an error; with the exception's name
+        as ``error.type``). The batches go on at the provider; what collects them has spans
+        of its own."""
+        try:
+            yield
+        except BaseException as exc:
+            self.spans.end_all(type(exc).__qualname__)
+            raise
+        self.spans.end_all(None)
 
     def provider_errors(self) -> AbstractContextManager[None]:
         """The batch API's errors, as one :class:`JobAbortedError` whose message hides the
@@ -253,6 +269,16 @@ class BatchRunner:
             )
             await self._record(part, keys=[key for key, _, _ in chunk])  # before it is paid
             content = b"".join(b for _, b, _ in chunk)
+            self.spans.start(
+                part.label,
+                {
+                    "llm_ops.batch.job_id": part.job_id,
+                    "llm_ops.batch.part": part.part,
+                    "llm_ops.batch.requests": part.requests,
+                    "llm_ops.batch.bytes": sum(sent for _, _, sent in chunk),
+                    "llm_ops.batch.resubmitted": again is not None,
+                },
+            )
             part.input_file_id = await self.engine.hosted(self.service.upload(part, content))
             part.state = "uploaded"
             await self._record(part)
@@ -295,20 +321,34 @@ class BatchRunner:
                 await asyncio.sleep(random.uniform(0.5, 1.0) * 2 ** (attempt - 1))
         part.state = "submitted"
         await self._record(part)
+        self.spans.record(part.label, {"llm_ops.batch.id": part.batch_id})
+        self.spans.event(part.label, "llm_ops.batch.submitted", {"llm_ops.batch.creates": attempt})
 
     async def _resume(self, part: BatchPart) -> bool:
         """Bring a recorded part to where it can be polled; ``False`` when it never got its
         file (nothing was paid for it; its keys are submitted again)."""
+        self.spans.start(
+            part.label,
+            {
+                "llm_ops.batch.job_id": part.job_id,
+                "llm_ops.batch.part": part.part,
+                "llm_ops.batch.requests": part.requests,
+                "llm_ops.batch.id": part.batch_id,
+                "llm_ops.batch.resumed": True,
+            },
+        )
         if part.batch_id is not None:
             return True
         found = await self._find(part)  # created, but the process died before recording it
         if found is not None:
             part.batch_id, part.state = found, "submitted"
             await self._record(part)
+            self.spans.record(part.label, {"llm_ops.batch.id": found})
             return True
         if part.input_file_id is None:
             part.state = "collected"
             await self._record(part)
+            self.spans.end(part.label, {"llm_ops.batch.state": "abandoned"})
             return False
         await self._create(part)
         return True
@@ -330,7 +370,7 @@ class BatchRunner:
     async def resume(self, parts: list[BatchPart], on_outcome: OnOutcome) -> None:
         """Pick ``parts`` up where they stopped and collect them (with no job's frame at
         hand: answers go to the cache under the requests read back from the input files)."""
-        with stopped_by_signals(self), self.provider_errors():
+        with stopped_by_signals(self), self.provider_errors(), self.spans_ended():
             live = [p for p in parts if p.state != "collected" and await self._resume(p)]
             await self.wait(live, {}, on_outcome)
 
@@ -371,6 +411,7 @@ class BatchRunner:
             for part in list(pending):
                 assert part.batch_id is not None
                 view = await self.engine.hosted(self.service.poll(part.batch_id))
+                self.spans.polled(part.label)
                 progressed[part.label] = view.completed + view.failed
                 self.counters.done = sum(progressed.values())
                 if view.state != part.state:
@@ -378,6 +419,15 @@ class BatchRunner:
                     part.output_file_id = view.output_file_id
                     part.error_file_id = view.error_file_id
                     await self._record(part)
+                    self.spans.event(
+                        part.label,
+                        "llm_ops.batch.state_changed",
+                        {
+                            "llm_ops.batch.state": view.state,
+                            "llm_ops.batch.completed": view.completed,
+                            "llm_ops.batch.failed": view.failed,
+                        },
+                    )
                 if part.state in TERMINAL:
                     pending.remove(part)
                     pending += await self._collect(part, view, wanted, on_outcome)
@@ -425,9 +475,22 @@ class BatchRunner:
             again = await self._unanswered(part, rest, lines, wanted, on_outcome)
         if switched:
             again += await self._resend(switched, wanted, on_outcome)
+        ended = part.state
         part.state = "collected"
         await self._record(part)
         await self.engine.hosted(self.service.discard(part))  # nothing reads its lines again
+        answered = sum(outcome.status in ("ok", "truncated") for outcome in outcomes.values())
+        self.spans.end(
+            part.label,
+            {
+                "llm_ops.batch.state": ended,
+                "llm_ops.batch.answered": answered,
+                "llm_ops.batch.failed_lines": len(outcomes) - answered,
+                "llm_ops.batch.unanswered": len(rest),
+                "llm_ops.batch.resubmitted_requests": sum(p.requests for p in again),
+            },
+            error_type="failed" if ended == "failed" else None,
+        )
         return again
 
     async def _results(self, part: BatchPart, requests: dict[str, Request]) -> dict[str, Outcome]:
@@ -435,8 +498,9 @@ class BatchRunner:
         answered twice differently is failed, and lines for no request are only counted."""
         outcomes: dict[str, Outcome] = {}
         ambiguous: set[str] = set()
-        stray = 0
+        stray = read = 0
         async for result in self._paged(self.service.results(part)):
+            read += 1
             request = requests.get(result.key) if result.key is not None else None
             if request is None:
                 stray += 1
@@ -456,6 +520,12 @@ class BatchRunner:
                 error=f"the batch {part.batch_id} returned two different answers for this "
                 "request, so neither was kept: rerun to ask again",
             )
+        self.spans.record(part.label, {"llm_ops.batch.lines_read": read})
+        self.spans.event(
+            part.label,
+            "llm_ops.batch.read_back",
+            {"llm_ops.batch.lines_read": read, "llm_ops.batch.stray_lines": stray},
+        )
         if stray:
             self.stray_lines += stray
             _log.warning(

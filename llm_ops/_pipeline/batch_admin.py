@@ -33,7 +33,9 @@ async def submit(frame: pl.DataFrame, job: Job, backend: Backend) -> list[BatchP
     async def not_sent(request: Request, outcome: Outcome) -> None:
         """A budget kept it from the batch; the rows say so when the job is collected."""
 
-    return await BatchRunner(job, backend).submit(wanted, not_sent)
+    runner = BatchRunner(job, backend)
+    with runner.spans_ended():  # a part's span ends when submitted: nothing here waits for it
+        return await runner.submit(wanted, not_sent)
 
 
 def recorded(cache: Cache | None, *, job_id: str | None = None) -> list[BatchPart]:
