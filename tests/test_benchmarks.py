@@ -26,6 +26,8 @@ SCENARIOS = (
     "memory",
     "send order",
     "sporadic hangs",
+    "dialects",
+    "telemetry",
 )
 
 
@@ -56,7 +58,7 @@ def test_quick_benchmark_runs_every_scenario(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for name in SCENARIOS:
         section = re.search(
-            rf"^## \d\. {re.escape(name)}\n\n.*?\n\n\| ", done.stdout, re.MULTILINE | re.DOTALL
+            rf"^## \d+\. {re.escape(name)}\n\n.*?\n\n\| ", done.stdout, re.MULTILINE | re.DOTALL
         )
         assert section, f"no {name!r} section with a table in:\n{done.stdout}"
     assert "Most rows lost by llm_ops in any repetition: 0." in done.stdout
