@@ -89,6 +89,7 @@ def record_report(job_span: Span | None, report: RunReport) -> None:
             "llm_ops.rows": report.rows,
             "llm_ops.distinct_requests": report.distinct_requests,
             "llm_ops.cache_hits": report.cache_hits,
+            "llm_ops.claimed": report.claimed,
             "llm_ops.requests_sent": report.requests_sent,
             "llm_ops.retries": report.retries,
             "llm_ops.failed_rows": report.failed_rows,
