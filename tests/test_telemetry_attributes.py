@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llm_ops import Endpoint, llm_complete
+from llm_ops import Endpoint, SemanticCache, llm_complete
 from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
@@ -109,3 +109,19 @@ def test_requests_another_job_claimed_are_counted_on_the_job_span(endpoint, cach
         spans.append(json.loads(out))
     assert sum(span["llm_ops.claimed"] for span in spans) > 0
     assert all(span["llm_ops.claimed"] <= span["llm_ops.cache_hits"] for span in spans)
+
+
+def test_a_job_without_the_semantic_cache_says_it_answered_none_by_similarity(exporter, complete):
+    pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
+    assert _job(exporter)["llm_ops.semantic_hits"] == 0
+
+
+def test_a_job_counts_its_answers_by_similarity_apart_from_its_exact_hits(exporter, complete):
+    semantic = SemanticCache("sim-embed", threshold=0.9)
+    asked = "the red dress is lovely"
+    pl.DataFrame({"text": [asked]}).pipe(complete, prompt="{text}", semantic_cache=semantic)
+    exporter.clear()
+    near_and_exact = pl.DataFrame({"text": ["The red dress is LOVELY!", asked]})
+    near_and_exact.pipe(complete, prompt="{text}", semantic_cache=semantic)
+    job = _job(exporter)
+    assert (job["llm_ops.semantic_hits"], job["llm_ops.cache_hits"]) == (1, 1)
