@@ -239,6 +239,8 @@ class Outcome:
     attempts: int = 0
     http_status: int | None = None  # of the last failed attempt the endpoint answered
     usage_known: bool = True  # False: the endpoint's token counts could not be right
+    response_model: str | None = None  # the model the answer names (for its attempt's span)
+    response_id: str | None = None  # the answer's own id (for its attempt's span)
 
 
 @dataclass

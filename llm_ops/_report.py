@@ -73,6 +73,9 @@ class RunReport:
         Distinct requests after dedupe (rows with a null input are not requests).
     cache_hits
         Distinct requests answered from the cache.
+    claimed
+        Of ``cache_hits``, those another job sharing the cache had claimed first: it sent
+        them, and this job took their answers from the cache once they landed.
     refreshed_for_age
         Of the distinct requests not answered from the cache, those it held an answer to
         older than its ``max_age`` (see :class:`~llm_ops.Cache`): sent again, and the new
@@ -167,6 +170,7 @@ class RunReport:
     cache_write_tokens: int = 0
     usage_unknown: int = 0
     refreshed_for_age: int = 0
+    claimed: int = 0
     wall_seconds: float = 0.0
     outcome: str = "completed"
     error: str | None = None
@@ -366,6 +370,7 @@ def sum_reports(
         cache_write_tokens=sum(r.cache_write_tokens for r in reports),
         usage_unknown=sum(r.usage_unknown for r in reports),
         refreshed_for_age=sum(r.refreshed_for_age for r in reports),
+        claimed=sum(r.claimed for r in reports),
         wall_seconds=wall_seconds,
         outcome=stopped.outcome if stopped else "completed",
         error=stopped.error if stopped else None,
@@ -399,6 +404,7 @@ class RunFacts:
     counters: Counters
     statuses: dict[str, int]
     refreshed: int = 0
+    claimed: int = 0
     stopped: BaseException | None = None
     budget_stop: str | None = None
     cache: Path | None = None
@@ -444,6 +450,7 @@ def make_report(facts: RunFacts, costs: RunCosts | None = None) -> RunReport:
         cache_write_tokens=counters.cache_write_tokens,
         usage_unknown=counters.usage_unknown,
         refreshed_for_age=facts.refreshed,
+        claimed=facts.claimed,
         wall_seconds=facts.wall_seconds,
         outcome=outcome,
         error=str(stopped) if isinstance(stopped, JobAbortedError) else None,

@@ -225,10 +225,13 @@ class Attempts:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         answer: str | None = None,
+        response_model: str | None = None,
+        response_id: str | None = None,
     ) -> None:
         """End an attempt with what became of it: ``status`` (a row status, or
-        ``retryable``), ``error_type`` when it failed; ``answer`` is an attribute only where
-        the user opted in to content (see :func:`capture_content`)."""
+        ``retryable``), ``error_type`` when it failed, and the model and id the answer
+        named; ``answer`` is an attribute only where the user opted in to content (see
+        :func:`capture_content`)."""
         span, started = attempt
         if span.is_recording():
             span.set_attributes(
@@ -238,6 +241,8 @@ class Attempts:
                         "error.type": error_type,
                         "gen_ai.usage.input_tokens": input_tokens,
                         "gen_ai.usage.output_tokens": output_tokens,
+                        "gen_ai.response.model": response_model,
+                        "gen_ai.response.id": response_id,
                     }
                 )
             )

@@ -66,6 +66,7 @@ from .base import (
     error_object,
     header_count,
     header_number,
+    named,
     parse_duration,
     token_count,
 )
@@ -263,6 +264,8 @@ class AnthropicDialect:
             usage=usage,
             reasoning=thinking,
             cache_writes=written or 0,
+            response_model=named(body.get("model")),
+            response_id=named(body.get("id")),
         )
 
     def read_embeddings(self, payload: bytes) -> Vectors:

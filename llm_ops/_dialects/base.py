@@ -59,6 +59,16 @@ class Reply:
     cache_writes: int = 0
     """Of ``usage``'s prompt tokens, those written to the provider's prompt cache (Anthropic
     bills them above the input price); 0 where an API caches without a charge (OpenAI)."""
+    response_model: str | None = None
+    """The model that answered, as the answer names it (it may name a dated version of the
+    model asked for); ``None`` where it names none."""
+    response_id: str | None = None
+    """The answer's own id, as the endpoint gave it; ``None`` where it gave none."""
+
+
+def named(value: object) -> str | None:
+    """A name or id an answer gave, when it is a string (an odd one is left out)."""
+    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from .base import (
     Usage,
     Vectors,
     load,
+    named,
     parse_duration,
     token_count,
 )
@@ -260,6 +261,8 @@ class GeminiDialect:
             stop_reason=finish if isinstance(finish, str) else None,
             usage=usage,
             reasoning="".join(thoughts) or None,
+            response_model=named(body.get("modelVersion")),
+            response_id=named(body.get("responseId")),
         )
 
     def read_embeddings(self, payload: bytes) -> Vectors:

@@ -38,6 +38,7 @@ from .base import (
     header_count,
     header_number,
     load,
+    named,
     parse_duration,
     token_count,
 )
@@ -162,6 +163,8 @@ class OpenAIDialect:
             reasoning=thinking(message),
             failed=bool(error),
             error=detail,
+            response_model=named(body.get("model")),
+            response_id=named(body.get("id")),
         )
 
     def read_embeddings(self, payload: bytes) -> Vectors:

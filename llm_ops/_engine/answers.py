@@ -260,6 +260,8 @@ class CompletionReader(Reader):
             reasoning=reply.reasoning,
             usage_known=usage is not None,
             cache_write_tokens=writes,
+            response_model=reply.response_model,
+            response_id=reply.response_id,
         )
         if truncated:
             return outcome

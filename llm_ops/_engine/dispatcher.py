@@ -504,6 +504,8 @@ class Dispatcher:
             input_tokens=outcome.prompt_tokens if outcome.usage_known else None,
             output_tokens=outcome.completion_tokens if outcome.usage_known else None,
             answer=outcome.text,
+            response_model=outcome.response_model,
+            response_id=outcome.response_id,
         )
         return outcome
 

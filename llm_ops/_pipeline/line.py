@@ -99,7 +99,8 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass
         planned.groups, results, job.columns, job.spec.schema, row_group=planned.row_group
     )
     # answers another job sharing the cache sent while this one waited are hits too
-    hits = pl.concat([planned.hits, done.settled.filter(pl.col("status") != "similar")])
+    claimed = done.settled.filter(pl.col("status") != "similar")
+    hits = pl.concat([planned.hits, claimed])
     facts = RunFacts(
         model=job.spec.model,
         endpoint=job.spec.endpoint,
@@ -109,6 +110,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass
         distinct=planned.distinct.height,
         cache_hits=hits.height,
         refreshed=planned.refreshed,
+        claimed=claimed.height,
         counters=done.counters,
         statuses=status_counts(columns, job.columns),
         stopped=done.stopped,

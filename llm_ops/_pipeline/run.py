@@ -89,6 +89,8 @@ def record_report(job_span: Span | None, report: RunReport) -> None:
             "llm_ops.rows": report.rows,
             "llm_ops.distinct_requests": report.distinct_requests,
             "llm_ops.cache_hits": report.cache_hits,
+            "llm_ops.claimed": report.claimed,
+            "llm_ops.semantic_hits": _semantic_hits(report),
             "llm_ops.requests_sent": report.requests_sent,
             "llm_ops.retries": report.retries,
             "llm_ops.failed_rows": report.failed_rows,
@@ -99,3 +101,9 @@ def record_report(job_span: Span | None, report: RunReport) -> None:
             "gen_ai.usage.output_tokens": report.completion_tokens,
         },
     )
+
+
+def _semantic_hits(report: RunReport) -> int:
+    """The distinct requests the semantic cache answered (0 where it was off)."""
+    saving = report.savings.get("semantic_cache")
+    return 0 if saving is None else saving.requests
