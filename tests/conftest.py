@@ -335,3 +335,21 @@ def hold() -> Iterator[Callable[[Path], Reader]]:
     yield start
     for reader in readers:
         reader.release()
+
+
+@pytest.fixture
+def exporter() -> Iterator[Any]:
+    """llm-ops's spans, kept in memory: a provider of the test's own, since OpenTelemetry's
+    global one can be set once per process."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from llm_ops import _telemetry
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    _telemetry.use_tracer_provider(provider)
+    yield exported
+    _telemetry.use_tracer_provider(None)

@@ -13,10 +13,11 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from spans import named, one, parent_id, span_id
 
 from llm_ops import BatchMode, Client, Endpoint, Sampling, llm_complete
 from llm_ops import _telemetry as telemetry
@@ -24,18 +25,6 @@ from llm_ops.testing import LocalEndpoint
 
 SECRET = "sk-telemetry-0123456789abcdef"
 HEADER_SECRET = "gateway-token-fedcba9876543210"
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """llm-ops's spans, kept in memory (a provider of the test's own: the global one can be
-    set once per process)."""
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    telemetry.use_tracer_provider(provider)
-    yield exported
-    telemetry.use_tracer_provider(None)
 
 
 @pytest.fixture
@@ -69,54 +58,36 @@ def _caller_tracer() -> trace.Tracer:
     return provider.get_tracer("caller")
 
 
-def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
-    return [span for span in spans if span.name == name]
-
-
-def _one(spans: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
-    (found,) = _named(spans, name)
-    return found
-
-
-def _parent_id(span: ReadableSpan) -> int | None:
-    return None if span.parent is None else span.parent.span_id
-
-
-def _id(span: ReadableSpan) -> int:
-    assert span.context is not None
-    return span.context.span_id
-
-
 def test_a_frame_job_is_a_child_of_the_callers_span(exporter, complete):
     with _caller_tracer().start_as_current_span("caller"):
         pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
     spans = exporter.get_finished_spans()
-    assert _parent_id(_one(spans, "llm_ops.job")) == _id(_one(spans, "caller"))
+    assert parent_id(one(spans, "llm_ops.job")) == span_id(one(spans, "caller"))
 
 
 def test_plan_dispatch_and_persist_are_children_of_the_job(exporter, complete):
     pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
     spans = exporter.get_finished_spans()
-    job = _id(_one(spans, "llm_ops.job"))
-    assert _parent_id(_one(spans, "llm_ops.plan")) == job
-    assert _parent_id(_one(spans, "llm_ops.dispatch")) == job
-    assert _parent_id(_one(spans, "llm_ops.persist")) == _id(_one(spans, "llm_ops.dispatch"))
+    job = span_id(one(spans, "llm_ops.job"))
+    assert parent_id(one(spans, "llm_ops.plan")) == job
+    assert parent_id(one(spans, "llm_ops.dispatch")) == job
+    assert parent_id(one(spans, "llm_ops.persist")) == span_id(one(spans, "llm_ops.dispatch"))
 
 
 def test_each_attempt_is_a_client_span_under_the_dispatch(exporter, complete):
     pl.DataFrame({"text": ["a", "b", "a"]}).pipe(complete, prompt="{text}")
     spans = exporter.get_finished_spans()
-    attempts = _named(spans, "chat sim")
+    attempts = named(spans, "chat sim")
     assert len(attempts) == 2  # one per distinct prompt
-    dispatch = _id(_one(spans, "llm_ops.dispatch"))
-    assert {_parent_id(span) for span in attempts} == {dispatch}
+    dispatch = span_id(one(spans, "llm_ops.dispatch"))
+    assert {parent_id(span) for span in attempts} == {dispatch}
     assert {span.kind for span in attempts} == {trace.SpanKind.CLIENT}
 
 
 def test_an_attempt_carries_the_genai_conventions_attributes(exporter, complete):
     sampling = Sampling(max_tokens=50, temperature=0.5)
     pl.DataFrame({"text": ["a"]}).pipe(complete, prompt="{text}", sampling=sampling)
-    attributes = _one(exporter.get_finished_spans(), "chat sim").attributes or {}
+    attributes = one(exporter.get_finished_spans(), "chat sim").attributes or {}
     assert attributes["gen_ai.operation.name"] == "chat"
     assert attributes["gen_ai.provider.name"] == "openai"
     assert attributes["gen_ai.request.model"] == "sim"
@@ -133,7 +104,7 @@ def test_a_failed_attempt_names_its_error_type(exporter, complete):
     prompt = "[[sim:fail_times=1]][[sim:fail_status=503]] hello"
     pl.DataFrame({"text": [prompt]}).pipe(complete, prompt="{text}")
     first, second = sorted(
-        _named(exporter.get_finished_spans(), "chat sim"),
+        named(exporter.get_finished_spans(), "chat sim"),
         key=lambda span: (span.attributes or {})["llm_ops.attempt"],
     )
     assert (first.attributes or {})["error.type"] == "503"
@@ -146,7 +117,7 @@ def test_the_job_span_counts_rows_requests_and_hits(exporter, complete):
     frame.pipe(complete, prompt="{text}")
     exporter.clear()
     frame.pipe(complete, prompt="{text}")
-    attributes = _one(exporter.get_finished_spans(), "llm_ops.job").attributes or {}
+    attributes = one(exporter.get_finished_spans(), "llm_ops.job").attributes or {}
     assert attributes["llm_ops.rows"] == 3
     assert attributes["llm_ops.distinct_requests"] == 2
     assert attributes["llm_ops.cache_hits"] == 2
@@ -176,7 +147,7 @@ def test_no_span_holds_a_prompt_or_an_answer(exporter, complete):
 def test_prompts_and_answers_are_attributes_once_the_user_opts_in(exporter, complete, monkeypatch):
     monkeypatch.setenv(telemetry.CAPTURE_CONTENT, "true")
     out = pl.DataFrame({"text": ["hello"]}).pipe(complete, prompt="Say {text}")
-    attributes = _one(exporter.get_finished_spans(), "chat sim").attributes or {}
+    attributes = one(exporter.get_finished_spans(), "chat sim").attributes or {}
     assert "Say hello" in str(attributes["gen_ai.input.messages"])
     assert out["completion"][0] in str(attributes["gen_ai.output.messages"])
 
@@ -193,7 +164,7 @@ def test_no_span_holds_the_api_key_or_a_credential_header(exporter, cache):
             cache=cache,
         )
     spans = exporter.get_finished_spans()
-    assert _named(spans, "chat sim")
+    assert named(spans, "chat sim")
     for span in spans:
         for name, value in (span.attributes or {}).items():
             assert SECRET not in str(value) and HEADER_SECRET not in str(value), name
@@ -240,8 +211,8 @@ def test_an_expression_job_is_a_child_of_the_callers_span(exporter, endpoint, ca
             pl.col("text").llm.complete("{}", model="sim", client=client)
         ).collect()
     spans = exporter.get_finished_spans()
-    jobs = _named(spans, "llm_ops.job")
-    assert jobs and {_parent_id(job) for job in jobs} == {_id(_one(spans, "caller"))}
+    jobs = named(spans, "llm_ops.job")
+    assert jobs and {parent_id(job) for job in jobs} == {span_id(one(spans, "caller"))}
 
 
 def test_token_usage_is_measured_by_token_type(metrics, complete):
@@ -274,7 +245,7 @@ def test_a_batch_jobs_spans_are_children_of_the_callers_span(exporter, endpoint,
             cache=cache,
         )
     spans = exporter.get_finished_spans()
-    job = _one(spans, "llm_ops.job")
-    assert _parent_id(job) == _id(_one(spans, "caller"))
+    job = one(spans, "llm_ops.job")
+    assert parent_id(job) == span_id(one(spans, "caller"))
     assert (job.attributes or {})["llm_ops.mode"] == "batch"
-    assert _parent_id(_one(spans, "llm_ops.dispatch")) == _id(job)
+    assert parent_id(one(spans, "llm_ops.dispatch")) == span_id(job)

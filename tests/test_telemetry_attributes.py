@@ -11,12 +11,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llm_ops import Endpoint, SemanticCache, llm_complete
-from llm_ops import _telemetry as telemetry
 from llm_ops.testing import LocalEndpoint
 
 DIALECTS = ["openai", "anthropic", "gemini"]
@@ -39,18 +36,6 @@ texts.pipe(llm_complete, prompt="{text}", model="sim", endpoint=base_url, cache=
 (job,) = [span for span in exporter.get_finished_spans() if span.name == "llm_ops.job"]
 print(json.dumps(dict(job.attributes)))
 """
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """llm-ops's spans, kept in memory (a provider of the test's own: the global one can be
-    set once per process)."""
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    telemetry.use_tracer_provider(provider)
-    yield exported
-    telemetry.use_tracer_provider(None)
 
 
 @pytest.fixture(scope="module", params=DIALECTS)

@@ -15,9 +15,7 @@ import polars as pl
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from spans import named, one, parent_id, span_id
 
 from llm_ops import BatchMode, Client, Endpoint, Price, llm_complete
 from llm_ops import _telemetry as telemetry
@@ -25,17 +23,6 @@ from llm_ops.testing import LocalEndpoint
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "sk-batch-telemetry-0123456789abcdef"
-
-
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """llm-ops's spans, kept in memory (a provider of the test's own)."""
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    telemetry.use_tracer_provider(provider)
-    yield exported
-    telemetry.use_tracer_provider(None)
 
 
 @pytest.fixture
@@ -59,24 +46,6 @@ def batch(endpoint: LocalEndpoint, cache: Any) -> Callable[..., Any]:
         batch=BatchMode(poll_seconds=0.05),
         cache=cache,
     )
-
-
-def _named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
-    return [span for span in spans if span.name == name]
-
-
-def _one(spans: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
-    (found,) = _named(spans, name)
-    return found
-
-
-def _parent_id(span: ReadableSpan) -> int | None:
-    return None if span.parent is None else span.parent.span_id
-
-
-def _id(span: ReadableSpan) -> int:
-    assert span.context is not None
-    return span.context.span_id
 
 
 def _points(reader: InMemoryMetricReader, name: str) -> list[NumberDataPoint]:
@@ -103,16 +72,16 @@ def test_a_batch_part_is_a_span_under_the_dispatch_of_the_callers_job(exporter, 
     with provider.get_tracer("caller").start_as_current_span("caller"):
         pl.DataFrame({"text": ["a", "b"]}).pipe(batch)
     spans = exporter.get_finished_spans()
-    job = _one(spans, "llm_ops.job")
-    dispatch = _one(spans, "llm_ops.dispatch")
-    assert _parent_id(job) == _id(_one(spans, "caller"))
-    assert _parent_id(dispatch) == _id(job)
-    assert _parent_id(_one(spans, "llm_ops.batch")) == _id(dispatch)
+    job = one(spans, "llm_ops.job")
+    dispatch = one(spans, "llm_ops.dispatch")
+    assert parent_id(job) == span_id(one(spans, "caller"))
+    assert parent_id(dispatch) == span_id(job)
+    assert parent_id(one(spans, "llm_ops.batch")) == span_id(dispatch)
 
 
 def test_a_batch_span_says_what_was_submitted(exporter, batch):
     pl.DataFrame({"text": ["a", "b", "a"]}).pipe(batch)
-    attributes = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+    attributes = one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
     assert attributes["gen_ai.provider.name"] == "openai"
     assert attributes["gen_ai.request.model"] == "sim"
     assert attributes["llm_ops.batch.requests"] == 2
@@ -123,7 +92,7 @@ def test_a_batch_span_says_what_was_submitted(exporter, batch):
 
 def test_a_batch_span_counts_its_polls_and_notes_each_state(exporter, batch):
     pl.DataFrame({"text": ["a"]}).pipe(batch)
-    batch_span = _one(exporter.get_finished_spans(), "llm_ops.batch")
+    batch_span = one(exporter.get_finished_spans(), "llm_ops.batch")
     states = [
         event.attributes["llm_ops.batch.state"]
         for event in batch_span.events
@@ -137,7 +106,7 @@ def test_a_batch_span_counts_its_polls_and_notes_each_state(exporter, batch):
 
 def test_a_batch_span_says_what_was_read_back(exporter, batch):
     pl.DataFrame({"text": ["a", "bad [[sim:status=400]]"]}).pipe(batch)
-    attributes = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+    attributes = one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
     assert attributes["llm_ops.batch.lines_read"] == 2
     assert attributes["llm_ops.batch.answered"] == 1
     assert attributes["llm_ops.batch.failed_lines"] == 1
@@ -148,7 +117,7 @@ def test_an_expired_batchs_resubmission_is_a_span_of_its_own(exporter, batch, en
     endpoint.configure(batch_seconds=0.3, batch_validation_seconds=0.05, batch_expire_share=0.5)
     pl.DataFrame({"text": [f"item {i}" for i in range(8)]}).pipe(batch)
     first, again = sorted(
-        _named(exporter.get_finished_spans(), "llm_ops.batch"), key=lambda span: span.start_time
+        named(exporter.get_finished_spans(), "llm_ops.batch"), key=lambda span: span.start_time
     )
     expired, resubmitted = first.attributes or {}, again.attributes or {}
     assert expired["llm_ops.batch.state"] == "expired"
@@ -162,10 +131,10 @@ def test_a_submitted_batch_collected_by_a_later_job_is_a_span_in_each(exporter, 
     frame = pl.DataFrame({"text": ["a", "b"]})
     with Client(endpoint=endpoint.base_url, cache=cache) as client:
         client.submit(frame, prompt="Say {text}", model="sim")
-        submitted = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+        submitted = one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
         exporter.clear()
         client.complete(frame, prompt="Say {text}", model="sim", batch=BatchMode(poll_seconds=0.05))
-    collected = _one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
+    collected = one(exporter.get_finished_spans(), "llm_ops.batch").attributes or {}
     assert submitted["llm_ops.batch.polls"] == 0
     assert collected["llm_ops.batch.resumed"] is True
     assert collected["llm_ops.batch.id"] == submitted["llm_ops.batch.id"]
@@ -184,7 +153,7 @@ def test_no_batch_span_holds_the_api_key_or_a_prompt(exporter, cache):
             cache=cache,
         )
     spans = exporter.get_finished_spans()
-    assert _named(spans, "llm_ops.batch")
+    assert named(spans, "llm_ops.batch")
     for span in spans:
         described = [*(span.attributes or {}).items()]
         described += [item for event in span.events for item in (event.attributes or {}).items()]

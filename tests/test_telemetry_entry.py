@@ -14,7 +14,6 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from flows.enrich import EnrichConfig, ProgressLog, enrich_table
 from llm_ops import Client, Progress
@@ -102,18 +101,6 @@ def test_a_flow_logs_each_chunks_progress_with_rows_done_and_failures(
     assert progress and " rows, " in progress[-1] and " failed, " in progress[-1]
 
 
-@pytest.fixture
-def exporter() -> Iterator[InMemorySpanExporter]:
-    """llm-ops's spans in this process, kept in memory (a provider of the test's own: the
-    global one can be set once per process)."""
-    exported = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exported))
-    telemetry.use_tracer_provider(provider)
-    yield exported
-    telemetry.use_tracer_provider(None)
-
-
 def _caller_tracer() -> trace.Tracer:
     """The caller's own tracer, on the test's provider, whose spans llm-ops's join."""
     provider = telemetry._provider
@@ -130,8 +117,7 @@ def _spans_to_files(folder: str) -> Any:
         import os
 
         from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         out = open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a")  # noqa: SIM115
 
