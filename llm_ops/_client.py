@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import os
@@ -884,9 +885,11 @@ class Client:
         """``call()`` (sync code running jobs on this client), on a thread of its own, so that
         a KeyboardInterrupt here (how Ray cancels a task) stops this process's jobs as SIGTERM
         does: nothing new is sent, what is in flight is answered and kept (for at most
-        :attr:`drain_seconds`), and then the interrupt goes on. SIGTERM drains them too."""
+        :attr:`drain_seconds`), and then the interrupt goes on. SIGTERM drains them too. The
+        caller's context goes with ``call``, as :func:`asyncio.to_thread` takes it: a span
+        current here is current there."""
         with concurrent.futures.ThreadPoolExecutor(1) as pool, graceful_sigterm():
-            calling = pool.submit(call)
+            calling = pool.submit(contextvars.copy_context().run, call)
             try:
                 while True:  # a KeyboardInterrupt is only raised between waits
                     with contextlib.suppress(concurrent.futures.TimeoutError):

@@ -35,7 +35,6 @@ What is shared, and how:
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -303,12 +302,8 @@ def _send_chunk_here(work: _Work, chunk: str) -> Counters:
         flush_seconds=work.flush_seconds,
         max_age=work.max_age,
     )
-    # the chunk's span is current here, not on the thread call_stopped_gently sends from
-    here = contextvars.copy_context()
     with client:
-        return client.call_stopped_gently(
-            lambda: here.run(send_chunk, client, work.job, store, chunk)
-        )
+        return client.call_stopped_gently(lambda: send_chunk(client, work.job, store, chunk))
 
 
 class Quota(SharedQuota):
