@@ -139,7 +139,6 @@ class _Group:
     done: bool = False
     best: list[int] = field(default_factory=list)
     sample: list[int] = field(default_factory=list)
-    sampled: bool = False
     sampling: bool = False
 
 
@@ -216,12 +215,11 @@ def quickselect(
         state.split, state.pivot = [], -1
         if state.moving and not state.dropping:
             return asked  # the pivot's winners are checked before anything else is split
-        if not by_embedding and not state.sampled and len(state.candidates) >= 8 * SAMPLE:
+        if not by_embedding and not state.sample and len(state.candidates) >= 8 * SAMPLE:
             # A random first pivot would split near the middle and leave half the items
             # for the next waves: the first wave ranks a sample only, whose order places
             # the first pivot near the boundary, so most items drop in one split.
-            state.sampled = state.sampling = True
-            state.sample = rng.sample(state.candidates, SAMPLE)
+            state.sample, state.sampling = rng.sample(state.candidates, SAMPLE), True
             return _every_pair(state.sample, orient)
         if len(state.accepted) + len(state.candidates) > final:
             need = max(1, wanted - len(state.accepted))
