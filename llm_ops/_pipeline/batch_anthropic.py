@@ -40,12 +40,8 @@ from .batch_service import (
     ENVELOPE_BYTES,
     BatchPart,
     BatchView,
-    HttpCalls,
-    Line,
+    KeptRequests,
     LocalInputs,
-    kept_line,
-    read_kept_line,
-    wire_bytes,
 )
 
 REQUESTS_PER_BATCH = 100_000
@@ -54,7 +50,7 @@ RESULTS_MAX_BYTES = 2**33  # a results file is read whole: bounded, far above 10
 CLOCK_SLACK_SECONDS = 300.0  # the provider's clock and ours may differ this much
 
 
-class AnthropicBatches:
+class AnthropicBatches(KeptRequests):
     """Anthropic's Message Batches API, for an endpoint of the Anthropic dialect."""
 
     requests_per_batch = REQUESTS_PER_BATCH
@@ -62,33 +58,18 @@ class AnthropicBatches:
     what = "the Message Batches API"
 
     def __init__(self, engine: Engine, dialect: Dialect, inputs: LocalInputs):
-        self.engine = engine
-        self.dialect = dialect
-        self.inputs = inputs
-        self.http = HttpCalls(engine, self.what)
+        super().__init__(engine, dialect, inputs)
         # the batches live under the path the dialect's lines name (its Messages path)
         self.path = dialect.batch_path.strip("/") + "/batches"
 
     # -- lines ---------------------------------------------------------------------------------
-
-    def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
-        return kept_line(key, canonical)
-
-    def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        return read_kept_line(line)
 
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
         """The request a kept line sends, as the dialect spells a batch's line."""
         key, canonical = self.read_line(line)
         return self.dialect.batch_line(key, self.dialect.completion_body(canonical))
 
-    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
-        return wire_bytes(self._request(line))
-
     # -- calls ---------------------------------------------------------------------------------
-
-    async def upload(self, part: BatchPart, content: bytes) -> str:
-        return await asyncio.to_thread(self.inputs.keep, part.name, content)
 
     async def create(self, part: BatchPart) -> str:
         assert part.input_file_id is not None
@@ -140,15 +121,6 @@ class AnthropicBatches:
                 page = []
         if page:
             yield page
-
-    def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
-        return LocalInputs.pages(input_file_id, 1024)
-
-    async def discard(self, part: BatchPart) -> None:
-        await asyncio.to_thread(self.inputs.discard, part.input_file_id)
-
-    def errors(self) -> Any:
-        return self.http.errors()
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -43,14 +43,12 @@ from .batch_service import (
     ENVELOPE_BYTES,
     BatchPart,
     BatchView,
-    HttpCalls,
+    KeptRequests,
     Line,
     LocalInputs,
     Refused,
     checked,
-    kept_line,
     may_be_lost,
-    read_kept_line,
     wire_bytes,
 )
 
@@ -71,7 +69,7 @@ STATES = {
 """Our state by a batch's, less its ``BATCH_STATE_`` (or the SDK's ``JOB_STATE_``) prefix."""
 
 
-class GeminiBatches:
+class GeminiBatches(KeptRequests):
     """Gemini's batch mode (``batchGenerateContent``), for an endpoint of the Gemini dialect."""
 
     requests_per_batch = REQUESTS_PER_BATCH
@@ -84,27 +82,13 @@ class GeminiBatches:
                 f"Gemini's batch mode speaks the Gemini dialect only, not "
                 f"{type(dialect).__name__}: use batch=False"
             )
-        self.engine = engine
-        self.dialect = dialect
-        self.inputs = inputs
-        self.http = HttpCalls(engine, self.what)
-
-    def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
-        return kept_line(key, canonical)
-
-    def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        return read_kept_line(line)
-
-    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
-        return wire_bytes(self._request(line))
+        super().__init__(engine, dialect, inputs)
+        self.dialect: GeminiDialect = dialect
 
     def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
         """The inline request a kept line sends, as the dialect spells it."""
         key, canonical = self.read_line(line)
         return self.dialect.batch_inline(key, self.dialect.completion_body(canonical))
-
-    async def upload(self, part: BatchPart, content: bytes) -> str:
-        return await asyncio.to_thread(self.inputs.keep, part.name, content)
 
     async def create(self, part: BatchPart) -> str:
         assert part.input_file_id is not None
@@ -214,15 +198,6 @@ class GeminiBatches:
         ]
         for start in range(0, len(page), 1024):
             yield page[start : start + 1024]
-
-    def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
-        return LocalInputs.pages(input_file_id, 1024)
-
-    async def discard(self, part: BatchPart) -> None:
-        await asyncio.to_thread(self.inputs.discard, part.input_file_id)
-
-    def errors(self) -> Any:
-        return self.http.errors()
 
 
 def _name(operation: Mapping[str, Any]) -> str:

@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 from yarl import URL
 
 from .._config import BatchMode
-from .._dialects import BatchResult
+from .._dialects import BatchResult, Dialect
 from .._engine.boundary import TransportError, one_line, redact
 from .._engine.engine import Engine
 from .._wire import HttpAnswer
@@ -239,6 +239,45 @@ class LocalInputs:
         lines = [line for line in LocalInputs.read(input_file_id).decode().splitlines() if line]
         for start in range(0, len(lines), size):
             yield lines[start : start + size]
+
+
+class KeptRequests:
+    """What the services of providers that keep no input file to read back share: their
+    parts' requests kept beside the cache (:class:`LocalInputs`), each line the canonical
+    request under its key, read back from there, and their calls made through the engine."""
+
+    what = "the provider's batch API"
+
+    def __init__(self, engine: Engine, dialect: Dialect, inputs: LocalInputs):
+        self.engine = engine
+        self.dialect = dialect
+        self.inputs = inputs
+        self.http = HttpCalls(engine, self.what)
+
+    def line(self, key: str, canonical: Mapping[str, Any]) -> Line:
+        return kept_line(key, canonical)
+
+    def read_line(self, line: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        return read_kept_line(line)
+
+    def _request(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """The request a kept line sends, as the provider's batch spells it."""
+        raise NotImplementedError
+
+    def sent_bytes(self, line: Mapping[str, Any], kept: bytes) -> int:
+        return wire_bytes(self._request(line))
+
+    async def upload(self, part: BatchPart, content: bytes) -> str:
+        return await asyncio.to_thread(self.inputs.keep, part.name, content)
+
+    def input_lines(self, input_file_id: str) -> AsyncGenerator[list[str], None]:
+        return LocalInputs.pages(input_file_id, 1024)
+
+    async def discard(self, part: BatchPart) -> None:
+        await asyncio.to_thread(self.inputs.discard, part.input_file_id)
+
+    def errors(self) -> Any:
+        return self.http.errors()
 
 
 class Refused(LlmOpsError):
