@@ -32,6 +32,10 @@ context_tokens := NULL)``
 Failed rows never abort the query unless ``on_error="raise"``; each call of the function (a vector
 of rows) with failed rows gives a :class:`~llm_ops.RowsFailedWarning` naming the most common
 reasons.
+
+DuckDB calls the functions on threads of its own, where the caller's OpenTelemetry span is not
+current: :func:`carry_context` carries it there, so a query's jobs are children of the span
+that runs it (``docs/observability.md``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import duckdb
 import polars as pl
@@ -57,9 +61,13 @@ from ._pipeline.run import run_frame
 from ._report import RunReport
 from ._sets.aggregate import llm_aggregate
 from ._status import FAILED
+from ._telemetry import carried, current_context
 from .exceptions import ConfigError, RowsFailedError
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+__all__ = ["carry_context", "register"]
 
 # prompt, model, system, max_tokens, temperature
 _ARGUMENTS: list[Any] = [VARCHAR, VARCHAR, VARCHAR, INTEGER, DOUBLE]
@@ -67,6 +75,11 @@ _RESULT = duckdb.struct_type({"answer": VARCHAR, "status": VARCHAR, "error": VAR
 # instruction, values (a group's, in order), model, max_tokens, context_tokens
 _AGG_ARGUMENTS: list[Any] = [VARCHAR, duckdb.list_type(VARCHAR), VARCHAR, INTEGER, INTEGER]
 _TEXTS = pl.Schema({"prompt": pl.String, "system": pl.String})
+
+# Each registered connection's stack of contexts its functions run in (see carry_context).
+_CARRIED: weakref.WeakKeyDictionary[duckdb.DuckDBPyConnection, list[Context | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register(
@@ -109,6 +122,7 @@ def register(
     """
     client = Client(**options)
     weakref.finalize(con, client.close)
+    parents = _CARRIED.setdefault(con, [])
     suffix = f"{id(con):x}"
     complete, key = f"__llm_ops_complete_{suffix}", f"__llm_ops_key_{suffix}"
     aggregate = f"__llm_ops_agg_{suffix}"
@@ -117,7 +131,7 @@ def register(
             con.remove_function(name)
     con.create_function(
         complete,
-        _completer(client, on_error=on_error),
+        _completer(client, parents, on_error=on_error),
         _ARGUMENTS,
         _RESULT,
         type=PythonUDFType.ARROW,
@@ -147,7 +161,7 @@ def register(
     con.execute(f"CREATE OR REPLACE TEMP MACRO llm_request_key({signature}) AS {key}({arguments})")
     con.create_function(
         aggregate,
-        _aggregator(client, on_error=on_error),
+        _aggregator(client, parents, on_error=on_error),
         _AGG_ARGUMENTS,
         _RESULT,
         type=PythonUDFType.ARROW,
@@ -164,6 +178,53 @@ def register(
     )
     con.execute(f"CREATE OR REPLACE TEMP MACRO llm_agg_result({agg_signature}) AS {folded}")
     con.execute(f"CREATE OR REPLACE TEMP MACRO llm_agg({agg_signature}) AS ({folded}).answer")
+
+
+@contextlib.contextmanager
+def carry_context(con: duckdb.DuckDBPyConnection, /) -> Iterator[None]:
+    """Run the functions of the queries ``con`` runs within the block in the context current
+    where the block starts: the span current there is the parent of the queries' jobs.
+
+    DuckDB calls a function on the thread that runs the query for some vectors and on threads
+    of its own for others, and OpenTelemetry keeps the current span in Python's context
+    variables, which do not follow to DuckDB's threads; DuckDB tells a function nothing of the
+    query that calls it. Without this block, a query's jobs on DuckDB's threads start traces
+    of their own (with ``SET threads TO 1`` every vector runs on the caller's thread, at the
+    cost of DuckDB's parallelism). Nothing is carried when OpenTelemetry is not configured.
+
+    Parameters
+    ----------
+    con
+        A connection given the functions by :func:`register`.
+
+    Raises
+    ------
+    ConfigError
+        ``con`` has no llm-ops functions.
+
+    Examples
+    --------
+    >>> import duckdb
+    >>> from llm_ops.sql import carry_context, register
+    >>> from llm_ops.testing import LocalEndpoint
+    >>> con = duckdb.connect()
+    >>> with LocalEndpoint() as endpoint:
+    ...     register(con, endpoint=endpoint.base_url, cache=False, model="sim")
+    ...     with carry_context(con):  # in a span: a Prefect task's, a web request's, your own
+    ...         con.sql("SELECT llm_complete('Say hi') AS answer").fetchall()
+    [('sim #54ac2d1b: Say hi',)]
+    """
+    parents = _CARRIED.get(con)
+    if parents is None:
+        raise ConfigError(
+            "carry_context(con) carries the caller's context to llm-ops' SQL functions, and "
+            "this connection has none: call llm_ops.sql.register(con, ...) first"
+        )
+    parents.append(current_context())
+    try:
+        yield
+    finally:
+        parents.pop()
 
 
 def _job(
@@ -215,7 +276,7 @@ def _each_job(client: Client, columns: tuple[pa.Array, ...]) -> Iterator[tuple[J
 
 
 def _completer(
-    client: Client, *, on_error: Literal["null", "raise"]
+    client: Client, parents: list[Context | None], *, on_error: Literal["null", "raise"]
 ) -> Callable[..., pa.StructArray]:
     def complete(
         prompt: pa.Array,
@@ -230,7 +291,8 @@ def _completer(
         statuses: list[str | None] = [None] * size
         errors: list[str | None] = [None] * size
         for job, group in _each_job(client, columns):
-            result, _ = client.run(_answer(client, group.select("prompt", "system"), job))
+            with carried(parents[-1] if parents else None):
+                result, _ = client.run(_answer(client, group.select("prompt", "system"), job))
             for row, answer, status, error in zip(
                 group["row"],
                 result["answer"],
@@ -278,7 +340,7 @@ def _keyer(client: Client) -> Callable[..., pa.Array]:
 
 
 def _aggregator(
-    client: Client, *, on_error: Literal["null", "raise"]
+    client: Client, parents: list[Context | None], *, on_error: Literal["null", "raise"]
 ) -> Callable[..., pa.StructArray]:
     def aggregate(
         instruction: pa.Array,
@@ -307,19 +369,20 @@ def _aggregator(
                     "llm_agg needs a model: write llm_agg(instruction, value, "
                     "model := 'gpt-4o-mini'), or pass model= to register()"
                 )
-            folded = llm_aggregate(
-                part.select("group", "values").explode("values"),
-                "values",
-                str(text),
-                model=str(name),
-                by="group",
-                max_tokens=None if most is None else int(most),
-                context_tokens=None if context is None else int(context),
-                output="answer",
-                client=client,
-                on_error=on_error,
-                progress=False,
-            )
+            with carried(parents[-1] if parents else None):
+                folded = llm_aggregate(
+                    part.select("group", "values").explode("values"),
+                    "values",
+                    str(text),
+                    model=str(name),
+                    by="group",
+                    max_tokens=None if most is None else int(most),
+                    context_tokens=None if context is None else int(context),
+                    output="answer",
+                    client=client,
+                    on_error=on_error,
+                    progress=False,
+                )
             for row, answer, status, error in zip(
                 folded["group"],
                 folded["answer"],

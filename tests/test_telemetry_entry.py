@@ -181,23 +181,70 @@ def test_ray_workers_spans_are_children_of_the_drivers_span(
     assert {span["parent"] for span in attempts} <= {span["span"] for span in chunks}
 
 
-def test_a_sql_query_on_one_duckdb_thread_runs_its_jobs_under_the_callers_span(
-    exporter, endpoint, cache
-):
+def _sql_jobs_parents(exporter: Any) -> list[int | None]:
+    jobs = [span for span in exporter.get_finished_spans() if span.name == "llm_ops.job"]
+    assert jobs
+    return [span.parent.span_id if span.parent else None for span in jobs]
+
+
+def _connection(endpoint: Any, cache: Path) -> Any:
     import duckdb
 
     from llm_ops.sql import register
 
     con = duckdb.connect()
-    # DuckDB runs a Python function on its own threads too, where the caller's span is not
-    # current; on one thread, the query's functions run on the caller's (docs/observability.md)
-    con.execute("SET threads TO 1")
     register(con, endpoint=endpoint.base_url, cache=cache, model="sim")
-    con.execute("CREATE TABLE reviews AS SELECT 'review ' || (i % 3) AS text FROM range(5000) t(i)")
+    con.execute(
+        "CREATE TABLE reviews AS SELECT 'review ' || (i % 3) AS text FROM range(20000) t(i)"
+    )
+    return con
+
+
+def test_a_sql_query_in_carry_context_runs_its_jobs_under_the_callers_span(
+    exporter, endpoint, cache
+):
+    from llm_ops.sql import carry_context
+
+    con = _connection(endpoint, cache)
+    con.execute("SET threads TO 4")  # ten vectors, on DuckDB's threads as well as the caller's
+    with _caller_tracer().start_as_current_span("report query") as querying, carry_context(con):
+        con.sql("SELECT llm_complete(text) FROM reviews").fetchall()
+    assert set(_sql_jobs_parents(exporter)) == {querying.get_span_context().span_id}
+
+
+def test_carry_context_reaches_a_query_run_on_a_thread_without_the_callers_span(
+    exporter, endpoint, cache
+):
+    import threading
+
+    from llm_ops.sql import carry_context
+
+    con = _connection(endpoint, cache)
+    with _caller_tracer().start_as_current_span("report query") as querying, carry_context(con):
+        # a new thread starts with an empty context, as DuckDB's own threads do
+        querying_thread = threading.Thread(
+            target=lambda: con.sql("SELECT llm_agg('Summarize', text) FROM reviews").fetchall()
+        )
+        querying_thread.start()
+        querying_thread.join()
+    assert set(_sql_jobs_parents(exporter)) == {querying.get_span_context().span_id}
+
+
+def test_carry_context_on_a_connection_without_the_functions_says_to_register_first():
+    import duckdb
+
+    from llm_ops.exceptions import ConfigError
+    from llm_ops.sql import carry_context
+
+    with pytest.raises(ConfigError, match=r"register\(con"), carry_context(duckdb.connect()):
+        pass
+
+
+def test_a_sql_query_on_one_duckdb_thread_runs_its_jobs_under_the_callers_span(
+    exporter, endpoint, cache
+):
+    con = _connection(endpoint, cache)
+    con.execute("SET threads TO 1")  # every vector on the caller's thread
     with _caller_tracer().start_as_current_span("report query") as querying:
         con.sql("SELECT llm_complete(text) FROM reviews").fetchall()
-    jobs = [span for span in exporter.get_finished_spans() if span.name == "llm_ops.job"]
-    assert jobs
-    assert [span.parent.span_id if span.parent else None for span in jobs] == [
-        querying.get_span_context().span_id
-    ] * len(jobs)
+    assert set(_sql_jobs_parents(exporter)) == {querying.get_span_context().span_id}
