@@ -65,11 +65,12 @@ def test_a_frame_job_is_a_child_of_the_callers_span(exporter, complete):
     assert parent_id(one(spans, "llm_ops.job")) == span_id(one(spans, "caller"))
 
 
-def test_plan_dispatch_and_persist_are_children_of_the_job(exporter, complete):
+def test_plan_lookup_dispatch_and_persist_are_children_of_the_job(exporter, complete):
     pl.DataFrame({"text": ["a", "b"]}).pipe(complete, prompt="{text}")
     spans = exporter.get_finished_spans()
     job = span_id(one(spans, "llm_ops.job"))
     assert parent_id(one(spans, "llm_ops.plan")) == job
+    assert parent_id(one(spans, "llm_ops.lookup")) == span_id(one(spans, "llm_ops.plan"))
     assert parent_id(one(spans, "llm_ops.dispatch")) == job
     assert parent_id(one(spans, "llm_ops.persist")) == span_id(one(spans, "llm_ops.dispatch"))
 

@@ -23,6 +23,7 @@ from .._media import attach_bytes, binary_positions, describe_binary, describe_v
 from .._outcome import TRUNCATED_MESSAGE
 from .._spec import EmbeddingSpec, RequestSpec
 from .._status import RESULTS
+from .._telemetry import record, span
 from .._template import render
 
 
@@ -249,7 +250,9 @@ def plan_frame(
     """Render every row, key it, dedupe and anti-join the distinct requests against the cache
     (the hits' thinking read only if ``reasoning``: see :func:`lookup_answers`)."""
     keyed = key_rows(frame, spec)
-    hits = lookup_answers(cache, keyed.distinct, reasoning=reasoning)
+    with span("llm_ops.lookup", {"llm_ops.distinct_requests": keyed.distinct.height}) as looking:
+        hits = lookup_answers(cache, keyed.distinct, reasoning=reasoning)
+        record(looking, {"llm_ops.cache_hits": hits.height})
     misses = keyed.distinct.join(hits.select("key"), on="key", how="anti", maintain_order="left")
     if spec.media:  # the bytes of the Binary media to send, gathered (not copied) from frame
         misses = attach_bytes(misses, frame, spec.media)
