@@ -217,6 +217,22 @@ def test_a_jobs_cost_is_counted_in_dollars_when_it_ends(metrics, complete):
     assert point.attributes == {"gen_ai.request.model": "sim", "llm_ops.mode": report.mode}
 
 
+def test_a_cascades_cost_is_counted_under_each_model_it_paid(metrics, complete):
+    _, report = pl.DataFrame({"text": ["a", "b [[sim:fail_for=sim-small]]"]}).pipe(
+        complete,
+        prompt="{text}",
+        model=["sim-small", "sim"],
+        pricing={"sim-small": Price(0.05, 0.20), "sim": Price(2.50, 10.00)},
+        return_report=True,
+    )
+    points = {
+        point.attributes["gen_ai.request.model"]: point.value
+        for point in _points(metrics, "llm_ops.cost")
+    }
+    assert set(points) == {"sim-small", "sim"} and points["sim"] > points["sim-small"]
+    assert sum(points.values()) == pytest.approx(report.cost)
+
+
 # -- what tracing costs, in the benchmark -----------------------------------------------------
 
 

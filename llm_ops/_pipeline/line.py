@@ -24,7 +24,7 @@ from .._failures import failure_reasons
 from .._options import Job
 from .._pricing import SpendingCap
 from .._report import RunFacts, RunReport
-from .._telemetry import record, span
+from .._telemetry import count_cost, record, span
 from .backend import Backend
 from .dispatch import DispatchResult, dispatch, rows_of
 from .join import join, results_frame, status_counts
@@ -120,5 +120,7 @@ async def run_once(frame: pl.DataFrame, job: Job, backend: Backend) -> ModelPass
     )
     report = account(job, facts, distinct=planned.distinct, hits=hits, results=results)
     report = replace(report, errors=failure_reasons(columns, job.columns.status, job.columns.error))
+    # counted per model: a cascade's passes each pay their own model's prices
+    count_cost(report.cost, {"gen_ai.request.model": job.spec.model, "llm_ops.mode": report.mode})
     row_keys = planned.groups.select("key").gather(planned.row_group)
     return ModelPass(columns, report, row_keys, results, done.stopped)

@@ -12,8 +12,8 @@ import polars as pl
 
 from .._options import Job
 from .._report import RunReport
-from .._telemetry import count_cost, span
 from .._telemetry import record as record_attributes
+from .._telemetry import span
 from ..exceptions import JobInterruptedError
 from .backend import Backend
 from .cascade import run_cascade
@@ -41,9 +41,6 @@ async def run_frame(
     with span("llm_ops.job", {"llm_ops.model": job.spec.model}) as job_span:
         columns, report, stopped = await _run(frame, job, backend, record=record)
         record_report(job_span, report)
-        count_cost(
-            report.cost, {"gen_ai.request.model": job.spec.model, "llm_ops.mode": report.mode}
-        )
         if on_report is not None:
             on_report(report)
         if stopped is not None:
