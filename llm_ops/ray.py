@@ -44,7 +44,7 @@ from typing import Any
 from ._client import Client
 from ._dialects import HeardLimits
 from ._report import RunReport
-from ._telemetry import carrier, joined, record, span
+from ._telemetry import carrier, joined
 from .exceptions import ConfigError, LlmOpsError
 from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
 
@@ -276,22 +276,10 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
     flight is answered and journalled within the drain time the driver waits before it
     kills the worker.
 
-    With the driver's span in ``work.trace_headers``, the chunk is an ``llm_ops.chunk`` span
+    With the driver's span in ``work.trace_headers``, the chunk's ``llm_ops.chunk`` span is
     under it, and its requests' spans under that."""
-    with (
-        joined(work.trace_headers),
-        span("llm_ops.chunk", {"llm_ops.chunk": Path(chunk).name}) as traced,
-    ):
-        counters = _send_chunk_here(work, chunk)
-        record(
-            traced,
-            {
-                "llm_ops.requests_sent": counters.sent,
-                "llm_ops.retries": counters.retries,
-                "llm_ops.rate_limited": counters.rate_limited,
-            },
-        )
-        return counters
+    with joined(work.trace_headers):
+        return _send_chunk_here(work, chunk)
 
 
 def _send_chunk_here(work: _Work, chunk: str) -> Counters:

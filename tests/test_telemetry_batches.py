@@ -233,6 +233,20 @@ def test_a_cascades_cost_is_counted_under_each_model_it_paid(metrics, complete):
     assert sum(points.values()) == pytest.approx(report.cost)
 
 
+def test_a_table_jobs_cost_is_counted_when_it_finishes(metrics, endpoint, cache, tmp_path):
+    from llm_ops.tables import Table
+
+    reviews = tmp_path / "reviews.parquet"
+    pl.DataFrame({"text": ["a", "b"]}).write_parquet(reviews)
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        report = Table(
+            client, reviews, tmp_path / "out.parquet", prompt="{text}", model="sim",
+            pricing={"sim": Price(1.0, 4.0)},
+        ).run()  # fmt: skip
+    (point,) = _points(metrics, "llm_ops.cost")
+    assert report.cost and point.value == pytest.approx(report.cost)
+
+
 # -- what tracing costs, in the benchmark -----------------------------------------------------
 
 

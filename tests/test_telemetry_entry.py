@@ -14,6 +14,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from spans import named, one, parent_id, span_id
 
 from flows.enrich import EnrichConfig, ProgressLog, enrich_table
 from llm_ops import Client, Progress
@@ -178,7 +179,40 @@ def test_ray_workers_spans_are_children_of_the_drivers_span(
     assert len(chunks) == 3 and len(attempts) == 6
     assert {span["trace"] for span in chunks + attempts} == {driving.get_span_context().trace_id}
     assert {span["parent"] for span in chunks} == {driving.get_span_context().span_id}
-    assert {span["parent"] for span in attempts} <= {span["span"] for span in chunks}
+    dispatches = [span for span in spans if span["name"] == "llm_ops.dispatch"]
+    assert {span["parent"] for span in dispatches} <= {span["span"] for span in chunks}
+    assert {span["parent"] for span in attempts} <= {span["span"] for span in dispatches}
+
+
+def test_a_table_job_is_a_span_tree_of_its_steps_under_the_callers_span(
+    exporter, endpoint, cache, tmp_path
+):
+    from llm_ops.tables import Table
+
+    reviews = tmp_path / "reviews.parquet"
+    pl.DataFrame({"text": ["a", "b", "c"]}).write_parquet(reviews)
+    with (
+        Client(endpoint=endpoint.base_url, cache=cache) as client,
+        _caller_tracer().start_as_current_span("nightly") as caller,
+    ):
+        out = tmp_path / "out.parquet"
+        Table(client, reviews, out, prompt="{text}", model="sim", chunk_size=2).run()
+    spans = exporter.get_finished_spans()
+    job = one(spans, "llm_ops.job")
+    assert parent_id(job) == caller.get_span_context().span_id
+    steps = [
+        "llm_ops.plan",
+        "llm_ops.chunk",
+        "llm_ops.chunk",
+        "llm_ops.write",
+        "llm_ops.record_run",
+    ]
+    assert [
+        s.name for s in sorted(spans, key=lambda s: s.start_time) if parent_id(s) == span_id(job)
+    ] == steps
+    chunks = {span_id(chunk) for chunk in named(spans, "llm_ops.chunk")}
+    assert {parent_id(d) for d in named(spans, "llm_ops.dispatch")} == chunks
+    assert len(named(spans, "chat sim")) == 3
 
 
 def _sql_jobs_parents(exporter: Any) -> list[int | None]:

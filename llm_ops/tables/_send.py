@@ -20,6 +20,7 @@ from .._pipeline.plan import lookup_answers
 from .._pipeline.savings import spent_by
 from .._progress import ChunkedProgress
 from .._status import CACHEABLE
+from .._telemetry import record, span
 from ._plan import OUTCOME_SCHEMA, TablePlan, chunk_sizes, results_path
 
 
@@ -60,19 +61,33 @@ def send_chunk(
 
     See the example of :class:`llm_ops.tables.WorkerStore`: a chunk sent as a worker sends it.
     """
-    misses = pl.read_parquet(Path(chunk))
-    # Answered by an earlier attempt of this chunk: they count as answered in this run.
-    earlier = lookup_answers(cache, misses).with_columns(pl.col("status").replace({"cached": "ok"}))
-    remaining = misses.join(earlier.select("key"), on="key", how="anti")
-    job = job.after(spent_by(job, spent)) if spent else job
-    outcomes, counters = client.run(
-        _answer(client, job, remaining, cache, rows=int(misses["rows"].sum()))
-    )
-    earlier = earlier.select("key", "status", "error").cast(pl.String)
-    pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
-        list(OUTCOME_SCHEMA)
-    ).write_parquet(results_path(chunk))
-    return counters
+    with span("llm_ops.chunk", {"llm_ops.chunk": Path(chunk).name}) as traced:
+        misses = pl.read_parquet(Path(chunk))
+        # Answered by an earlier attempt of this chunk: they count as answered in this run.
+        earlier = lookup_answers(cache, misses).with_columns(
+            pl.col("status").replace({"cached": "ok"})
+        )
+        remaining = misses.join(earlier.select("key"), on="key", how="anti")
+        job = job.after(spent_by(job, spent)) if spent else job
+        outcomes, counters = client.run(
+            _answer(client, job, remaining, cache, rows=int(misses["rows"].sum()))
+        )
+        earlier = earlier.select("key", "status", "error").cast(pl.String)
+        pl.concat([earlier, outcomes], how="diagonal_relaxed").select(
+            list(OUTCOME_SCHEMA)
+        ).write_parquet(results_path(chunk))
+        record(
+            traced,
+            {
+                "llm_ops.requests": misses.height,
+                "llm_ops.cache_hits": earlier.height,  # answered by an earlier attempt
+                "llm_ops.requests_sent": counters.sent,
+                "llm_ops.retries": counters.retries,
+                "llm_ops.rate_limited": counters.rate_limited,
+                "llm_ops.concurrency": counters.concurrency,
+            },
+        )
+        return counters
 
 
 def submit_chunk(
@@ -90,7 +105,8 @@ async def _answer(
     """Answer ``misses`` (by similarity or by sending); outcomes as in a results file, and
     the counters."""
     backend = replace(await client.prepare(), cache=cache)
-    done = await answer_misses(misses, job, backend, rows=rows)
+    with span("llm_ops.dispatch", {"llm_ops.requests": misses.height}):
+        done = await answer_misses(misses, job, backend, rows=rows)
     if done.stopped is not None:
         raise done.stopped
     # Answers are read back from the cache; only what the cache does not keep is kept here.

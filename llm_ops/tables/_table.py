@@ -29,8 +29,10 @@ from .._options import CallOptions, Job, ModelOption, check_job, make_job
 from .._outcome import Counters
 from .._pipeline.batch import BatchPart
 from .._pipeline.estimate import Estimate
+from .._pipeline.run import record_report
 from .._pipeline.savings import completion_cost
 from .._report import RunReport
+from .._telemetry import count_cost, record, span
 from ..exceptions import ConfigError
 from ._accounting import estimate_table, table_report
 from ._cascade import cascade_table
@@ -171,12 +173,16 @@ class Table:
         A rerun sends only what the cache lacks. See the example of :class:`Table`, and
         :meth:`plan` for the same steps one by one.
         """
-        if self.cascade:
-            return self.run_cascade()
-        started_at = datetime.now(UTC)
-        plan = self.plan()
-        counters = send_chunks(self.client, self.job, self.cache, plan)
-        return self.finish(plan, counters, self.write(), started_at=started_at)
+        with span("llm_ops.job", {"llm_ops.model": self.job.spec.model}) as job_span:
+            if self.cascade:
+                report = self.run_cascade()
+            else:
+                started_at = datetime.now(UTC)
+                plan = self.plan()
+                counters = send_chunks(self.client, self.job, self.cache, plan)
+                report = self.finish(plan, counters, self.write(), started_at=started_at)
+            record_report(job_span, report)
+            return report
 
     # -- the steps ----------------------------------------------------------------------------
 
@@ -221,15 +227,26 @@ class Table:
         """
         if self.cascade:
             raise ConfigError("a cascade runs over a table batch by batch: use run_cascade()")
-        plan = plan_table(
-            self.job,
-            self.cache,
-            self.files,
-            self.work_dir,
-            answers_dir=self.answers_dir,
-            rows_per_read=self.rows_per_read,
-            chunk_size=self.chunk_size,
-        )
+        with span("llm_ops.plan") as planning:
+            plan = plan_table(
+                self.job,
+                self.cache,
+                self.files,
+                self.work_dir,
+                answers_dir=self.answers_dir,
+                rows_per_read=self.rows_per_read,
+                chunk_size=self.chunk_size,
+            )
+            record(
+                planning,
+                {
+                    "llm_ops.rows": plan.rows,
+                    "llm_ops.distinct_requests": plan.distinct,
+                    "llm_ops.cache_hits": plan.cache_hits,
+                    "llm_ops.misses": plan.misses,
+                    "llm_ops.chunks": len(plan.chunks),
+                },
+            )
         if plan.misses:  # a misspelled model fails the plan, not every chunk task after it
             self.client.run(self.client.prepare(models=self.job.models))
         return plan
@@ -288,14 +305,17 @@ class Table:
 
         See the example of :meth:`plan`.
         """
-        return write_output(
-            self.job,
-            self.cache,
-            self.files,
-            self.output,
-            self.work_dir,
-            rows_per_read=self.rows_per_read,
-        )
+        with span("llm_ops.write") as writing:
+            written = write_output(
+                self.job,
+                self.cache,
+                self.files,
+                self.output,
+                self.work_dir,
+                rows_per_read=self.rows_per_read,
+            )
+            record(writing, {"llm_ops.rows": sum(written.statuses.values())})
+            return written
 
     def finish(
         self,
@@ -320,7 +340,11 @@ class Table:
             started_at=started_at,
         )
         report = replace(report, errors=written.errors)
-        report = replace(report, journal_pending=self.cache.record_run(report.as_dict()))
+        with span("llm_ops.record_run"):
+            report = replace(report, journal_pending=self.cache.record_run(report.as_dict()))
+        count_cost(
+            report.cost, {"gen_ai.request.model": self.job.spec.model, "llm_ops.mode": report.mode}
+        )
         shutil.rmtree(self.work_dir, ignore_errors=True)
         warn_report(report, f"the {self.job.columns.error!r} column of {str(self.output)!r}")
         return report
