@@ -153,6 +153,49 @@ class ProgressLog:
         )
 
 
+class ChunkLogs:
+    """The progress of the chunks running on Ray as log lines: a :class:`ProgressLog` per
+    chunk, fed the snapshots :func:`llm_ops.ray.send_chunks` hears (it is its
+    ``on_progress``), and ended with the chunk's last.
+
+    Examples
+    --------
+    >>> from llm_ops import Progress
+    >>> now = [0.0]
+    >>> logs = ChunkLogs(print, every=30, clock=lambda: now[0])
+    >>> def at(seconds, number, done, last=False):
+    ...     now[0] = seconds
+    ...     logs(number, 4, Progress(rows=100, rows_done=done, requests=100, requests_done=done,
+    ...                              sent=done, retries=0, rate_limited=0, timeouts=0,
+    ...                              prompt_tokens=0, completion_tokens=0, concurrency=8,
+    ...                              elapsed=seconds), last)
+    >>> at(1, 1, 5); at(1, 2, 4); at(31, 1, 60); at(32, 2, 100, last=True)
+    chunk 1/4 on Ray: 60/100 rows, 60/100 requests (2/s), 0 failed, 0 rate limited, 0 timeouts, 0 retries, cost unknown
+    chunk 2/4 on Ray: 100/100 rows, 100/100 requests (3/s), 0 failed, 0 rate limited, 0 timeouts, 0 retries, cost unknown
+    """  # noqa: E501
+
+    def __init__(
+        self,
+        log: Callable[[str], None],
+        *,
+        every: float = LOG_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.log, self.every, self.clock = log, every, clock
+        self.running: dict[int, ProgressLog] = {}
+
+    def __call__(self, number: int, chunks: int, progress: Progress, last: bool) -> None:
+        logged = self.running.get(number)
+        if logged is None:
+            what = f"chunk {number}/{chunks} on Ray"
+            logged = self.running[number] = ProgressLog(
+                self.log, what, every=self.every, clock=self.clock
+            )
+        logged(progress)
+        if last:
+            self.running.pop(number).end()
+
+
 def _retry_unless_aborted(task: Any, task_run: Any, state: Any) -> bool:
     # A refused key or an empty quota will not fix itself on retry.
     return not isinstance(state.result(raise_on_failure=False), JobAbortedError)
@@ -201,17 +244,25 @@ def send_chunks_on_ray(config: EnrichConfig, chunks: list[str], progress: UUID) 
 
     table, started = open_table(config), time.perf_counter()
 
+    logger = get_run_logger()
+
     def on_chunk(done: int, total: int, counters: Counters) -> None:
         progressed(progress, 100.0 * done / total)
         rate, cost = counters.sent / (time.perf_counter() - started), table.cost(counters)
         spent = "cost unknown" if cost is None else f"${cost:,.4f} so far"
-        get_run_logger().info(
+        logger.info(
             f"chunk {done}/{total} done on Ray: {counters.sent} requests ({rate:.0f}/s), "
             f"{counters.rate_limited} rate limited, {counters.retries} retries, {spent}"
         )
 
     connect(config.ray_address or "local", config.ray_workers)
-    return send_chunks(table, chunks, workers=config.ray_workers, on_chunk=on_chunk)
+    return send_chunks(
+        table,
+        chunks,
+        workers=config.ray_workers,
+        on_chunk=on_chunk,
+        on_progress=ChunkLogs(logger.info),
+    )
 
 
 @task(name="write", cache_policy=NO_CACHE, retries=1)

@@ -31,11 +31,17 @@ What is shared, and how:
   the others stop as on SIGTERM: they keep what they had in flight.
 * **One report.** Each chunk returns its counters; the report adds them up, and ``on_chunk``
   (the flow's progress artifact and logs) hears about every chunk as it ends.
+* **Progress while chunks run.** With ``on_progress``, each worker sends its chunk's
+  :class:`~llm_ops.Progress` snapshots to a small actor, at most one a second, and the driver
+  looks at them as often while it waits for the chunks (the flow logs a long chunk's progress
+  from them); without it, nothing is sent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +49,7 @@ from typing import Any
 
 from ._client import Client
 from ._dialects import HeardLimits
+from ._progress import Progress
 from ._report import RunReport
 from ._telemetry import carrier, joined
 from .exceptions import ConfigError, LlmOpsError
@@ -51,6 +58,11 @@ from .tables import Counters, SharedQuota, Table, WorkerStore, send_chunk
 __all__ = ["Quota", "connect", "run_on_ray", "send_chunks"]
 
 OnChunk = Callable[[int, int, Counters], None]
+# a running chunk's number (1-based, among the chunks), the chunks in all, one of its snapshots,
+# and whether that is its last (heard as the chunk ended)
+OnProgress = Callable[[int, int, Progress, bool], None]
+
+PROGRESS_EVERY_SECONDS = 1.0  # a chunk's snapshots reach the driver at most this often
 
 
 def _ray() -> Any:
@@ -67,6 +79,7 @@ def run_on_ray(
     address: str = "local",
     workers: int | None = None,
     on_chunk: OnChunk | None = None,
+    on_progress: OnProgress | None = None,
 ) -> RunReport:
     """:meth:`Table.run <llm_ops.tables.Table.run>`, with the chunks sent by Ray workers.
 
@@ -83,6 +96,13 @@ def run_on_ray(
     on_chunk
         Called on the driver as each chunk ends, with the chunks done, the chunks in all and
         the counters so far (a flow's progress).
+    on_progress
+        Called on the driver with the running chunks' :class:`~llm_ops.Progress` snapshots
+        (each counting its own chunk's rows), about once a second per chunk: the chunk's
+        number among the chunks (from 1), the chunks in all, the snapshot, and whether it is
+        the chunk's last (``True`` once, as the chunk ends, before ``on_chunk`` hears of it).
+        Each snapshot is told once, in order, a second or so after the worker took it;
+        ``None``: the workers send none.
 
     Returns
     -------
@@ -138,7 +158,9 @@ def run_on_ray(
         return table.run_cascade()  # who goes on to the next model depends on the answers
     connect(address, workers)
     plan = table.plan()
-    counters = send_chunks(table, plan.chunks, workers=workers, on_chunk=on_chunk)
+    counters = send_chunks(
+        table, plan.chunks, workers=workers, on_chunk=on_chunk, on_progress=on_progress
+    )
     return table.finish(plan, counters, table.write(), started_at=started_at)
 
 
@@ -178,7 +200,13 @@ def connect(address: str = "local", workers: int | None = None) -> None:
 
 
 def send_chunks(
-    table: Table, chunks: list[str], *, workers: int | None = None, on_chunk: OnChunk | None = None
+    table: Table,
+    chunks: list[str],
+    *,
+    workers: int | None = None,
+    on_chunk: OnChunk | None = None,
+    on_progress: OnProgress | None = None,
+    progress_every: float = PROGRESS_EVERY_SECONDS,
 ) -> Counters:
     """Send ``chunks`` (from :meth:`Table.plan`) as Ray tasks, at most ``workers`` at once,
     merging their answers into the cache as they end; returns the counters added up.
@@ -186,8 +214,10 @@ def send_chunks(
     The step of :func:`run_on_ray` that runs on the cluster, for a flow that takes the
     table's steps itself (as ``flows/enrich.py`` does): :meth:`~llm_ops.tables.Table.plan`,
     then this, then :meth:`~llm_ops.tables.Table.write` and
-    :meth:`~llm_ops.tables.Table.finish`. ``workers`` and ``on_chunk`` are as for
-    :func:`run_on_ray`. A job in batch mode, with the semantic cache or with a budget is a
+    :meth:`~llm_ops.tables.Table.finish`. ``workers``, ``on_chunk`` and ``on_progress``
+    are as for :func:`run_on_ray`; ``progress_every`` is how often, in seconds, a worker
+    sends its chunk's snapshot and the driver looks at those sent (with ``on_progress``
+    only). A job in batch mode, with the semantic cache or with a budget is a
     :class:`~llm_ops.ConfigError` for now. The example of :func:`run_on_ray` takes these
     steps too.
     """
@@ -205,6 +235,7 @@ def send_chunks(
         .options(num_cpus=0)
         .remote(table.client.limits.rpm, table.client.limits.tpm)
     )
+    heard = None if on_progress is None else _Heard(on_progress, len(chunks))
     work = _Work(
         client_options=dict(table.client.worker_options()),
         job=dataclasses.replace(job, progress=None),
@@ -214,17 +245,29 @@ def send_chunks(
         max_age=table.cache.max_age,
         quota=quota,
         trace_headers=carrier(),
+        snapshots=None if heard is None else heard.snapshots,
+        progress_every=progress_every,
     )
     task = ray.remote(_send_chunk).options(num_cpus=1, max_retries=2)
     limit = workers or max(1, int(ray.available_resources().get("CPU", 1)))
     waiting: list[str] = list(chunks)
     running: list[Any] = []  # Ray object refs
+    numbers: dict[Any, int] = {}  # a running chunk's number among the chunks
     total = Counters()
     try:
         while waiting or running:
             while waiting and len(running) < limit:
-                running.append(task.remote(work, waiting.pop(0)))
-            done, running = ray.wait(running, num_returns=1)
+                number = len(chunks) - len(waiting) + 1
+                running.append(task.remote(work, waiting.pop(0), number))
+                numbers[running[-1]] = number
+            if heard is None:
+                done, running = ray.wait(running, num_returns=1)
+            else:
+                done, running = ray.wait(running, num_returns=1, timeout=progress_every)
+                heard.hear(ended=numbers[done[0]] if done else None)
+            if not done:
+                continue
+            numbers.pop(done[0])
             try:
                 total.add(ray.get(done[0]))
             except ray.exceptions.RayTaskError as exc:
@@ -254,6 +297,82 @@ def _stop(running: list[Any]) -> None:
         ray.cancel(ref, force=True)
 
 
+class _Snapshots:
+    """The chunks' progress snapshots, from the workers until the driver takes them (a Ray
+    actor; each worker sends at most one a second, so the list stays short)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, Progress]] = []
+
+    def put(self, number: int, progress: Progress) -> None:
+        self.sent.append((number, progress))
+
+    def take(self) -> list[tuple[int, Progress]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+class _Heard:
+    """The driver's side of the snapshots: a :class:`_Snapshots` actor the workers send them
+    to, and each told to ``on_progress`` once, in order. A chunk's latest is held back until
+    a newer one comes or the chunk ends, so that its last is told as the last; one from a
+    chunk that ended (from an attempt Ray gave up on) is dropped."""
+
+    def __init__(self, on_progress: OnProgress, chunks: int):
+        self.on_progress, self.chunks = on_progress, chunks
+        self.snapshots = _ray().remote(_Snapshots).options(num_cpus=0).remote()
+        self.latest: dict[int, Progress] = {}  # of the running chunks, not yet told
+        self.ended: set[int] = set()
+
+    def hear(self, *, ended: int | None) -> None:
+        """Tell what the workers sent since the last look; ``ended``: the chunk that did."""
+        sent: list[tuple[int, Progress]] = _ray().get(self.snapshots.take.remote())
+        for number, progress in sent:
+            if number in self.ended:
+                continue
+            earlier = self.latest.get(number)
+            self.latest[number] = progress
+            if earlier is not None:
+                self.on_progress(number, self.chunks, earlier, False)
+        if ended is not None:
+            self.ended.add(ended)
+            last = self.latest.pop(ended, None)
+            if last is not None:
+                self.on_progress(ended, self.chunks, last, True)
+
+
+class _Forward:
+    """A worker's ``progress=`` callback: its chunk's snapshots to the driver's
+    :class:`_Snapshots`, at most one every ``every`` seconds (the latest; those between are
+    dropped), without waiting for the actor."""
+
+    def __init__(
+        self, actor: Any, number: int, every: float, clock: Callable[[], float] = time.monotonic
+    ):
+        self.actor, self.number, self.every, self.clock = actor, number, every, clock
+        self.sent_at = -math.inf
+        self.unsent: Progress | None = None  # the latest, when it came too soon to send
+        self.last_put: Any = None  # the ref of the last snapshot sent
+
+    def __call__(self, progress: Progress) -> None:
+        if self.clock() - self.sent_at < self.every:
+            self.unsent = progress
+            return
+        self._put(progress)
+
+    def flush(self) -> None:
+        """Send the snapshot held back, and wait until the actor has every one: the driver
+        then hears them before it hears that the chunk ended."""
+        if self.unsent is not None:
+            self._put(self.unsent)
+        if self.last_put is not None:
+            _ray().get(self.last_put)
+
+    def _put(self, progress: Progress) -> None:
+        self.unsent, self.sent_at = None, self.clock()
+        self.last_put = self.actor.put.remote(self.number, progress)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Work:
     """What every chunk task of one run needs."""
@@ -267,9 +386,11 @@ class _Work:
     quota: Any  # the Quota actor's handle
     # the span current on the driver, as W3C trace-context headers: the workers' spans join it
     trace_headers: dict[str, str] | None = None
+    snapshots: Any = None  # the _Snapshots actor's handle, when the driver wants progress
+    progress_every: float = PROGRESS_EVERY_SECONDS
 
 
-def _send_chunk(work: _Work, chunk: str) -> Counters:
+def _send_chunk(work: _Work, chunk: str, number: int) -> Counters:
     """One chunk, on a worker: its answers go to the work directory, its requests under the
     cluster's quota. Ray cancels a task with a KeyboardInterrupt in the main thread: the
     chunk then stops as on SIGTERM (see :meth:`Client.call_stopped_gently`), so what is in
@@ -279,10 +400,10 @@ def _send_chunk(work: _Work, chunk: str) -> Counters:
     With the driver's span in ``work.trace_headers``, the chunk's ``llm_ops.chunk`` span is
     under it, and its requests' spans under that."""
     with joined(work.trace_headers):
-        return _send_chunk_here(work, chunk)
+        return _send_chunk_here(work, chunk, number)
 
 
-def _send_chunk_here(work: _Work, chunk: str) -> Counters:
+def _send_chunk_here(work: _Work, chunk: str, number: int) -> Counters:
     client = Client(quota=_QuotaOfTheCluster(work.quota), **work.client_options)
     store = WorkerStore(
         Path(work.answers),
@@ -290,8 +411,15 @@ def _send_chunk_here(work: _Work, chunk: str) -> Counters:
         flush_seconds=work.flush_seconds,
         max_age=work.max_age,
     )
+    job, forward = work.job, None
+    if work.snapshots is not None:
+        forward = _Forward(work.snapshots, number, work.progress_every)
+        job = dataclasses.replace(job, progress=forward)
     with client:
-        return client.call_stopped_gently(lambda: send_chunk(client, work.job, store, chunk))
+        counters = client.call_stopped_gently(lambda: send_chunk(client, job, store, chunk))
+    if forward is not None:
+        forward.flush()
+    return counters
 
 
 class Quota(SharedQuota):

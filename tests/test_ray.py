@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import polars as pl
@@ -128,6 +129,56 @@ def test_chunks_stopped_after_another_failed_keep_the_answers_they_had_in_flight
         run_on_ray(table, workers=2, on_chunk=fail_while_the_slow_one_is_in_flight)
     with open_cache(cache) as con:
         assert con.execute("SELECT count(*) FROM llm_cache").fetchall() == [(2,)]
+
+
+def test_the_driver_hears_a_chunks_progress_while_it_runs(cluster, endpoint, cache, tmp_path):
+    from llm_ops.ray import send_chunks
+
+    source = tmp_path / "four.parquet"
+    pl.DataFrame({"text": [f"row {i}" for i in range(4)]}).write_parquet(source)
+    # Two rows are answered and the others held until the driver hears a snapshot: the chunk
+    # cannot end before. Should none come, the timer lets them go after 30 s (and the test
+    # fails) instead of the test hanging.
+    endpoint.configure(hold=2)
+    heard, gave_up = [], threading.Event()
+
+    def on_progress(number, chunks, progress, last):
+        heard.append((number, chunks, progress.rows_done, progress.rows, last))
+        endpoint.configure()
+
+    def give_up():
+        gave_up.set()
+        endpoint.configure()
+
+    safety_net = threading.Timer(30, give_up)
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        table = _table(client, source, tmp_path)
+        safety_net.start()
+        try:
+            send_chunks(table, table.plan().chunks, on_progress=on_progress, progress_every=0.2)
+        finally:
+            safety_net.cancel()
+    assert not gave_up.is_set(), "no snapshot was heard while the chunk ran"
+    number, chunks, rows_done, rows, last = heard[0]
+    assert (number, chunks, rows, last) == (1, 1, 4, False)
+    assert rows_done < rows
+    assert heard[-1] == (1, 1, 4, 4, True)
+    assert [last for *_, last in heard].count(True) == 1
+
+
+def test_the_flow_logs_each_chunk_running_on_ray(cluster, endpoint, cache, source, tmp_path):
+    from flows.enrich import ChunkLogs
+    from llm_ops.ray import send_chunks
+
+    lines = []
+    with Client(endpoint=endpoint.base_url, cache=cache) as client:
+        table = _table(client, source, tmp_path, chunk_size=30)
+        chunks = table.plan().chunks
+        send_chunks(table, chunks, on_progress=ChunkLogs(lines.append, every=0.0))
+    # every chunk's lines, its last saying all its rows are done (each chunk has 120 rows)
+    for number in (1, 2):
+        said = [line for line in lines if line.startswith(f"chunk {number}/2 on Ray: ")]
+        assert said[-1].startswith(f"chunk {number}/2 on Ray: 120/120 rows, 30/30 requests")
 
 
 def test_the_flow_runs_its_chunks_on_ray(prefect, cluster, endpoint, cache, source, tmp_path):
