@@ -166,6 +166,30 @@ def test_the_driver_hears_a_chunks_progress_while_it_runs(cluster, endpoint, cac
     assert [last for *_, last in heard].count(True) == 1
 
 
+def test_a_chunk_failing_while_its_progress_is_heard_fails_the_run_with_its_error(
+    cluster, endpoint, cache, source, tmp_path
+):
+    from llm_ops.ray import send_chunks
+
+    endpoint.configure(quota_requests=25, latency=0.05)  # refused midway
+    heard = []
+    with (
+        Client(endpoint=endpoint.base_url, cache=cache, concurrency=4) as client,
+        pytest.raises(JobAbortedError, match="out of quota"),
+    ):
+        table = _table(client, source, tmp_path)
+        send_chunks(
+            table,
+            table.plan().chunks,
+            workers=2,
+            on_progress=lambda number, chunks, progress, last: heard.append((number, last)),
+            progress_every=0.2,
+        )
+    # Chunks 1 and 2 run first, and the third starts only when one of them has ended with its
+    # 10 requests answered: that one's progress was told to its end.
+    assert {1, 2} & {number for number, last in heard if last}
+
+
 def test_the_flow_logs_each_chunk_running_on_ray(cluster, endpoint, cache, source, tmp_path):
     from flows.enrich import ChunkLogs
     from llm_ops.ray import send_chunks
