@@ -224,13 +224,18 @@ class Attempts:
         stop_reason: str | None = None,
         input_tokens: int | None = None,
         output_tokens: int | None = None,
+        cache_read_tokens: int | None = None,
+        cache_write_tokens: int | None = None,
+        reasoning_tokens: int | None = None,
         answer: str | None = None,
         response_model: str | None = None,
         response_id: str | None = None,
     ) -> None:
         """End an attempt with what became of it: ``status`` (a row status, or
         ``retryable``), ``error_type`` when it failed, and the model and id the answer
-        named; ``answer`` is an attribute only where the user opted in to content (see
+        named, with its tokens (of the input tokens, those read from and written to the
+        provider's prompt cache; of the output tokens, the reasoning ones); ``answer`` is an
+        attribute only where the user opted in to content (see
         :func:`capture_content`)."""
         span, started = attempt
         if span.is_recording():
@@ -241,6 +246,9 @@ class Attempts:
                         "error.type": error_type,
                         "gen_ai.usage.input_tokens": input_tokens,
                         "gen_ai.usage.output_tokens": output_tokens,
+                        "gen_ai.usage.cache_read.input_tokens": cache_read_tokens,
+                        "gen_ai.usage.cache_creation.input_tokens": cache_write_tokens,
+                        "gen_ai.usage.reasoning.output_tokens": reasoning_tokens,
                         "gen_ai.response.model": response_model,
                         "gen_ai.response.id": response_id,
                     }

@@ -353,3 +353,17 @@ def exporter() -> Iterator[Any]:
     _telemetry.use_tracer_provider(provider)
     yield exported
     _telemetry.use_tracer_provider(None)
+
+
+@pytest.fixture
+def metrics() -> Iterator[Any]:
+    """llm-ops's metrics, read in memory (a meter provider of the test's own)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from llm_ops import _telemetry
+
+    reader = InMemoryMetricReader()
+    _telemetry.use_meter_provider(MeterProvider(metric_readers=[reader]))
+    yield reader
+    _telemetry.use_meter_provider(None)

@@ -6,12 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import polars as pl
-import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -25,15 +22,6 @@ from llm_ops.testing import LocalEndpoint
 
 SECRET = "sk-telemetry-0123456789abcdef"
 HEADER_SECRET = "gateway-token-fedcba9876543210"
-
-
-@pytest.fixture
-def metrics() -> Iterator[InMemoryMetricReader]:
-    """llm-ops's metrics, read in memory (a meter provider of the test's own)."""
-    reader = InMemoryMetricReader()
-    telemetry.use_meter_provider(MeterProvider(metric_readers=[reader]))
-    yield reader
-    telemetry.use_meter_provider(None)
 
 
 def _points(reader: InMemoryMetricReader, name: str) -> list[HistogramDataPoint]:

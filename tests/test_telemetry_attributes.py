@@ -1,5 +1,6 @@
-"""OpenTelemetry attributes beyond the span tree: what each attempt's answer named (the GenAI
-conventions' ``gen_ai.response.*``), in every dialect."""
+"""OpenTelemetry attributes beyond the span tree: every GenAI name one of the conventions'
+(as the ``opentelemetry-semantic-conventions`` package lists them), and what each attempt's
+answer named (``gen_ai.response.*``, ``gen_ai.usage.*``), in every dialect."""
 
 from __future__ import annotations
 
@@ -12,11 +13,19 @@ from pathlib import Path
 import polars as pl
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 
 from llm_ops import Endpoint, SemanticCache, llm_complete
 from llm_ops.testing import LocalEndpoint
 
 DIALECTS = ["openai", "anthropic", "gemini"]
+CONVENTIONS = {
+    value
+    for module in (gen_ai, gen_ai_metrics)
+    for name, value in vars(module).items()
+    if name.startswith("GEN_AI_") and isinstance(value, str)
+}
 
 SHARING_JOB = """
 import json, sys
@@ -24,6 +33,8 @@ import polars as pl
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from llm_ops import _telemetry as telemetry, llm_complete
 exporter = InMemorySpanExporter()
 provider = TracerProvider()
@@ -52,6 +63,57 @@ def _attempt(exporter: InMemorySpanExporter, sim: LocalEndpoint, cache: Path) ->
     )
     (attempt,) = [span for span in exporter.get_finished_spans() if span.name == "chat sim"]
     return dict(attempt.attributes or {})
+
+
+def test_every_gen_ai_name_of_a_jobs_spans_and_metrics_is_the_conventions(
+    exporter, metrics, speaking, cache
+):
+    _attempt(exporter, speaking, cache)
+    data = metrics.get_metrics_data()
+    measured = [
+        metric for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+    ]
+    points = [point for metric in measured for point in metric.data.data_points]
+    named = {metric.name for metric in measured} | {
+        key
+        for attributes in [span.attributes for span in exporter.get_finished_spans()]
+        + [point.attributes for point in points]
+        for key in attributes or {}
+    }
+    gen_ai_names = {name for name in named if name.startswith("gen_ai.")}
+    assert "gen_ai.client.token.usage" in gen_ai_names and gen_ai_names <= CONVENTIONS
+
+
+def test_an_attempt_names_its_provider_and_operation_as_the_conventions_do(
+    exporter, speaking, cache
+):
+    attempt = _attempt(exporter, speaking, cache)
+    assert attempt["gen_ai.provider.name"] in {v.value for v in gen_ai.GenAiProviderNameValues}
+    assert attempt["gen_ai.operation.name"] == gen_ai.GenAiOperationNameValues.CHAT.value
+
+
+def test_an_attempt_counts_the_prompt_cache_tokens_it_wrote_and_read(exporter, cache):
+    with LocalEndpoint(dialect="anthropic") as sim:
+        pl.DataFrame({"text": ["abcd", "efgh"]}).pipe(
+            llm_complete,
+            prompt="{text}",
+            system="x" * 4096,  # 1,028 tokens: over the least prefix the provider caches
+            model="sim",
+            endpoint=Endpoint(sim.base_url, provider="anthropic"),
+            cache=cache,
+            concurrency=1,
+        )
+    attempts = sorted(
+        (span for span in exporter.get_finished_spans() if span.name == "chat sim"),
+        key=lambda span: span.start_time,
+    )
+    assert [
+        (
+            span.attributes["gen_ai.usage.cache_creation.input_tokens"],
+            span.attributes["gen_ai.usage.cache_read.input_tokens"],
+        )
+        for span in attempts
+    ] == [(1028, 0), (0, 1028)]
 
 
 def test_an_attempt_names_the_model_that_answered(exporter, speaking, cache):

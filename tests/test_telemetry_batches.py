@@ -7,13 +7,12 @@ import functools
 import gc
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from spans import named, one, parent_id, span_id
 
@@ -23,15 +22,6 @@ from llm_ops.testing import LocalEndpoint
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "sk-batch-telemetry-0123456789abcdef"
-
-
-@pytest.fixture
-def metrics() -> Iterator[InMemoryMetricReader]:
-    """llm-ops's metrics, read in memory (a meter provider of the test's own)."""
-    reader = InMemoryMetricReader()
-    telemetry.use_meter_provider(MeterProvider(metric_readers=[reader]))
-    yield reader
-    telemetry.use_meter_provider(None)
 
 
 @pytest.fixture

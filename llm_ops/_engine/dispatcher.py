@@ -495,14 +495,17 @@ class Dispatcher:
         except BaseException as exc:  # cancelled (Ctrl-C, SIGTERM's drain) or a bug
             telemetry.end(span, status="aborted", error_type=type(exc).__qualname__)
             raise
-        answered = outcome.status in ("ok", "truncated")
+        answered, known = outcome.status in ("ok", "truncated"), outcome.usage_known
         telemetry.end(
             span,
             status=outcome.status,
             error_type=None if answered else outcome.status,
             stop_reason=outcome.stop_reason,
-            input_tokens=outcome.prompt_tokens if outcome.usage_known else None,
-            output_tokens=outcome.completion_tokens if outcome.usage_known else None,
+            input_tokens=outcome.prompt_tokens if known else None,
+            output_tokens=outcome.completion_tokens if known else None,
+            cache_read_tokens=outcome.cached_tokens if known else None,
+            cache_write_tokens=outcome.cache_write_tokens if known else None,
+            reasoning_tokens=outcome.reasoning_tokens if known else None,
             answer=outcome.text,
             response_model=outcome.response_model,
             response_id=outcome.response_id,
