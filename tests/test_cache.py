@@ -98,6 +98,15 @@ def test_a_jobs_end_folds_duckdbs_log_into_the_file(complete, cache):
     assert not cache.with_name(cache.name + ".wal").exists()
 
 
+def test_a_new_cache_appears_whole_and_leaves_no_draft(complete, tmp_path):
+    # Made beside its place and linked in: a reader polling for the file never opens it
+    # before DuckDB has written its header (it was told the file is "not a valid DuckDB
+    # database file", and to move it aside).
+    DF.pipe(complete, prompt="{text}", cache=tmp_path / "c.duckdb")
+    assert not [p for p in tmp_path.iterdir() if ".new-" in p.name]
+    assert (tmp_path / "c.duckdb").stat().st_nlink == 1
+
+
 def test_cache_false_writes_no_file_and_always_sends(complete, cache, endpoint):
     DF.pipe(complete, prompt="{text}", cache=False)
     DF.pipe(complete, prompt="{text}", cache=False)

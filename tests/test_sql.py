@@ -109,17 +109,20 @@ def _count(cache) -> int:
 def test_a_reader_can_query_while_a_job_writes(endpoint, cache):
     endpoint.configure(hold=300)  # the job is held midway, alive, until told
     writer = subprocess.Popen([sys.executable, "-c", WRITER, endpoint.base_url, str(cache)])
-    deadline = time.monotonic() + 60  # only against a hang
-    while not (cache.exists() and _count(cache) == 300):  # its merges so far landed
-        if writer.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError("the job ended, or merged nothing in a minute, while held")
-        time.sleep(0.01)
-    counts = [300]
-    endpoint.configure()
-    while writer.poll() is None:
-        counts.append(_count(cache))
-        time.sleep(0.05)
-    assert writer.returncode == 0
+    try:
+        deadline = time.monotonic() + 60  # only against a hang
+        while not (cache.exists() and _count(cache) == 300):  # its merges so far landed
+            if writer.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("the job ended, or merged nothing in a minute, while held")
+            time.sleep(0.01)
+        counts = [300]
+        endpoint.configure()
+        while writer.poll() is None:
+            counts.append(_count(cache))
+            time.sleep(0.05)
+    finally:
+        writer.kill()  # a failed test must not leave it sending to the next test's endpoint
+    assert writer.wait() == 0
     assert counts == sorted(counts)
     assert _count(cache) == 600
 

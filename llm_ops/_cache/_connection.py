@@ -9,6 +9,7 @@ waiting does not help there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -176,9 +177,29 @@ def prepare(place: Place) -> None:
             f"cannot use the cache {place.path}: the file is not readable and "
             f"writable by this user; {hint}"
         )
+    if not place.path.exists():
+        _create(place.path)
     if not _up_to_date(place):
         with connect(place, read_only=False):
-            pass  # creates and migrates
+            pass  # migrates
+
+
+def _create(path: Path) -> None:
+    """Make the cache file whole beside ``path`` and link it into place, so that no other
+    process (a reader, the DuckDB CLI) ever opens it half made: DuckDB creates a file before
+    it writes the header, and a reader in between is told the file is not a database."""
+    draft = path.with_name(f".{path.name}.new-{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with duckdb.connect(str(draft), config=DUCKDB_CONFIG) as con:
+            migrate(con)
+        with contextlib.suppress(FileExistsError):  # another process made it first
+            os.link(draft, path)
+    except (OSError, duckdb.Error):
+        pass  # no hard links here, say: connect() creates it in place, as before
+    finally:
+        draft.unlink(missing_ok=True)
+        draft.with_name(draft.name + ".wal").unlink(missing_ok=True)
 
 
 def _up_to_date(place: Place) -> bool:
