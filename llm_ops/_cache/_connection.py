@@ -177,11 +177,9 @@ def prepare(place: Place) -> None:
             f"cannot use the cache {place.path}: the file is not readable and "
             f"writable by this user; {hint}"
         )
-    if not place.path.exists():
-        _create(place.path)
     if not _up_to_date(place):
         with connect(place, read_only=False):
-            pass  # migrates
+            pass  # creates and migrates
 
 
 def _create(path: Path) -> None:
@@ -190,13 +188,12 @@ def _create(path: Path) -> None:
     it writes the header, and a reader in between is told the file is not a database."""
     draft = path.with_name(f".{path.name}.new-{uuid.uuid4().hex}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         with duckdb.connect(str(draft), config=DUCKDB_CONFIG) as con:
             migrate(con)
         with contextlib.suppress(FileExistsError):  # another process made it first
             os.link(draft, path)
     except (OSError, duckdb.Error):
-        pass  # no hard links here, say: connect() creates it in place, as before
+        pass  # no hard links here, say: the file is created in place, as before
     finally:
         draft.unlink(missing_ok=True)
         draft.with_name(draft.name + ".wal").unlink(missing_ok=True)
@@ -222,7 +219,9 @@ def _up_to_date(place: Place) -> bool:
 
 def open_retrying(path: Path, *, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     """A connection to the file at ``path``, retried for up to ``wait`` seconds while another
-    process holds it; close it when done."""
+    process holds it; close it when done. A writer finding no file makes it (whole)."""
+    if not read_only and not path.exists():
+        _create(path)
     deadline = time.monotonic() + wait
     delay = 0.01
     while True:
