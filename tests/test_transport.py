@@ -224,7 +224,9 @@ def test_a_copy_of_an_answer_is_not_taken_for_the_next_requests():
     with RawServer(respond=lambda request: answered_twice(next(answers))) as server:
         bodies = posts_in_turn(server.url, recent=RecentAnswers())
     assert server.posts > 1  # the second request was sent after the copy came
-    assert bodies == [b'{"id": "a0"}', b'{"id": "a%d"}' % (server.posts - 1)]
+    # which of the later posts the server numbered first depends on its threads, not the client
+    later = [b'{"id": "a%d"}' % n for n in range(1, server.posts)]
+    assert bodies[0] == b'{"id": "a0"}' and bodies[1] in later
 
 
 def test_an_idle_connection_that_received_bytes_is_not_reused():
